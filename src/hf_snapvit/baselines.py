@@ -1,0 +1,51 @@
+"""Data-free importance scores: weight magnitude and random.
+
+Each scorer maps a model to ``(head_scores [L, H], neuron_scores [L, F])``, non-negative, larger = more important,
+in the model's current unit order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from .budget import ModelShape
+
+
+@torch.no_grad()
+def magnitude_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """L1 norm of every weight and bias a unit owns (q/k/v rows and o_proj columns; FFN rows and output column)."""
+    spec = get_spec(model)
+    heads, neurons = [], []
+    for layer in get_layers(model, spec):
+        attention = get_attention(layer, spec)
+        hd = head_dim(attention, spec)
+        per_row = torch.zeros(getattr(attention, spec.q_proj).out_features, dtype=torch.float64)
+        for name in (spec.q_proj, spec.k_proj, spec.v_proj):
+            proj = getattr(attention, name)
+            per_row += proj.weight.detach().abs().double().sum(1).cpu()
+            if proj.bias is not None:
+                per_row += proj.bias.detach().abs().double().cpu()
+        per_row += getattr(attention, spec.o_proj).weight.detach().abs().double().sum(0).cpu()
+        heads.append(per_row.view(-1, hd).sum(1).numpy())
+
+        mlp, variant = get_mlp(layer, spec)
+        out_proj = getattr(mlp, variant.out_proj)
+        per_neuron = out_proj.weight.detach().abs().double().sum(0).cpu()
+        for name in variant.in_proj:
+            proj = getattr(mlp, name)
+            per_neuron += proj.weight.detach().abs().double().sum(1).cpu()
+            if proj.bias is not None:
+                per_neuron += proj.bias.detach().abs().double().cpu()
+        neurons.append(per_neuron.numpy())
+    return np.stack(heads), np.stack(neurons)
+
+
+def random_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Uniform random importance per parameter: every removal order is equally likely in both ranking modes."""
+    rng = np.random.default_rng(seed)
+    heads = rng.random((shape.num_layers, shape.num_heads)) * shape.params_per_head
+    neurons = rng.random((shape.num_layers, shape.intermediate_size)) * shape.params_per_neuron
+    return heads, neurons

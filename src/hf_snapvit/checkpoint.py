@@ -1,0 +1,234 @@
+"""Elastic checkpoints on disk: atomic writing, and reading only the slices a model keeps.
+
+An elastic checkpoint is a normal transformers checkpoint whose heads and FFN neurons were permuted into rank order
+(function-preserving) with the ranking in ``config.json["elastic_ranking"]``. Stock ``AutoModel.from_pretrained``
+loads it as the dense model; :class:`~hf_snapvit.ElasticViTModel` reads only the prefix of each projection that a
+budget keeps, straight from the safetensors files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from transformers import PreTrainedModel
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+from transformers.utils.hub import cached_file
+
+from .budget import model_shape
+from .errors import RankingFormatError, SnapViTError
+from .ranking import ElasticRanking
+from .slicing import slice_model_
+
+HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
+
+# Files that make up the weights and config of a checkpoint; a save replaces all of them together.
+_CHECKPOINT_FILES = ("config.json", SAFE_WEIGHTS_INDEX_NAME, "pytorch_model.bin.index.json")
+
+
+def _is_checkpoint_file(name: str) -> bool:
+    return name in _CHECKPOINT_FILES or (name.startswith(("model", "pytorch_model")) and
+                                         name.endswith((".safetensors", ".bin")))
+
+
+@contextmanager
+def atomic_directory(save_directory: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty staging folder; on success it replaces ``save_directory`` in one rename.
+
+    If the body raises (or the process dies), ``save_directory`` is untouched. Files already in ``save_directory``
+    that are not part of a checkpoint (a README, a preprocessor config not re-written) are carried over.
+    """
+    target = Path(save_directory).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield staging
+        if target.exists():
+            for item in target.iterdir():
+                if not _is_checkpoint_file(item.name) and not (staging / item.name).exists():
+                    (shutil.copytree if item.is_dir() else shutil.copy2)(item, staging / item.name)
+            backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            os.rename(target, backup / "old")
+            os.rename(staging, target)
+            shutil.rmtree(backup, ignore_errors=True)
+        else:
+            os.rename(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def save_elastic(
+    model: PreTrainedModel,
+    ranking: ElasticRanking,
+    save_directory: str | os.PathLike,
+    *,
+    image_processor: Any = None,
+    **save_kwargs: Any,
+) -> ElasticRanking:
+    """Write the elastic checkpoint of ``model``: its weights permuted into rank order plus the ranking.
+
+    The write is atomic: an interrupted save leaves ``save_directory`` as it was. ``model`` itself is permuted for
+    the write and restored afterwards, so it is unchanged when this returns.
+
+    Args:
+        model: The dense model that ``ranking`` was computed on.
+        ranking: From :func:`hf_snapvit.rank`.
+        save_directory: Destination folder (created if needed).
+        image_processor: Saved alongside when given (e.g. ``AutoImageProcessor.from_pretrained(base)``), so
+            pipelines can load the checkpoint by path alone.
+        **save_kwargs: Passed to ``model.save_pretrained`` (``max_shard_size``, ``push_to_hub``, ...).
+
+    Returns:
+        The ranking as stored (in rank order), i.e. what ``ElasticViTModel.from_pretrained`` will resolve budgets with.
+    """
+    ranking.check_matches(model_shape(model))
+    if getattr(model.config, "elastic_layout", None):
+        raise SnapViTError(
+            "save_elastic needs the dense model, but this one is sliced (config.elastic_layout is set). Load the dense "
+            "elastic checkpoint or the original model instead."
+        )
+    stored = ElasticRanking.from_dict(ranking.sorted().to_dict())
+    orders = ranking.orders()
+    inverse = [(np.argsort(h), np.argsort(f)) for h, f in orders]
+    previous = getattr(model.config, "elastic_ranking", None)
+    slice_model_(model, orders)
+    try:
+        model.config.elastic_ranking = stored.to_dict()
+        with atomic_directory(save_directory) as staging:
+            model.save_pretrained(staging, **save_kwargs)
+            if image_processor is not None:
+                image_processor.save_pretrained(staging)
+    finally:
+        slice_model_(model, inverse)
+        if previous is None:
+            del model.config.elastic_ranking
+        else:
+            model.config.elastic_ranking = previous
+    return stored
+
+
+class CheckpointReader:
+    """Random access to the tensors of a (possibly sharded) safetensors checkpoint, local or on the Hub.
+
+    Tensors are memory-mapped; :meth:`read` materialises only the requested prefix of each dimension.
+    """
+
+    def __init__(self, path_or_repo_id: str | os.PathLike, **hub_kwargs: Any) -> None:
+        hub_kwargs = {k: v for k, v in hub_kwargs.items() if v is not None}
+        common = dict(_raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False)
+        index = cached_file(path_or_repo_id, SAFE_WEIGHTS_INDEX_NAME, **hub_kwargs, **common)
+        if index is not None:
+            with open(index) as f:
+                weight_map: dict[str, str] = json.load(f)["weight_map"]
+            files = {name: cached_file(path_or_repo_id, name, **hub_kwargs) for name in sorted(set(weight_map.values()))}
+            self._file_of = {key: files[name] for key, name in weight_map.items()}
+        else:
+            single = cached_file(path_or_repo_id, SAFE_WEIGHTS_NAME, **hub_kwargs, **common)
+            if single is None:
+                raise SnapViTError(
+                    f"No {SAFE_WEIGHTS_NAME} or {SAFE_WEIGHTS_INDEX_NAME} found in {str(path_or_repo_id)!r}. "
+                    "Elastic checkpoints are stored as safetensors; re-save the model with save_pretrained()."
+                )
+            with safe_open(single, "pt") as f:
+                self._file_of = {key: single for key in f.keys()}
+        self._handles: dict[str, Any] = {}
+
+    def keys(self) -> set[str]:
+        return set(self._file_of)
+
+    def _handle(self, key: str):
+        path = self._file_of[key]
+        if path not in self._handles:
+            self._handles[path] = safe_open(path, "pt")
+        return self._handles[path]
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._handle(key).get_slice(key).get_shape())
+
+    def read(self, key: str, shape: tuple[int, ...], chunk: tuple[int, int] | None = None) -> torch.Tensor:
+        """Read the leading ``shape`` block of tensor ``key``.
+
+        ``chunk=(i, n)`` reads from the ``i``-th of ``n`` equal parts along dimension 0 (fused tensors such as a
+        SwiGLU ``weights_in`` that stores two projections stacked).
+        """
+        view = self._handle(key).get_slice(key)
+        start = 0
+        if chunk is not None:
+            start = chunk[0] * (view.get_shape()[0] // chunk[1])
+        index = tuple(slice(start, start + n) if d == 0 else slice(0, n) for d, n in enumerate(shape))
+        return view[index] if index else view[...]
+
+
+def disk_names(model: PreTrainedModel, keys: set[str]) -> dict[str, tuple[str, tuple[int, int] | None]]:
+    """Map each state-dict name of ``model`` to ``(name in the checkpoint, chunk)``.
+
+    Checkpoints saved by transformers keep their historical tensor names (``attention.attention.query``), which
+    transformers renames at load time. The renaming is transformers' own conversion mapping, applied in reverse
+    exactly as ``save_pretrained`` does; names already in the in-memory layout are used as they are.
+    """
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import PrefixChange, WeightConverter, apply_converters, apply_renamings
+
+    conversions = [c for c in get_model_conversion_mapping(model, add_legacy=False) if not isinstance(c, PrefixChange)]
+    reverse = [c.reverse_transform() for c in conversions[::-1]]
+    converters = [c for c in reverse if isinstance(c, WeightConverter)]
+    renamings = [c for c in reverse if not isinstance(c, WeightConverter)]
+    prefix = model.base_model_prefix
+    mapping: dict[str, tuple[str, tuple[int, int] | None]] = {}
+    for name in model.state_dict():
+        candidates: list[tuple[str, tuple[int, int] | None]] = [(name, None)]
+        converted, pattern = apply_converters(name, converters)
+        if pattern is not None:
+            converter = next(c for c in converters if pattern in c.source_patterns)
+            chunk = (converter.source_patterns.index(pattern), len(converter.source_patterns))
+            candidates.append((apply_renamings(converted, renamings), chunk))
+        else:
+            candidates.append((apply_renamings(name, renamings), None))
+        # A bare backbone checkpoint read into a task model, or the other way round.
+        for key, chunk in list(candidates):
+            candidates.append((f"{prefix}.{key}", chunk))
+            if key.startswith(prefix + "."):
+                candidates.append((key[len(prefix) + 1:], chunk))
+        found = next((c for c in candidates if c[0] in keys), None)
+        if found is None:
+            raise SnapViTError(
+                f"The checkpoint has no tensor for {name!r} (looked for {sorted({c[0] for c in candidates})}). "
+                "Is this checkpoint of the architecture its config.json names?"
+            )
+        mapping[name] = found
+    return mapping
+
+
+def load_sliced_state_dict(
+    model: PreTrainedModel, reader: CheckpointReader, sliceable: set[str]
+) -> dict[str, torch.Tensor]:
+    """Read every tensor of ``model``'s (meta) state dict from ``reader``, taking prefixes for ``sliceable`` ones."""
+    mapping = disk_names(model, reader.keys())
+    state = {}
+    for name, target in model.state_dict().items():
+        key, chunk = mapping[name]
+        stored = reader.shape(key)
+        expected = tuple(target.shape)
+        if chunk is not None:
+            stored = (stored[0] // chunk[1], *stored[1:])
+        if name not in sliceable and stored != expected:
+            raise RankingFormatError(
+                f"Checkpoint tensor {key!r} has shape {stored}, but the model expects {expected}. The checkpoint does "
+                "not match its config.json (elastic_layout / architecture); re-export it with hf_snapvit."
+            )
+        if len(stored) != len(expected) or any(e > s for e, s in zip(expected, stored)):
+            raise SnapViTError(
+                f"Checkpoint tensor {key!r} has shape {stored}, smaller than the {expected} this budget needs. A sliced "
+                "checkpoint cannot grow back: load the dense elastic checkpoint for larger models."
+            )
+        state[name] = reader.read(key, expected, chunk).to(target.dtype)
+    return state

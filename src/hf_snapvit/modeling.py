@@ -1,0 +1,156 @@
+"""``ElasticViTModel.from_pretrained(repo, sparsity=...)``: any model size from one elastic checkpoint."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoConfig, PreTrainedModel
+
+from .architectures import get_spec
+from .budget import model_shape, skeleton
+from .checkpoint import HUB_KWARGS, CheckpointReader, load_sliced_state_dict
+from .errors import BudgetError, RankingFormatError
+from .ranking import ElasticRanking, KeepCounts
+from .slicing import slice_model_
+
+
+class ElasticViTModel:
+    """Loads physically sliced models from elastic checkpoints.
+
+    This is a factory, like ``transformers.AutoModel``: :meth:`from_pretrained` returns an instance of the stock
+    transformers class named in the checkpoint's ``config.json`` (``ViTModel``, ``Dinov2Model``,
+    ``ViTForImageClassification``, ...), with fewer heads and FFN neurons per block.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise EnvironmentError(
+            "ElasticViTModel is a factory; use ElasticViTModel.from_pretrained(path_or_repo_id, sparsity=...)."
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        sparsity: float | None = None,
+        *,
+        target_params: int | None = None,
+        target_gflops: float | None = None,
+        **kwargs: Any,
+    ) -> PreTrainedModel:
+        """Load an elastic checkpoint at a budget, reading only the weights that budget keeps.
+
+        Args:
+            pretrained_model_name_or_path: A Hub repo id or a local folder holding an elastic checkpoint (from
+                :func:`hf_snapvit.save_elastic`) or a sliced one (``save_pretrained`` of a model returned here).
+            sparsity: Fraction of the backbone's parameters to remove (embeddings included, task heads excluded).
+            target_params: Alternatively, the number of backbone parameters to keep.
+            target_gflops: Alternatively, the theoretical GFLOPs of one forward pass.
+            **kwargs: ``revision``, ``token``, ``cache_dir``, ``force_download``, ``local_files_only``, ``subfolder``
+                and ``proxies`` go to the Hub; ``dtype`` (or ``torch_dtype``), ``attn_implementation`` and
+                ``device_map`` (one device) shape the model; anything else overrides config attributes, as in
+                transformers.
+
+        Returns:
+            The stock transformers model, sliced, in eval mode. Its ``config.elastic_layout`` records the per-block
+            widths, so ``save_pretrained`` writes a checkpoint this method reloads without the dense weights.
+
+        Example:
+            >>> model = ElasticViTModel.from_pretrained("my-org/vit-elastic", sparsity=0.3)  # doctest: +SKIP
+        """
+        hub_kwargs = {k: kwargs.pop(k) for k in HUB_KWARGS if k in kwargs}
+        dtype = kwargs.pop("dtype", None)
+        torch_dtype = kwargs.pop("torch_dtype", None)
+        dtype = dtype if dtype is not None else torch_dtype
+        attn_implementation = kwargs.pop("attn_implementation", None)
+        device = kwargs.pop("device_map", None)
+        if isinstance(device, dict):
+            raise TypeError("device_map must be one device (e.g. 'cuda:0'); multi-device maps are not supported yet.")
+
+        config, unused = AutoConfig.from_pretrained(
+            pretrained_model_name_or_path, return_unused_kwargs=True, **hub_kwargs, **kwargs
+        )
+        if unused:
+            raise TypeError(f"ElasticViTModel.from_pretrained got unexpected keyword arguments {sorted(unused)}.")
+        get_spec(config)  # unsupported architectures fail before any weight is touched
+        stored = getattr(config, "elastic_ranking", None)
+        layout = getattr(config, "elastic_layout", None)
+        if stored is None and layout is None:
+            raise RankingFormatError(
+                f"{str(pretrained_model_name_or_path)!r} is not an elastic checkpoint: its config.json has no "
+                "'elastic_ranking'. Create one with ranking = hf_snapvit.rank(model) and "
+                "hf_snapvit.save_elastic(model, ranking, save_directory)."
+            )
+        ranking = ElasticRanking.from_dict(stored) if stored is not None else None
+
+        if dtype is None or dtype == "auto":
+            dtype = getattr(config, "dtype", None) or torch.float32
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        build_kwargs: dict[str, Any] = {"dtype": dtype}
+        if attn_implementation is not None:
+            build_kwargs["attn_implementation"] = attn_implementation
+        if layout is not None:
+            del config.elastic_layout  # the skeleton is built dense, then sliced
+        model = skeleton(config, **build_kwargs)
+        dense_shape = model_shape(model)
+        if ranking is not None:
+            ranking.check_matches(dense_shape)
+
+        stored_heads = layout["num_heads"] if layout else dense_shape.dense_heads
+        stored_neurons = layout["intermediate_size"] if layout else dense_shape.dense_neurons
+        if len(stored_heads) != dense_shape.num_layers or len(stored_neurons) != dense_shape.num_layers:
+            raise RankingFormatError(
+                f"config.elastic_layout lists {len(stored_heads)} head counts and {len(stored_neurons)} FFN widths for "
+                f"a model with {dense_shape.num_layers} blocks; the checkpoint is corrupt, re-export it."
+            )
+        budget_given = any(v is not None for v in (sparsity, target_params, target_gflops))
+        if budget_given:
+            if ranking is None:
+                raise RankingFormatError(
+                    "This sliced checkpoint has no elastic_ranking, so it can only be loaded at its saved size; "
+                    "call from_pretrained without sparsity/target_params/target_gflops."
+                )
+            counts = ranking.keep_counts(sparsity, target_params=target_params, target_gflops=target_gflops)
+            too_big = [l for l, (h, f, sh, sf) in enumerate(zip(counts.heads, counts.neurons, stored_heads,
+                                                               stored_neurons)) if h > sh or f > sf]
+            if too_big:
+                saved_sparsity = 1.0 - dense_shape.num_params(stored_heads, stored_neurons) / dense_shape.num_params()
+                raise BudgetError(
+                    f"This checkpoint was saved sliced (sparsity {saved_sparsity:.4f}) and cannot grow back: the "
+                    f"requested budget needs more units than it holds in blocks {too_big}. Ask for a sparsity >= "
+                    f"{saved_sparsity:.4f}, or load the dense elastic checkpoint."
+                )
+        else:
+            params = dense_shape.num_params(stored_heads, stored_neurons)
+            counts = KeepCounts(
+                heads=list(stored_heads),
+                neurons=list(stored_neurons),
+                num_params=params,
+                gflops=dense_shape.gflops(stored_heads, stored_neurons),
+                sparsity=1.0 - params / dense_shape.num_params(),
+            )
+
+        dense_state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        slice_model_(model, [(np.arange(h), np.arange(f)) for h, f in zip(counts.heads, counts.neurons)])
+        sliceable = {k for k, v in model.state_dict().items() if tuple(v.shape) != dense_state[k]}
+        reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
+        state = load_sliced_state_dict(model, reader, sliceable)
+        model.load_state_dict(state, strict=True, assign=True)
+        model.eval()
+
+        model.config._name_or_path = str(pretrained_model_name_or_path)
+        if counts.heads != dense_shape.dense_heads or counts.neurons != dense_shape.dense_neurons:
+            model.config.elastic_layout = {
+                "num_heads": counts.heads,
+                "intermediate_size": counts.neurons,
+                "sparsity": round(counts.sparsity, 6),
+                "num_params": counts.num_params,
+                "gflops": round(counts.gflops, 6),
+            }
+        if device is not None:
+            model.to(device)
+        return model
+

@@ -1,0 +1,427 @@
+"""The elastic ranking: an importance order over every attention head and FFN neuron, and its on-disk format.
+
+A ranking holds one importance score per head and per FFN neuron (larger = more important). Resolving a budget is a
+walk down one removal order: units are removed from least to most important, never below the per-block floors,
+until the backbone fits the requested sparsity, parameter count or GFLOPs. Two modes define that order:
+
+* ``"global"`` (the paper's text): heads and neurons compete in one order by score per parameter they cost;
+* ``"paired"`` (the reference code): neurons and heads are ordered separately and removed in lockstep, the head
+  ratio being ``max(0, neuron ratio - paired_head_offset)``.
+
+Stored in ``config.json["elastic_ranking"]`` (see :meth:`ElasticRanking.to_dict`), a ranking always describes a
+checkpoint whose weights were permuted into rank order, so each block keeps a prefix of its heads and neurons.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Sequence
+
+import numpy as np
+
+from ._version import __version__
+from .budget import ModelShape
+from .errors import BudgetError, RankingFormatError
+
+FORMAT_VERSION = 1
+RankingMode = Literal["global", "paired"]
+
+# log10 of the smallest score kept; a score of 0 (e.g. a dead neuron) ranks last instead of becoming -inf.
+_LOG10_FLOOR = -300.0
+# Neuron curves are stored as knots of a piecewise-linear log10 curve within this error (about 1.2 % of a score).
+_KNOT_TOLERANCE = 0.005
+_DECIMALS = 4
+
+
+@dataclass(frozen=True)
+class KeepCounts:
+    """How many heads and FFN neurons each block keeps.
+
+    Args:
+        heads: Heads kept in block ``l``.
+        neurons: FFN neurons kept in block ``l``.
+        num_params: Backbone parameters of the resulting model.
+        gflops: Theoretical GFLOPs of the resulting model (one image).
+        sparsity: Fraction of the dense backbone's parameters removed.
+    """
+
+    heads: list[int]
+    neurons: list[int]
+    num_params: int
+    gflops: float
+    sparsity: float
+
+
+@dataclass(frozen=True, eq=False)
+class ElasticRanking:
+    """Importance scores of every head and FFN neuron of one backbone, and how budgets map onto them.
+
+    Args:
+        head_scores: ``[num_layers, num_heads]`` non-negative scores, in the model's current head order.
+        neuron_scores: ``[num_layers, intermediate_size]`` non-negative scores, in the model's current neuron order.
+        shape: The dense architecture the scores belong to (unit costs, token counts).
+        mode: ``"global"`` or ``"paired"`` (see the module docstring).
+        min_head_keep_ratio: Each block keeps at least ``max(1, int(num_heads * ratio))`` heads.
+        min_neuron_keep_ratio: Each block keeps at least ``max(1, int(intermediate_size * ratio))`` neurons.
+        paired_head_offset: In ``"paired"`` mode, head ratio = ``max(0, neuron ratio - offset)``.
+        provenance: How the ranking was made: method, settings, seed, calibration data, base model, library version.
+    """
+
+    head_scores: np.ndarray
+    neuron_scores: np.ndarray
+    shape: ModelShape
+    mode: RankingMode = "global"
+    min_head_keep_ratio: float = 0.2
+    min_neuron_keep_ratio: float = 0.05
+    paired_head_offset: float = 0.15
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        heads = np.asarray(self.head_scores, dtype=np.float64)
+        neurons = np.asarray(self.neuron_scores, dtype=np.float64)
+        expected = {"head_scores": (self.shape.num_layers, self.shape.num_heads),
+                    "neuron_scores": (self.shape.num_layers, self.shape.intermediate_size)}
+        for name, array in (("head_scores", heads), ("neuron_scores", neurons)):
+            if array.shape != expected[name]:
+                raise RankingFormatError(f"{name} has shape {array.shape}, expected {expected[name]} for this model.")
+            if not np.all(np.isfinite(array)) or np.any(array < 0):
+                raise RankingFormatError(f"{name} must be finite and non-negative (larger = more important).")
+        if self.mode not in ("global", "paired"):
+            raise RankingFormatError(f"mode={self.mode!r} is not one of 'global', 'paired'.")
+        for name in ("min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise RankingFormatError(f"{name}={value} must be in [0, 1).")
+        object.__setattr__(self, "head_scores", heads)
+        object.__setattr__(self, "neuron_scores", neurons)
+        object.__setattr__(self, "_cache", {})
+
+    # ----------------------------------------------------------------------------------------------- orders
+    def orders(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per block, ``(head order, neuron order)``: unit indices from most to least important (ties keep index order)."""
+        return [
+            (np.argsort(-h, kind="stable"), np.argsort(-f, kind="stable"))
+            for h, f in zip(self.head_scores, self.neuron_scores)
+        ]
+
+    def is_sorted(self) -> bool:
+        """True when every block's units are already in rank order (the layout of an elastic checkpoint)."""
+        return bool(np.all(np.diff(self.head_scores, axis=1) <= 0) and np.all(np.diff(self.neuron_scores, axis=1) <= 0))
+
+    def sorted(self) -> "ElasticRanking":
+        """The same ranking for a model whose heads and neurons were permuted by :meth:`orders`."""
+        orders = self.orders()
+        heads = np.stack([h[o] for h, (o, _) in zip(self.head_scores, orders)])
+        neurons = np.stack([f[o] for f, (_, o) in zip(self.neuron_scores, orders)])
+        return replace(self, head_scores=heads, neuron_scores=neurons)
+
+    def floors(self) -> tuple[int, int]:
+        """``(heads, neurons)`` every block keeps at least."""
+        return (
+            max(1, int(self.shape.num_heads * self.min_head_keep_ratio)),
+            max(1, int(self.shape.intermediate_size * self.min_neuron_keep_ratio)),
+        )
+
+    def _removal_order(self, kind: int) -> tuple[np.ndarray, np.ndarray]:
+        """Removable units of one kind (0 heads, 1 neurons), least important first: ``(layers, priorities)``."""
+        scores = (self.head_scores, self.neuron_scores)[kind]
+        floor = self.floors()[kind]
+        cost = (self.shape.params_per_head, self.shape.params_per_neuron)[kind]
+        ranked = -np.sort(-scores, axis=1, kind="stable")[:, floor:]  # per block, most to least important
+        layers = np.repeat(np.arange(scores.shape[0]), ranked.shape[1])
+        positions = np.tile(np.arange(floor, scores.shape[1]), scores.shape[0])
+        priority = np.log10(np.maximum(ranked.ravel(), 10.0**_LOG10_FLOOR)) - math.log10(cost)
+        # Ties go to the later position within a block, so each block always loses its last-ranked unit first.
+        order = np.lexsort((-positions, layers, priority))
+        return layers[order], priority[order]
+
+    def _schedule(self) -> tuple[np.ndarray, np.ndarray]:
+        """Cumulative removals along the budget path: ``(heads removed [T+1, L], neurons removed [T+1, L])``."""
+        if "schedule" in self._cache:
+            return self._cache["schedule"]
+        L = self.shape.num_layers
+        head_layers, head_priority = self._removal_order(0)
+        neuron_layers, neuron_priority = self._removal_order(1)
+        if self.mode == "global":
+            kinds = np.concatenate([np.zeros(len(head_layers), int), np.ones(len(neuron_layers), int)])
+            layers = np.concatenate([head_layers, neuron_layers])
+            priority = np.concatenate([head_priority, neuron_priority])
+            step = np.arange(len(layers))
+            order = np.lexsort((step, priority))  # stable: keeps each kind's own order on ties
+            kinds, layers = kinds[order], layers[order]
+            heads = np.zeros((len(layers) + 1, L), dtype=np.int32)
+            neurons = np.zeros((len(layers) + 1, L), dtype=np.int32)
+            heads[1:][np.arange(len(layers))[kinds == 0], layers[kinds == 0]] = 1
+            neurons[1:][np.arange(len(layers))[kinds == 1], layers[kinds == 1]] = 1
+            heads, neurons = np.cumsum(heads, axis=0), np.cumsum(neurons, axis=0)
+        else:
+            total_neurons = L * self.shape.intermediate_size
+            total_heads = L * self.shape.num_heads
+            n = np.arange(len(neuron_layers) + 1)
+            ratio = np.maximum(0.0, n / total_neurons - self.paired_head_offset)
+            h = np.minimum(np.floor(total_heads * ratio + 1e-9).astype(np.int32), len(head_layers))
+            neuron_steps = np.zeros((len(neuron_layers) + 1, L), dtype=np.int32)
+            neuron_steps[np.arange(1, len(neuron_layers) + 1), neuron_layers] = 1
+            head_steps = np.zeros((len(head_layers) + 1, L), dtype=np.int32)
+            head_steps[np.arange(1, len(head_layers) + 1), head_layers] = 1
+            neurons = np.cumsum(neuron_steps, axis=0)
+            heads = np.cumsum(head_steps, axis=0)[h]
+        self._cache["schedule"] = (heads, neurons)
+        return heads, neurons
+
+    # ----------------------------------------------------------------------------------------------- budgets
+    def _counts_at(self, t: int) -> tuple[list[int], list[int]]:
+        heads, neurons = self._schedule()
+        return (
+            (self.shape.num_heads - heads[t]).tolist(),
+            (self.shape.intermediate_size - neurons[t]).tolist(),
+        )
+
+    def _result(self, heads: list[int], neurons: list[int]) -> KeepCounts:
+        params = self.shape.num_params(heads, neurons)
+        return KeepCounts(
+            heads=heads,
+            neurons=neurons,
+            num_params=params,
+            gflops=self.shape.gflops(heads, neurons),
+            sparsity=1.0 - params / self.shape.num_params(),
+        )
+
+    @property
+    def max_sparsity(self) -> float:
+        """The largest sparsity the per-block floors allow."""
+        heads, neurons = self._schedule()
+        return self._result(*self._counts_at(len(heads) - 1)).sparsity
+
+    def keep_counts(
+        self,
+        sparsity: float | None = None,
+        *,
+        target_params: int | None = None,
+        target_gflops: float | None = None,
+    ) -> KeepCounts:
+        """Resolve exactly one budget to per-block keep counts.
+
+        Args:
+            sparsity: Fraction of the dense backbone's parameters to remove (embeddings included, task heads
+                excluded), in ``[0, max_sparsity]``.
+            target_params: Backbone parameters to keep.
+            target_gflops: Theoretical GFLOPs (one image) to stay at.
+
+        Returns:
+            The keep counts whose parameter count (or GFLOPs) is closest to the budget; it lands within one head or
+            neuron of it.
+        """
+        given = {k: v for k, v in (("sparsity", sparsity), ("target_params", target_params),
+                                   ("target_gflops", target_gflops)) if v is not None}
+        if len(given) != 1:
+            raise BudgetError(
+                f"Give exactly one of sparsity, target_params or target_gflops; got {sorted(given) or 'none'}."
+            )
+        heads_path, _ = self._schedule()
+        last = len(heads_path) - 1
+        dense = self._result(*self._counts_at(0))
+        smallest = self._result(*self._counts_at(last))
+        floors = (
+            f"(the per-block floors keep >= {self.min_head_keep_ratio:.0%} of heads and >= "
+            f"{self.min_neuron_keep_ratio:.0%} of neurons; re-rank with smaller min_head_keep_ratio / "
+            "min_neuron_keep_ratio to go further)"
+        )
+        if sparsity is not None:
+            if not isinstance(sparsity, numbers.Real) or not 0.0 <= sparsity <= smallest.sparsity + 1e-12:
+                raise BudgetError(
+                    f"sparsity={sparsity!r} is out of range: this ranking supports 0 <= sparsity <= "
+                    f"{smallest.sparsity:.4f} {floors}."
+                )
+            target, metric = (1.0 - sparsity) * dense.num_params, "num_params"
+        elif target_params is not None:
+            if not smallest.num_params <= target_params <= dense.num_params:
+                raise BudgetError(
+                    f"target_params={target_params!r} is out of range: this ranking supports "
+                    f"{smallest.num_params} <= target_params <= {dense.num_params} {floors}."
+                )
+            target, metric = float(target_params), "num_params"
+        else:
+            if not smallest.gflops <= target_gflops <= dense.gflops:
+                raise BudgetError(
+                    f"target_gflops={target_gflops!r} is out of range: this ranking supports "
+                    f"{smallest.gflops:.4f} <= target_gflops <= {dense.gflops:.4f} {floors}."
+                )
+            target, metric = float(target_gflops), "gflops"
+
+        def value(t: int) -> float:
+            return getattr(self._result(*self._counts_at(t)), metric)
+
+        # Smallest t whose model fits the budget; the budget path is monotone, so bisect.
+        lo, hi = 0, last
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if value(mid) <= target:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo > 0 and abs(value(lo - 1) - target) < abs(value(lo) - target):
+            lo -= 1
+        return self._result(*self._counts_at(lo))
+
+    def keep_counts_for_ratios(self, neuron_ratio: float, head_ratio: float) -> KeepCounts:
+        """The reference code's budget: remove ``int(L·F·neuron_ratio)`` neurons and ``int(L·H·head_ratio)`` heads.
+
+        Units are ranked within their kind across blocks (no parameter normalisation), whatever :attr:`mode` is.
+        """
+        results = []
+        for kind, ratio in ((0, head_ratio), (1, neuron_ratio)):
+            width = (self.shape.num_heads, self.shape.intermediate_size)[kind]
+            total = self.shape.num_layers * width
+            remove = int(total * ratio)
+            layers, _ = self._removal_order(kind)
+            if not 0.0 <= ratio < 1.0 or remove > len(layers):
+                raise BudgetError(
+                    f"{('head', 'neuron')[kind]}_ratio={ratio} is out of range: at most {len(layers)} of {total} "
+                    f"{('heads', 'neurons')[kind]} can be removed above the per-block floors "
+                    f"(ratio <= {len(layers) / total:.4f})."
+                )
+            results.append((width - np.bincount(layers[:remove], minlength=self.shape.num_layers)).tolist())
+        return self._result(results[0], results[1])
+
+    def keep_indices(self, counts: KeepCounts) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per block, the ``(head, neuron)`` indices to keep, most important first."""
+        return [(ho[:h], no[:f]) for (ho, no), h, f in zip(self.orders(), counts.heads, counts.neurons)]
+
+    # ----------------------------------------------------------------------------------------------- format
+    def to_dict(self) -> dict[str, Any]:
+        """The ``config.json["elastic_ranking"]`` form (format version :data:`FORMAT_VERSION`).
+
+        Layout::
+
+            format_version   int; readers refuse versions newer than their own
+            mode             "global" | "paired"
+            min_head_keep_ratio, min_neuron_keep_ratio, paired_head_offset   floats
+            shape            ModelShape fields: dense widths, unit parameter costs, token counts
+            scores.encoding  "log10-sorted": per block, log10 scores in rank order (non-increasing); the
+                             checkpoint's weights are permuted the same way, so block l keeps a prefix
+            scores.heads     [L][H] floats
+            scores.neurons   [L] of {"index": [...], "log10": [...]}: knots of a piecewise-linear curve over
+                             neuron positions 0..F-1 (within 0.005 decades of every score)
+            provenance       method, settings, seed, calibration data, base model, library and version
+
+        Only a ranking in rank order (:meth:`is_sorted`) describes an elastic checkpoint; :func:`save_elastic`
+        permutes the weights and calls ``ranking.sorted().to_dict()``.
+        """
+        if not self.is_sorted():
+            raise RankingFormatError(
+                "Only a ranking in rank order can be stored: call ranking.sorted() and permute the model's heads and "
+                "neurons the same way (hf_snapvit.save_elastic does both)."
+            )
+        log_heads = _log10(self.head_scores)
+        neurons = []
+        for row in _log10(self.neuron_scores):
+            index = _knots(row, _KNOT_TOLERANCE)
+            neurons.append({"index": index.tolist(), "log10": np.round(row[index], _DECIMALS).tolist()})
+        return {
+            "format_version": FORMAT_VERSION,
+            "mode": self.mode,
+            "min_head_keep_ratio": self.min_head_keep_ratio,
+            "min_neuron_keep_ratio": self.min_neuron_keep_ratio,
+            "paired_head_offset": self.paired_head_offset,
+            "shape": self.shape.to_dict(),
+            "scores": {
+                "encoding": "log10-sorted",
+                "heads": np.round(log_heads, _DECIMALS).tolist(),
+                "neurons": neurons,
+            },
+            "provenance": {"library": "hf_snapvit", "library_version": __version__, **self.provenance},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ElasticRanking":
+        """Parse and validate a stored ranking; every problem raises :class:`RankingFormatError` naming the field."""
+        if not isinstance(data, dict):
+            raise RankingFormatError(
+                f"elastic_ranking must be a JSON object, got {type(data).__name__}. Re-create it with "
+                "hf_snapvit.save_elastic(model, ranking, save_directory)."
+            )
+        version = data.get("format_version")
+        if not isinstance(version, int) or version < 1:
+            raise RankingFormatError(
+                f"elastic_ranking.format_version={version!r} is invalid (expected an integer >= 1). The ranking is "
+                "corrupt; re-create it with hf_snapvit.save_elastic(...)."
+            )
+        if version > FORMAT_VERSION:
+            raise RankingFormatError(
+                f"elastic_ranking.format_version={version} was written by a newer hf_snapvit; this version "
+                f"({__version__}) reads format_version <= {FORMAT_VERSION}. Please upgrade hf_snapvit: "
+                "pip install -U hf-snapvit."
+            )
+        try:
+            shape = ModelShape.from_dict(data["shape"])
+            scores = data["scores"]
+            if scores.get("encoding") != "log10-sorted":
+                raise ValueError(f"unknown scores.encoding {scores.get('encoding')!r}")
+            heads = 10.0 ** np.asarray(scores["heads"], dtype=np.float64)
+            neurons = np.stack([
+                10.0 ** np.interp(np.arange(shape.intermediate_size), knots["index"], knots["log10"])
+                for knots in scores["neurons"]
+            ]) if scores["neurons"] else np.zeros((0, shape.intermediate_size))
+            for row in scores["neurons"]:
+                index = np.asarray(row["index"])
+                if len(index) != len(row["log10"]) or index[0] != 0 or index[-1] != shape.intermediate_size - 1 \
+                        or np.any(np.diff(index) <= 0):
+                    raise ValueError("neuron knots must run from 0 to intermediate_size-1 in increasing order")
+            ranking = cls(
+                head_scores=heads,
+                neuron_scores=neurons,
+                shape=shape,
+                mode=data.get("mode", "global"),
+                min_head_keep_ratio=float(data.get("min_head_keep_ratio", 0.2)),
+                min_neuron_keep_ratio=float(data.get("min_neuron_keep_ratio", 0.05)),
+                paired_head_offset=float(data.get("paired_head_offset", 0.15)),
+                provenance=dict(data.get("provenance", {})),
+            )
+        except RankingFormatError as error:
+            raise RankingFormatError(f"elastic_ranking is corrupt: {error}") from None
+        except (KeyError, TypeError, ValueError, IndexError) as error:
+            raise RankingFormatError(
+                f"elastic_ranking is corrupt ({type(error).__name__}: {error}). Re-create it with "
+                "hf_snapvit.save_elastic(model, ranking, save_directory)."
+            ) from None
+        if not ranking.is_sorted():
+            raise RankingFormatError("elastic_ranking is corrupt: scores are not in rank order (non-increasing).")
+        return ranking
+
+    def check_matches(self, shape: ModelShape) -> None:
+        """Raise :class:`RankingFormatError` unless this ranking was made for a model of ``shape``."""
+        for name in ("model_type", "num_layers", "num_heads", "head_dim", "hidden_size", "intermediate_size"):
+            mine, theirs = getattr(self.shape, name), getattr(shape, name)
+            if mine != theirs:
+                raise RankingFormatError(
+                    f"The elastic_ranking does not match this model: the ranking has {name}={mine!r}, the model has "
+                    f"{name}={theirs!r}. Rank this model with hf_snapvit.rank(...) and save it with save_elastic."
+                )
+
+
+def _log10(scores: np.ndarray) -> np.ndarray:
+    return np.log10(np.maximum(scores, 10.0**_LOG10_FLOOR))
+
+
+def _knots(y: np.ndarray, tolerance: float) -> np.ndarray:
+    """Indices of a piecewise-linear interpolant of ``y`` within ``tolerance`` everywhere (Douglas-Peucker)."""
+    n = len(y)
+    if n <= 2:
+        return np.arange(n)
+    keep = {0, n - 1}
+    stack = [(0, n - 1)]
+    while stack:
+        a, b = stack.pop()
+        if b - a < 2:
+            continue
+        x = np.arange(a + 1, b)
+        error = np.abs(y[a + 1:b] - (y[a] + (y[b] - y[a]) * (x - a) / (b - a)))
+        i = int(np.argmax(error))
+        if error[i] > tolerance:
+            m = a + 1 + i
+            keep.add(m)
+            stack.extend(((a, m), (m, b)))
+    return np.array(sorted(keep))
