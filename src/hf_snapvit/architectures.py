@@ -47,8 +47,8 @@ class ArchitectureSpec:
         embedding: Which output represents an image: ``"cls"`` (final-norm CLS token, ``last_hidden_state[:, 0]``),
             ``"pooled"`` (``pooler_output``, e.g. SigLIP's attention pooling) or ``"cls_dist_mean"`` (mean of the CLS
             and distillation tokens, DeiT).
-        backbone: Dotted path from the top-level model to the vision backbone, or ``None`` for the model's own
-            ``base_model``.
+        backbone: Dotted path from the top-level model to the vision backbone (``""`` for the model itself), or
+            ``None`` for the model's own ``base_model``.
         excluded_from_budget: Dotted paths, relative to the backbone, of modules that are not counted as backbone
             parameters (task-style poolers that do not produce the image embedding).
         extra_tokens: Number of non-patch tokens (CLS, distillation, registers) given the config; used for GFLOPs.
@@ -217,6 +217,7 @@ for _spec in (
     _vit_like(
         "dinov3_vit",
         "model.layer",
+        backbone="",  # its base_model_prefix points at the encoder, not the whole backbone
         mlp_variants=(
             MlpSpec(("gate_proj", "up_proj"), "down_proj"),
             MlpSpec(("up_proj",), "down_proj"),

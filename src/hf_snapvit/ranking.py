@@ -361,15 +361,18 @@ class ElasticRanking:
             if scores.get("encoding") != "log10-sorted":
                 raise ValueError(f"unknown scores.encoding {scores.get('encoding')!r}")
             heads = 10.0 ** np.asarray(scores["heads"], dtype=np.float64)
+            for block, row in enumerate(scores["neurons"]):
+                index = np.asarray(row["index"])
+                if len(index) != len(row["log10"]) or len(index) == 0 or index[0] != 0 \
+                        or index[-1] != shape.intermediate_size - 1 or np.any(np.diff(index) <= 0):
+                    raise ValueError(
+                        f"scores.neurons[{block}] knots must have matching index/log10 lists with indices increasing "
+                        f"from 0 to intermediate_size-1 = {shape.intermediate_size - 1}"
+                    )
             neurons = np.stack([
                 10.0 ** np.interp(np.arange(shape.intermediate_size), knots["index"], knots["log10"])
                 for knots in scores["neurons"]
             ]) if scores["neurons"] else np.zeros((0, shape.intermediate_size))
-            for row in scores["neurons"]:
-                index = np.asarray(row["index"])
-                if len(index) != len(row["log10"]) or index[0] != 0 or index[-1] != shape.intermediate_size - 1 \
-                        or np.any(np.diff(index) <= 0):
-                    raise ValueError("neuron knots must run from 0 to intermediate_size-1 in increasing order")
             ranking = cls(
                 head_scores=heads,
                 neuron_scores=neurons,

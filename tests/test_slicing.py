@@ -1,0 +1,81 @@
+"""The defining invariant: removing units physically equals zeroing their contribution in the dense model."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import hf_snapvit as hs
+from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from conftest import output_of
+
+# Fractions of each model's maximum sparsity (tiny models have large embeddings, so maxima differ).
+FRACTIONS = [0.25, 0.6, 1.0]
+
+
+def masked_copy(model, keep):
+    """Dense model whose dropped heads (o_proj columns) and neurons (FFN output columns) are zeroed."""
+    masked = copy.deepcopy(model)
+    spec = get_spec(masked)
+    with torch.no_grad():
+        for layer, (heads, neurons) in zip(get_layers(masked, spec), keep):
+            attention = get_attention(layer, spec)
+            hd = head_dim(attention, spec)
+            o_proj = getattr(attention, spec.o_proj)
+            dropped = np.setdiff1d(np.arange(o_proj.in_features // hd), heads)
+            for h in dropped:
+                o_proj.weight[:, h * hd:(h + 1) * hd] = 0
+            mlp, variant = get_mlp(layer, spec)
+            out_proj = getattr(mlp, variant.out_proj)
+            out_proj.weight[:, np.setdiff1d(np.arange(out_proj.in_features), neurons)] = 0
+    return masked
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("fraction", FRACTIONS)
+def test_masked_dense_equals_sliced(case, attn, fraction):
+    model = case.build()
+    model.set_attn_implementation(attn)
+    ranking = hs.rank(model, method="random", seed=int(fraction * 10))
+    counts = ranking.keep_counts(fraction * ranking.max_sparsity)
+    keep = ranking.keep_indices(counts)
+    inputs = case.inputs(2)
+
+    expected = output_of(masked_copy(model, keep), inputs)
+    sliced = hs.slice_model_(copy.deepcopy(model), keep)
+    assert hs.layer_widths(sliced) == (counts.heads, counts.neurons)
+    assert sum(counts.heads) < ranking.shape.num_layers * ranking.shape.num_heads or \
+        sum(counts.neurons) < ranking.shape.num_layers * ranking.shape.intermediate_size
+    torch.testing.assert_close(output_of(sliced, inputs), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_permutation_preserves_function(case):
+    model = case.build()
+    ranking = hs.rank(model, method="random", seed=3)
+    inputs = case.inputs(2)
+    expected = output_of(model, inputs)
+    permuted = hs.slice_model_(copy.deepcopy(model), ranking.orders())
+    assert any(not np.array_equal(h, np.arange(len(h))) for h, _ in ranking.orders())
+    torch.testing.assert_close(output_of(permuted, inputs), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_sliced_heads_update_module_attributes(case):
+    model = case.build()
+    spec = get_spec(model)
+    hs.slice_model_(model, [([2, 0], list(range(5)))] * len(get_layers(model, spec)))
+    for layer in get_layers(model, spec):
+        attention = get_attention(layer, spec)
+        for name in spec.head_count_attrs:
+            if hasattr(attention, name):
+                assert getattr(attention, name) == 2
+        assert getattr(attention, spec.q_proj).out_features == 2 * head_dim(attention, spec)
+        assert getattr(attention, spec.o_proj).in_features == 2 * head_dim(attention, spec)
+
+
+def test_slice_count_mismatch_is_rejected(case):
+    model = case.build()
+    with pytest.raises(ValueError, match="entries but the model has"):
+        hs.slice_model_(model, [([0], [0])])
