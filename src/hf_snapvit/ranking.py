@@ -33,6 +33,8 @@ _LOG10_FLOOR = -300.0
 # Neuron curves are stored as knots of a piecewise-linear log10 curve within this error (about 1.2 % of a score).
 _KNOT_TOLERANCE = 0.005
 _DECIMALS = 4
+# At most this many knots in all (about 150 kB of JSON); beyond it the tolerance doubles until the curves fit.
+_MAX_KNOTS = 12_000
 
 
 @dataclass(frozen=True)
@@ -304,7 +306,8 @@ class ElasticRanking:
                              checkpoint's weights are permuted the same way, so block l keeps a prefix
             scores.heads     [L][H] floats
             scores.neurons   [L] of {"index": [...], "log10": [...]}: knots of a piecewise-linear curve over
-                             neuron positions 0..F-1 (within 0.005 decades of every score)
+                             neuron positions 0..F-1, within scores.neuron_tolerance decades of every
+                             score (0.005 unless the curves are too noisy to fit in 12,000 knots)
             provenance       method, settings, seed, calibration data, base model, library and version
 
         Only a ranking in rank order (:meth:`is_sorted`) describes an elastic checkpoint; :func:`save_elastic`
@@ -316,10 +319,16 @@ class ElasticRanking:
                 "neurons the same way (hf_snapvit.save_elastic does both)."
             )
         log_heads = _log10(self.head_scores)
-        neurons = []
-        for row in _log10(self.neuron_scores):
-            index = _knots(row, _KNOT_TOLERANCE)
-            neurons.append({"index": index.tolist(), "log10": np.round(row[index], _DECIMALS).tolist()})
+        log_neurons = _log10(self.neuron_scores)
+        tolerance = _KNOT_TOLERANCE
+        knots = [_knots(row, tolerance) for row in log_neurons]
+        while sum(map(len, knots)) > _MAX_KNOTS:  # very noisy curves: coarser, to keep config.json small
+            tolerance *= 2
+            knots = [_knots(row, tolerance) for row in log_neurons]
+        neurons = [
+            {"index": index.tolist(), "log10": np.round(row[index], _DECIMALS).tolist()}
+            for row, index in zip(log_neurons, knots)
+        ]
         return {
             "format_version": FORMAT_VERSION,
             "mode": self.mode,
@@ -329,6 +338,7 @@ class ElasticRanking:
             "shape": self.shape.to_dict(),
             "scores": {
                 "encoding": "log10-sorted",
+                "neuron_tolerance": tolerance,
                 "heads": np.round(log_heads, _DECIMALS).tolist(),
                 "neurons": neurons,
             },
