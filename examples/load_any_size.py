@@ -2,7 +2,7 @@
 
 Steps: load the shared ViT-Tiny (Tiny-ImageNet-200), rank its heads and FFN neurons by weight magnitude, write an
 elastic checkpoint with ``hf_snapvit.save_elastic``, then load it at several sparsities with
-``ElasticViTModel.from_pretrained``. For each size it prints the backbone parameters, the theoretical GFLOPs, the
+``ElasticViTModel.from_pretrained``. For each size it prints the parameter count, the theoretical GFLOPs, the
 top-1 accuracy on the first validation images, and what a stock ``transformers.pipeline`` predicts for the first one.
 
     python examples/load_any_size.py --sparsities 0.0 0.3 0.5 --num-images 200
@@ -29,6 +29,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", default=str(SHARED / "models" / "vit-tiny-tinyimagenet"))
     parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200" / "validation.parquet"))
     parser.add_argument("--output", default=None, help="where to write the elastic checkpoint (default: a temp dir)")
+    parser.add_argument("--method", default="magnitude", choices=hf_snapvit.available_methods())
     parser.add_argument("--sparsities", type=float, nargs="+", default=[0.0, 0.3])
     parser.add_argument("--num-images", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=50)
@@ -47,6 +48,7 @@ def top1(model, pixel_values: torch.Tensor, labels: torch.Tensor, batch_size: in
 def main() -> None:
     args = parse_args()
     transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # "Loading weights" / "Writing model shards" bars
 
     processor = AutoImageProcessor.from_pretrained(args.model)
     dense = AutoModelForImageClassification.from_pretrained(args.model).eval()
@@ -63,7 +65,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         output = args.output or str(Path(tmp) / "vit-tiny-elastic")
-        ranking = hf_snapvit.rank(dense, method="magnitude")
+        ranking = hf_snapvit.rank(dense, method=args.method)
         hf_snapvit.save_elastic(dense, ranking, output, image_processor=processor)
         print(f"elastic checkpoint: {output}")
         print(f"first validation image: true label {first_label!r}\n")

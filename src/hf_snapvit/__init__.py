@@ -6,7 +6,7 @@ Rank every attention head and FFN neuron once (:func:`rank`), store the ranking 
 
 from ._version import __version__
 from .architectures import ArchitectureSpec, MlpSpec, get_spec, register_architecture, supported_model_types
-from .budget import ModelShape, estimate_gflops, layer_widths, model_shape
+from .budget import ModelShape, backbone_parameters, estimate_gflops, layer_widths, model_shape
 from .checkpoint import save_elastic
 from .errors import BudgetError, RankingFormatError, SnapViTError, UnsupportedArchitectureError
 from .modeling import ElasticViTModel
@@ -28,6 +28,7 @@ __all__ = [
     "SnapViTError",
     "UnsupportedArchitectureError",
     "available_methods",
+    "backbone_parameters",
     "estimate_gflops",
     "get_spec",
     "layer_widths",

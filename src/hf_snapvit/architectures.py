@@ -82,9 +82,9 @@ def register_architecture(spec: ArchitectureSpec, *, exist_ok: bool = False) -> 
     """Add (or with ``exist_ok=True`` replace) the spec for ``spec.model_type``.
 
     Example:
-        >>> from hf_snapvit.architectures import ArchitectureSpec, MlpSpec, get_spec, register_architecture
-        >>> vit = get_spec("vit")
-        >>> register_architecture(ArchitectureSpec(**{**vit.__dict__, "model_type": "my_vit"}))
+        >>> import dataclasses
+        >>> from hf_snapvit.architectures import get_spec, register_architecture
+        >>> register_architecture(dataclasses.replace(get_spec("vit"), model_type="my_vit"))
     """
     if spec.model_type in _REGISTRY and not exist_ok:
         raise ValueError(
@@ -159,36 +159,28 @@ def num_heads(attention: nn.Module, spec: ArchitectureSpec) -> int:
     return getattr(attention, spec.q_proj).out_features // head_dim(attention, spec)
 
 
-def _vit_like(model_type: str, layers: str, **overrides) -> ArchitectureSpec:
+def _spec(model_type: str, layers: str, attention: str, o_proj: str, **overrides) -> ArchitectureSpec:
     fields = dict(
         model_type=model_type,
         layers=layers,
-        attention="attention",
+        attention=attention,
         q_proj="q_proj",
         k_proj="k_proj",
         v_proj="v_proj",
-        o_proj="o_proj",
+        o_proj=o_proj,
         mlp="mlp",
         mlp_variants=(MlpSpec(("fc1",), "fc2"),),
     )
     fields.update(overrides)
     return ArchitectureSpec(**fields)
+
+
+def _vit_like(model_type: str, layers: str, **overrides) -> ArchitectureSpec:
+    return _spec(model_type, layers, "attention", "o_proj", **overrides)
 
 
 def _clip_like(model_type: str, **overrides) -> ArchitectureSpec:
-    fields = dict(
-        model_type=model_type,
-        layers="encoder.layers",
-        attention="self_attn",
-        q_proj="q_proj",
-        k_proj="k_proj",
-        v_proj="v_proj",
-        o_proj="out_proj",
-        mlp="mlp",
-        mlp_variants=(MlpSpec(("fc1",), "fc2"),),
-    )
-    fields.update(overrides)
-    return ArchitectureSpec(**fields)
+    return _spec(model_type, "encoder.layers", "self_attn", "out_proj", **overrides)
 
 
 def _vision_tower(config: PretrainedConfig) -> PretrainedConfig:

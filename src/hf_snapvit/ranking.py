@@ -30,8 +30,8 @@ RankingMode = Literal["global", "paired"]
 
 # log10 of the smallest score kept; a score of 0 (e.g. a dead neuron) ranks last instead of becoming -inf.
 _LOG10_FLOOR = -300.0
-# Neuron curves are stored as knots of a piecewise-linear log10 curve within this error (about 1.2 % of a score).
-_KNOT_TOLERANCE = 0.005
+# Neuron curves are stored as knots of a piecewise-linear log10 curve within this error (about 0.1 % of a score).
+_KNOT_TOLERANCE = 0.0005
 _DECIMALS = 4
 # At most this many knots in all (about 150 kB of JSON); beyond it the tolerance doubles until the curves fit.
 _MAX_KNOTS = 12_000
@@ -307,7 +307,7 @@ class ElasticRanking:
             scores.heads     [L][H] floats
             scores.neurons   [L] of {"index": [...], "log10": [...]}: knots of a piecewise-linear curve over
                              neuron positions 0..F-1, within scores.neuron_tolerance decades of every
-                             score (0.005 unless the curves are too noisy to fit in 12,000 knots)
+                             score (0.0005, doubled until the curves fit in 12,000 knots)
             provenance       method, settings, seed, calibration data, base model, library and version
 
         Only a ranking in rank order (:meth:`is_sorted`) describes an elastic checkpoint; :func:`save_elastic`
