@@ -16,8 +16,13 @@ What it measures
      anonymous-memory growth (``RssAnon`` after minus before) and the peak ``RssAnon`` growth seen by a background
      thread polling every ``--poll-ms`` during the load. safetensors files are memory-mapped, so file-backed page
      cache pages inflate RSS; ``RssAnon`` is the memory the process really owns;
-   * forward latency under ``torch.inference_mode()`` with a fixed ``torch.set_num_threads`` (``--threads``, recorded):
-     ``--warmup`` untimed runs, then the median of ``--repeats`` timed runs, for every ``--batch-sizes`` entry.
+   * the resident footprint once the weights are used: ``VmRSS`` / ``RssAnon`` growth after the load plus one
+     batch-1 forward pass. Both loaders hand out tensors that view the memory-mapped file, so pages only become
+     resident when a forward pass touches them; the numbers right after the load do not include the weights;
+   * forward latency under ``torch.inference_mode()`` with a fixed ``torch.set_num_threads`` (``--threads``, default
+     1, recorded): ``--warmup`` untimed runs, then the median of ``--repeats`` timed runs, for every
+     ``--batch-sizes`` entry. One thread is the default because multi-threaded latency on small shared VMs can be
+     bimodal (one busy vCPU stalls the OpenMP team); use ``--threads 0`` for all available CPUs.
 
    The same is measured for the dense model loaded by stock ``transformers.ViTModel.from_pretrained(dir)``.
 3. Prints a table and writes JSON (``--output``) with the hardware, and per sparsity the actual sparsity, backbone
@@ -27,7 +32,7 @@ What it measures
 The checkpoint is read from the OS page cache (it was just written), so load times are not cold-disk times. The
 numbers are measurements, not pass/fail checks: nothing here asserts on timing.
 
-How to run (about 4 minutes on a 2-core CPU with the defaults)::
+How to run (about 3-4 minutes on a 2-core CPU with the defaults)::
 
     python benchmarks/bench_elastic_load.py
     python benchmarks/bench_elastic_load.py --sparsities 0 0.3 0.6 --batch-sizes 1 --repeats 10 --threads 4
@@ -138,6 +143,21 @@ class MemoryPoller(threading.Thread):
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def _count_mmapped(model: Any) -> int | None:
+    """How many parameters have their storage inside a mapping of a ``.safetensors`` file (zero-copy loads)."""
+    ranges = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if ".safetensors" in line:
+                    start, end = line.split()[0].split("-")
+                    ranges.append((int(start, 16), int(end, 16)))
+    except OSError:
+        return None
+    return sum(any(a <= p.untyped_storage().data_ptr() < b for a, b in ranges) for p in model.parameters())
+
+
+
 def child_main(spec_path: str) -> int:
     with open(spec_path) as f:
         spec = json.load(f)
@@ -209,6 +229,19 @@ def child_main(spec_path: str) -> int:
         memory["peak_anon_growth"] = poller.peak_anon - before.get("RssAnon", 0)
         memory["peak_rss_growth_polled"] = poller.peak_rss - before.get("VmRSS", 0)
     result["load_s"] = load_s
+
+    # ---- resident footprint once the weights are used ----
+    # Both loaders return tensors that view the memory-mapped safetensors file, so pages are only read (and only
+    # count in RSS) when a forward pass touches them. One batch-1 forward right after the load shows the footprint.
+    if spec["forward"]:
+        with torch.inference_mode():
+            model(pixel_values=torch.zeros(1, int(getattr(model.config, "num_channels", 3)),
+                                           int(model.config.image_size), int(model.config.image_size)))
+        touched = read_status()
+        memory["after_first_forward"] = touched
+        memory["fwd_rss_growth"] = touched.get("VmRSS", 0) - before.get("VmRSS", 0)
+        memory["fwd_anon_growth"] = touched.get("RssAnon", 0) - before.get("RssAnon", 0)
+        memory["fwd_file_growth"] = touched.get("RssFile", 0) - before.get("RssFile", 0)
     result["memory"] = memory
 
     # ---- what was loaded ----
@@ -231,6 +264,8 @@ def child_main(spec_path: str) -> int:
             {k: v for k, v in layout.items() if k not in ("num_heads", "intermediate_size")} if layout else None
         ),
         "training": model.training,
+        "params_in_file_mmap": _count_mmapped(model),
+        "non_contiguous_params": [n for n, p in model.named_parameters() if not p.is_contiguous()],
     }
 
     # ---- warm loads in the same process: time only ----
@@ -427,6 +462,7 @@ def measure_config(base_spec: dict[str, Any], load_repeats: int, workdir: Path, 
         return statistics.median(values) if values else None
 
     mem_keys = ("peak_rss_growth", "rss_growth", "anon_growth", "file_growth", "peak_anon_growth")
+    fwd_keys = ("fwd_rss_growth", "fwd_anon_growth", "fwd_file_growth")  # measured in the first process only
     return {
         "kind": first["kind"],
         "requested_sparsity": first["requested_sparsity"],
@@ -436,7 +472,8 @@ def measure_config(base_spec: dict[str, Any], load_repeats: int, workdir: Path, 
         "load_s_runs": [r["load_s"] for r in runs],
         "warm_load_s": first["warm_load_s"],
         "warm_load_s_runs": first["warm_load_s_runs"],
-        "memory": {k: med(lambda r, k=k: r["memory"].get(k)) for k in mem_keys},
+        "memory": {**{k: med(lambda r, k=k: r["memory"].get(k)) for k in mem_keys},
+                   **{k: first["memory"].get(k) for k in fwd_keys}},
         "memory_runs": [r["memory"] for r in runs],
         "latency": first["latency"],
         "child_wall_s": [r.get("child_wall_s") for r in runs],
@@ -462,7 +499,8 @@ def add_derived(rows: list[dict[str, Any]], reference: dict[str, Any] | None, ba
             "load_s": ratio(row["load_s"], reference["load_s"]),
             "warm_load_s": ratio(row["warm_load_s"], reference["warm_load_s"]),
         }
-        for key in ("anon_growth", "peak_anon_growth", "peak_rss_growth", "rss_growth"):
+        for key in ("anon_growth", "peak_anon_growth", "peak_rss_growth", "rss_growth", "fwd_rss_growth",
+                    "fwd_anon_growth", "fwd_file_growth"):
             ratios[key] = ratio(row["memory"].get(key), reference["memory"].get(key))
         for b in batch_sizes:
             mine, ref = row["latency"].get(str(b)), reference["latency"].get(str(b))
@@ -482,29 +520,37 @@ def print_tables(rows: list[dict[str, Any]], batch_sizes: list[int], threads: in
             return "stock ViTModel"
         return f"elastic s={row['requested_sparsity']:.2f}"
 
-    lat_heads = "".join(f"{'b' + str(b) + ' ms':>10}" for b in batch_sizes)
-    header = (f"{'model':<17}{'act.sp':>7}{'params M':>9}{'GFLOPs':>8}{'load s':>8}{'warm s':>8}"
-              f"{'anonΔ MiB':>10}{'anonPk MiB':>11}{'HWMΔ MiB':>10}{'fileΔ MiB':>10}{lat_heads}")
-    print(f"\nAbsolute (torch threads = {threads}; load = first load in a fresh process, warm = median of "
-          "reloads in that process; latency = median)")
+    def mib(value):
+        return None if value is None else value / MIB
+
+    lat_heads = "".join(f"{'b' + str(b) + ' ms':>9}" for b in batch_sizes)
+    header = (f"{'model':<17}{'act.sp':>7}{'params M':>9}{'GFLOPs':>7}{'load s':>7}{'warm s':>7}"
+              f"{'anonΔ':>7}{'anonPk':>7}{'HWMΔ':>7}{'fwdRSSΔ':>8}{'fwdAnonΔ':>9}{lat_heads}")
+    print(f"\nAbsolute (torch threads = {threads}; memory in MiB)")
+    print("  load s = first load in a fresh process; warm s = median reload in that process")
+    print("  anonΔ / anonPk / HWMΔ = RssAnon growth, polled RssAnon peak growth, VmHWM - VmRSS-before, "
+          "over the load")
+    print("  fwdRSSΔ / fwdAnonΔ = VmRSS / RssAnon growth after the load plus one batch-1 forward "
+          "(mmap pages touched)")
+    print("  latency = median forward time")
     print(header)
     print("-" * len(header))
     for row in rows:
         if "error" in row:
-            print(f"{label(row):<17}  ERROR: {row['error'].splitlines()[-1] if row['error'] else ''}")
+            print(f"{label(row):<17}  ERROR: {row['error'].strip().splitlines()[-1] if row['error'].strip() else ''}")
             continue
         mem = row["memory"]
-        lat = "".join(_fmt((row["latency"].get(str(b)) or {}).get("median_ms"), ".0f", 10) for b in batch_sizes)
+        lat = "".join(_fmt((row["latency"].get(str(b)) or {}).get("median_ms"), ".0f", 9) for b in batch_sizes)
         print(f"{label(row):<17}{_fmt(row.get('actual_sparsity'), '.3f', 7)}"
-              f"{_fmt(row['model']['backbone_params'] / 1e6, '.2f', 9)}{_fmt(row['model']['gflops'], '.2f', 8)}"
-              f"{_fmt(row['load_s'], '.3f', 8)}{_fmt(row['warm_load_s'], '.3f', 8)}"
-              f"{_fmt(mem['anon_growth'] / MIB, '.1f', 10)}"
-              f"{_fmt(None if mem['peak_anon_growth'] is None else mem['peak_anon_growth'] / MIB, '.1f', 11)}"
-              f"{_fmt(mem['peak_rss_growth'] / MIB, '.1f', 10)}{_fmt(mem['file_growth'] / MIB, '.1f', 10)}{lat}")
+              f"{_fmt(row['model']['backbone_params'] / 1e6, '.2f', 9)}{_fmt(row['model']['gflops'], '.2f', 7)}"
+              f"{_fmt(row['load_s'], '.3f', 7)}{_fmt(row['warm_load_s'], '.3f', 7)}"
+              f"{_fmt(mib(mem['anon_growth']), '.1f', 7)}{_fmt(mib(mem['peak_anon_growth']), '.1f', 7)}"
+              f"{_fmt(mib(mem['peak_rss_growth']), '.1f', 7)}{_fmt(mib(mem.get('fwd_rss_growth')), '.1f', 8)}"
+              f"{_fmt(mib(mem.get('fwd_anon_growth')), '.1f', 9)}{lat}")
 
-    lat_heads = "".join(f"{'b' + str(b):>8}" for b in batch_sizes)
-    header = (f"{'model':<17}{'params':>8}{'GFLOPs':>8}{'load':>8}{'warm':>8}{'anonΔ':>8}{'anonPk':>8}"
-              f"{'HWMΔ':>8}{lat_heads}")
+    lat_heads = "".join(f"{'b' + str(b):>7}" for b in batch_sizes)
+    header = (f"{'model':<17}{'params':>7}{'GFLOPs':>7}{'load':>7}{'warm':>7}{'anonΔ':>7}{'anonPk':>7}"
+              f"{'HWMΔ':>7}{'fwdRSSΔ':>8}{'fwdAnonΔ':>9}{lat_heads}")
     print("\nRatios to the dense elastic load (elastic s=0.00) of this run")
     print(header)
     print("-" * len(header))
@@ -512,10 +558,11 @@ def print_tables(rows: list[dict[str, Any]], batch_sizes: list[int], threads: in
         r = row.get("ratios_to_elastic_dense")
         if r is None:
             continue
-        lat = "".join(_fmt(r.get(f"latency_b{b}"), ".2f", 8) for b in batch_sizes)
-        print(f"{label(row):<17}{_fmt(r['backbone_params'], '.3f', 8)}{_fmt(r['gflops'], '.3f', 8)}"
-              f"{_fmt(r['load_s'], '.2f', 8)}{_fmt(r['warm_load_s'], '.2f', 8)}{_fmt(r['anon_growth'], '.2f', 8)}"
-              f"{_fmt(r['peak_anon_growth'], '.2f', 8)}{_fmt(r['peak_rss_growth'], '.2f', 8)}{lat}")
+        lat = "".join(_fmt(r.get(f"latency_b{b}"), ".2f", 7) for b in batch_sizes)
+        print(f"{label(row):<17}{_fmt(r['backbone_params'], '.3f', 7)}{_fmt(r['gflops'], '.3f', 7)}"
+              f"{_fmt(r['load_s'], '.2f', 7)}{_fmt(r['warm_load_s'], '.2f', 7)}{_fmt(r['anon_growth'], '.2f', 7)}"
+              f"{_fmt(r['peak_anon_growth'], '.2f', 7)}{_fmt(r['peak_rss_growth'], '.2f', 7)}"
+              f"{_fmt(r['fwd_rss_growth'], '.2f', 8)}{_fmt(r['fwd_anon_growth'], '.2f', 9)}{lat}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -526,14 +573,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sparsities", type=float, nargs="+", default=DEFAULT_SPARSITIES,
                         help="sparsities to load (0 is always added: it is the reference). Default: 0 0.1 ... 0.6")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="forward batch sizes (default 1 8)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed forward runs per batch size (median reported)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed forward runs per batch size (median reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed forward runs per batch size before timing")
     parser.add_argument("--load-repeats", type=int, default=1,
                         help="fresh processes per configuration; load time and memory are their median (default 1)")
     parser.add_argument("--warm-loads", type=int, default=3,
                         help="extra loads in the same process after the fresh one, for the warm load time")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch.set_num_threads in every child (default: CPUs available to this process)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch.set_num_threads (and OMP/MKL_NUM_THREADS) in every child; default 1, the most "
+                             "reproducible setting on shared or small machines. 0 = all CPUs available")
     parser.add_argument("--poll-ms", type=float, default=2.0,
                         help="RssAnon polling interval during the fresh load, in ms (0 disables polling)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights, ranking and inputs")
@@ -559,7 +607,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child is not None:
         return child_main(args.child)
 
-    if args.threads is None:
+    if args.threads < 0:
+        raise SystemExit("--threads must be >= 0")
+    if args.threads == 0:
         try:
             args.threads = len(os.sched_getaffinity(0))
         except AttributeError:
@@ -598,7 +648,8 @@ def main(argv: list[str] | None = None) -> int:
             configs.append({**base, "kind": "stock", "sparsity": None})
         rows = []
         for spec in configs:
-            name = "stock ViTModel.from_pretrained" if spec["kind"] == "stock" else f"elastic sparsity {spec['sparsity']}"
+            name = ("stock ViTModel.from_pretrained" if spec["kind"] == "stock"
+                    else f"elastic sparsity {spec['sparsity']}")
             t0 = time.perf_counter()
             print(f"  measuring {name} ...", end="", flush=True)
             row = measure_config(spec, args.load_repeats, workdir, args.child_timeout)

@@ -263,3 +263,27 @@ def test_out_of_range_sparsity(elastic, bad):
     _, _, _, stored, path = elastic
     with pytest.raises(hs.BudgetError, match=rf"sparsity={bad!r} is out of range.*<= {stored.max_sparsity:.4f}"):
         hs.ElasticViTModel.from_pretrained(path, sparsity=bad)
+
+
+def test_tensors_missing_from_the_checkpoint_are_initialised_with_a_warning(tmp_path):
+    from transformers import ViTModel
+
+    base = CASE["vit"].build()
+    headless = ViTModel(base.config, add_pooling_layer=False)
+    headless.load_state_dict({k: v for k, v in base.state_dict().items() if not k.startswith("pooler")})
+    hs.save_elastic(headless, hs.rank(headless), tmp_path / "e")
+    with pytest.warns(UserWarning, match=r"newly initialized: \['pooler.dense.weight', 'pooler.dense.bias'\]"):
+        loaded = hs.ElasticViTModel.from_pretrained(tmp_path / "e", sparsity=0.3)
+    inputs = CASE["vit"].inputs(2)
+    assert torch.isfinite(output_of(loaded, inputs)).all()
+    assert loaded.pooler.dense.weight.device.type == "cpu"
+
+
+def test_returned_ranking_is_what_from_pretrained_resolves(elastic):
+    _, _, _, stored, path = elastic
+    for fraction in (0.2, 0.5, 0.9):
+        sparsity = fraction * stored.max_sparsity
+        counts = stored.keep_counts(sparsity)
+        loaded = hs.ElasticViTModel.from_pretrained(path, sparsity=sparsity)
+        assert hs.layer_widths(loaded) == (counts.heads, counts.neurons)
+        assert loaded.config.elastic_layout["num_params"] == counts.num_params

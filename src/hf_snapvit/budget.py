@@ -225,9 +225,12 @@ def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
         build = lambda: cls.from_config(config, **kwargs)  # noqa: E731
     else:
         build = lambda: cls._from_config(config, **kwargs)  # noqa: E731
+    from transformers.initialization import no_init_weights
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with init_empty_weights():
+        # Meta tensors hold no data, so initialising them is wasted time.
+        with init_empty_weights(), no_init_weights():
             return build()
 
 

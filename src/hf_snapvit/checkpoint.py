@@ -96,13 +96,13 @@ def save_elastic(
             "save_elastic needs the dense model, but this one is sliced (config.elastic_layout is set). Load the dense "
             "elastic checkpoint or the original model instead."
         )
-    stored = ElasticRanking.from_dict(ranking.sorted().to_dict())
+    data = ranking.sorted().to_dict()
     orders = ranking.orders()
     inverse = [(np.argsort(h), np.argsort(f)) for h, f in orders]
     previous = getattr(model.config, "elastic_ranking", None)
     slice_model_(model, orders)
     try:
-        model.config.elastic_ranking = stored.to_dict()
+        model.config.elastic_ranking = data
         with atomic_directory(save_directory) as staging:
             model.save_pretrained(staging, **save_kwargs)
             if image_processor is not None:
@@ -113,7 +113,7 @@ def save_elastic(
             del model.config.elastic_ranking
         else:
             model.config.elastic_ranking = previous
-    return stored
+    return ElasticRanking.from_dict(data)
 
 
 class CheckpointReader:
@@ -169,7 +169,7 @@ class CheckpointReader:
 
 
 def disk_names(model: PreTrainedModel, keys: set[str]) -> dict[str, tuple[str, tuple[int, int] | None]]:
-    """Map each state-dict name of ``model`` to ``(name in the checkpoint, chunk)``.
+    """Map each state-dict name of ``model`` to ``(name in the checkpoint, chunk)``; names not found are left out.
 
     Checkpoints saved by transformers keep their historical tensor names (``attention.attention.query``), which
     transformers renames at load time. The renaming is transformers' own conversion mapping, applied in reverse
@@ -199,22 +199,28 @@ def disk_names(model: PreTrainedModel, keys: set[str]) -> dict[str, tuple[str, t
             if key.startswith(prefix + "."):
                 candidates.append((key[len(prefix) + 1:], chunk))
         found = next((c for c in candidates if c[0] in keys), None)
-        if found is None:
-            raise SnapViTError(
-                f"The checkpoint has no tensor for {name!r} (looked for {sorted({c[0] for c in candidates})}). "
-                "Is this checkpoint of the architecture its config.json names?"
-            )
-        mapping[name] = found
+        if found is not None:
+            mapping[name] = found
     return mapping
 
 
 def load_sliced_state_dict(
     model: PreTrainedModel, reader: CheckpointReader, sliceable: set[str]
 ) -> dict[str, torch.Tensor]:
-    """Read every tensor of ``model``'s (meta) state dict from ``reader``, taking prefixes for ``sliceable`` ones."""
+    """Read the tensors of ``model``'s (meta) state dict from ``reader``, taking prefixes for ``sliceable`` ones.
+
+    Tensors the checkpoint lacks (e.g. a pooler saved without) are left out, for the caller to initialise.
+    """
     mapping = disk_names(model, reader.keys())
     state = {}
     for name, target in model.state_dict().items():
+        if name not in mapping:
+            if name in sliceable:
+                raise SnapViTError(
+                    f"The checkpoint has no tensor for the prunable {name!r}. Is this checkpoint of the architecture "
+                    "its config.json names?"
+                )
+            continue
         key, chunk = mapping[name]
         stored = reader.shape(key)
         expected = tuple(target.shape)
@@ -230,5 +236,7 @@ def load_sliced_state_dict(
                 f"Checkpoint tensor {key!r} has shape {stored}, smaller than the {expected} this budget needs. A sliced "
                 "checkpoint cannot grow back: load the dense elastic checkpoint for larger models."
             )
-        state[name] = reader.read(key, expected, chunk).to(target.dtype)
+        # Copy into memory the model owns: a view into the memory-mapped file would keep the whole dense matrix
+        # reachable for column slices, and the file mapped for the model's lifetime.
+        state[name] = torch.empty(expected, dtype=target.dtype).copy_(reader.read(key, expected, chunk))
     return state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ from transformers import AutoConfig, PreTrainedModel
 from .architectures import get_spec
 from .budget import model_shape, skeleton
 from .checkpoint import HUB_KWARGS, CheckpointReader, load_sliced_state_dict
-from .errors import BudgetError, RankingFormatError
+from .errors import BudgetError, RankingFormatError, SnapViTError
 from .ranking import ElasticRanking, KeepCounts
 from .slicing import slice_model_
 
@@ -138,7 +139,13 @@ class ElasticViTModel:
         sliceable = {k for k, v in model.state_dict().items() if tuple(v.shape) != dense_state[k]}
         reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
         state = load_sliced_state_dict(model, reader, sliceable)
-        model.load_state_dict(state, strict=True, assign=True)
+        missing = [name for name in model.state_dict() if name not in state]
+        if missing:
+            _initialise_missing(model, missing)
+        model.load_state_dict(state, strict=False, assign=True)
+        left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+        if left:
+            raise SnapViTError(f"These tensors were neither in the checkpoint nor initialised: {left}.")
         model.eval()
 
         model.config._name_or_path = str(pretrained_model_name_or_path)
@@ -154,3 +161,17 @@ class ElasticViTModel:
             model.to(device)
         return model
 
+
+
+def _initialise_missing(model: PreTrainedModel, names: list[str]) -> None:
+    """Give tensors absent from the checkpoint fresh values, as transformers does, and say so."""
+    warnings.warn(
+        f"Some weights were not in the checkpoint and are newly initialized: {names}. You should probably train "
+        "them before use (as transformers would tell you for the same checkpoint).",
+        stacklevel=3,
+    )
+    owners = {name.rsplit(".", 1)[0] if "." in name else "" for name in names}
+    for owner in owners:
+        module = model.get_submodule(owner)
+        module.to_empty(device="cpu", recurse=False)
+        model._init_weights(module)
