@@ -45,8 +45,8 @@ class ArchitectureSpec:
         mlp_variants: The FFN layouts this architecture can have; the first whose projections all exist is used
             (DINOv2 and DINOv3 switch between a plain and a gated FFN through their config).
         embedding: Which output represents an image: ``"cls"`` (final-norm CLS token, ``last_hidden_state[:, 0]``),
-            ``"pooled"`` (``pooler_output``, e.g. SigLIP's attention pooling) or ``"cls_dist_mean"`` (mean of the CLS
-            and distillation tokens, DeiT).
+            ``"pooled"`` (``pooler_output``: SigLIP's attention pooling, CLIP's post-layernorm CLS; the token mean when
+            a tower has no pooling head) or ``"cls_dist_mean"`` (mean of the CLS and distillation tokens, DeiT).
         backbone: Dotted path from the top-level model to the vision backbone (``""`` for the model itself), or
             ``None`` for the model's own ``base_model``.
         excluded_from_budget: Dotted paths, relative to the backbone, of modules that are not counted as backbone
@@ -218,7 +218,7 @@ for _spec in (
     ),
     _clip_like("siglip_vision_model", embedding="pooled", extra_tokens=lambda config: 0),
     _clip_like("siglip2_vision_model", embedding="pooled", extra_tokens=lambda config: 0, num_patches=lambda c: c.num_patches),
-    _clip_like("clip_vision_model"),
+    _clip_like("clip_vision_model", embedding="pooled"),  # pooler_output is the post-layernorm CLS token
     # *ForImageClassification of the dual-tower families: only the vision tower is pruned.
     _clip_like(
         "siglip",
@@ -237,7 +237,32 @@ for _spec in (
     _clip_like(
         "clip",
         backbone="vision_model",
+        embedding="pooled",
         num_patches=lambda c: (_vision_tower(c).image_size // _vision_tower(c).patch_size) ** 2,
     ),
 ):
     register_architecture(_spec)
+
+
+def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None):
+    """The ``[B, D]`` embedding that represents each image, computed by the backbone (task heads are skipped).
+
+    Crops smaller or larger than the configured image size are embedded with interpolated position embeddings.
+    """
+    import inspect
+
+    spec = spec or get_spec(model)
+    backbone = get_backbone(model, spec)
+    kwargs = dict(inputs)
+    pixels = kwargs.get("pixel_values")
+    size = getattr(_vision_tower(model.config), "image_size", None)
+    if pixels is not None and pixels.ndim == 4 and size is not None and pixels.shape[-1] != size:
+        if "interpolate_pos_encoding" in inspect.signature(backbone.forward).parameters:
+            kwargs["interpolate_pos_encoding"] = True
+    out = backbone(**kwargs)
+    if spec.embedding == "pooled":
+        pooled = getattr(out, "pooler_output", None)
+        return pooled if pooled is not None else out.last_hidden_state.mean(1)
+    if spec.embedding == "cls_dist_mean":
+        return out.last_hidden_state[:, :2].mean(1)
+    return out.last_hidden_state[:, 0]

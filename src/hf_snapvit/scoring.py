@@ -1,0 +1,158 @@
+"""Local importance scores from self-supervised (or supervised) gradients: SnapViT's diagonal term.
+
+For every FFN neuron and attention head, a score summarises the squared gradient of a loss with respect to the
+weights the unit owns (paper §3.2; the reference's choices are in ``snapvit-reference.md`` §1-2):
+
+* loss ``"dino"``: the DINO-style multi-crop loss between a frozen copy of the model (the teacher, here the same
+  weights under ``no_grad``) embedding global crops and the model embedding every crop; ``"ce"``: cross-entropy of the
+  model's own classifier on labelled images;
+* definition ``"fisher"`` (the paper): the mean over images of each image's squared gradient, a diagonal Fisher;
+  ``"accumulated"`` (the reference code): the square of the gradient accumulated over batches;
+* a neuron is scored on its FFN input rows, a head on its value rows (``head_rows="v"``, as the reference) or on its
+  q, k and v rows; each score is the mean over those weights. Scores are accumulated in float64: they reach 1e-30.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from huggingface_hub.utils import tqdm
+from transformers import PreTrainedModel
+
+from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding
+from .data import MultiCropConfig, Normalizer, multi_crops
+
+ScoreDefinition = Literal["fisher", "accumulated"]
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """Settings of the gradient scores.
+
+    Args:
+        definition: ``"fisher"`` (per-image squared gradients, the paper) or ``"accumulated"`` (square of the summed
+            batch-mean gradients, the reference code).
+        head_rows: ``"v"`` scores a head on its value rows (the reference), ``"qkv"`` on its q, k and v rows.
+        batch_size: Images per gradient step (``"accumulated"``); ``"fisher"`` needs one image per step.
+        crops: The multi-crop views of the DINO loss.
+    """
+
+    definition: ScoreDefinition = "fisher"
+    head_rows: Literal["v", "qkv"] = "v"
+    batch_size: int = 16
+    crops: MultiCropConfig = field(default_factory=MultiCropConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def dino_loss(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
+    """Multi-crop loss of the reference: ``teacher [B, G, D]`` global views, ``student [B, V, D]`` all views.
+
+    Embeddings are L2-normalised; temperature 1, no centring. For each image the cross-entropy between the teacher
+    distribution of global view ``t`` and the student distribution of every view ``s != t`` is summed; the batch is
+    averaged.
+    """
+    p = F.softmax(F.normalize(teacher, dim=-1), dim=-1)  # [B, G, D]
+    log_q = F.log_softmax(F.normalize(student, dim=-1), dim=-1)  # [B, V, D]
+    cross = -torch.einsum("bgd,bvd->bgv", p, log_q)  # [B, G, V]
+    views = torch.arange(student.shape[1], device=student.device)
+    same = views[None, :] == torch.arange(teacher.shape[1], device=student.device)[:, None]  # global t is view t
+    return cross.masked_fill(same[None], 0.0).sum((1, 2)).mean()
+
+
+def _scored_weights(model: PreTrainedModel, head_rows: str) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    spec = get_spec(model)
+    heads, neurons = [], []
+    for layer in get_layers(model, spec):
+        attention = get_attention(layer, spec)
+        names = (spec.v_proj,) if head_rows == "v" else (spec.q_proj, spec.k_proj, spec.v_proj)
+        heads.append([getattr(attention, n).weight for n in names])
+        mlp, variant = get_mlp(layer, spec)
+        neurons.append([getattr(mlp, n).weight for n in variant.in_proj])
+    return heads, neurons
+
+
+def _reduce(grads_sq: list[list[torch.Tensor]], unit_rows: int) -> np.ndarray:
+    """Per unit: the mean of squared gradients over its rows (``unit_rows`` consecutive rows) of every matrix."""
+    rows = []
+    for matrices in grads_sq:
+        total = sum(g.sum(1) for g in matrices)  # [out]
+        count = sum(g.shape[1] for g in matrices) * unit_rows
+        rows.append((total.view(-1, unit_rows).sum(1) / count).cpu().numpy())
+    return np.stack(rows)
+
+
+def gradient_scores(
+    model: PreTrainedModel,
+    images: Any,
+    processor: Any,
+    config: ScoreConfig = ScoreConfig(),
+    *,
+    seed: int = 0,
+    show_progress: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """DINO-loss gradient scores ``(heads [L, H], neurons [L, F])`` of ``model`` on calibration ``images``.
+
+    Args:
+        model: A dense model of a supported architecture; its weights are not changed.
+        images: PIL images or a ``[N, C, H, W]`` tensor of pixel values (see :mod:`hf_snapvit.data`).
+        processor: The model's image processor (its normalisation is applied to every crop).
+        config: Score settings.
+        seed: Seeds the crops.
+        show_progress: Show a progress bar over gradient steps.
+    """
+    spec = get_spec(model)
+    device = next(model.parameters()).device
+    normalizer = Normalizer(processor) if processor is not None else None
+    input_size = int(getattr(getattr(model.config, "vision_config", None) or model.config, "image_size"))
+    head_weights, neuron_weights = _scored_weights(model, config.head_rows)
+    scored = {id(w) for group in head_weights + neuron_weights for w in group}
+    flags = {p: p.requires_grad for p in model.parameters()}
+    was_training = model.training
+    for p in model.parameters():
+        p.requires_grad_(id(p) in scored)
+    model.eval()
+    squares = {id(w): torch.zeros_like(w, dtype=torch.float64) for group in head_weights + neuron_weights for w in group}
+    rng = np.random.default_rng(seed)
+    step = 1 if config.definition == "fisher" else config.batch_size
+    try:
+        model.zero_grad(set_to_none=True)
+        for start in tqdm(range(0, len(images), step), desc="gradient scores", unit="step", disable=not show_progress):
+            global_views, local_views = multi_crops(images[start:start + step], config.crops, normalizer, input_size, rng)
+            global_views = global_views.to(device)
+            b, g = global_views.shape[:2]
+            with torch.no_grad():
+                teacher = image_embedding(model, {"pixel_values": global_views.flatten(0, 1)}, spec).view(b, g, -1)
+            student = [image_embedding(model, {"pixel_values": global_views.flatten(0, 1)}, spec).view(b, g, -1)]
+            if local_views is not None:
+                local_views = local_views.to(device)
+                student.append(image_embedding(model, {"pixel_values": local_views.flatten(0, 1)}, spec)
+                               .view(b, local_views.shape[1], -1))
+            dino_loss(teacher.float(), torch.cat(student, 1).float()).backward()
+            if config.definition == "fisher":
+                for group in head_weights + neuron_weights:
+                    for w in group:
+                        squares[id(w)] += w.grad.double() ** 2
+                        w.grad = None
+        if config.definition == "accumulated":
+            for group in head_weights + neuron_weights:
+                for w in group:
+                    squares[id(w)] += w.grad.double() ** 2
+        else:
+            n = len(images)
+            for value in squares.values():
+                value /= n
+    finally:
+        for p, flag in flags.items():
+            p.requires_grad_(flag)
+            p.grad = None
+        model.train(was_training)
+    hd = head_dim(get_attention(get_layers(model, spec)[0], spec), spec)
+    heads = _reduce([[squares[id(w)] for w in group] for group in head_weights], hd)
+    neurons = _reduce([[squares[id(w)] for w in group] for group in neuron_weights], 1)
+    return heads, neurons

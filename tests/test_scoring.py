@@ -1,0 +1,118 @@
+"""Gradient scores: the DINO loss, both score definitions, crops and normalisation, on tiny models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import ViTImageProcessor
+
+from hf_snapvit.data import MultiCropConfig, Normalizer, multi_crops
+from hf_snapvit.scoring import ScoreConfig, dino_loss, gradient_scores
+from conftest import CASES
+
+CASE = {c.name: c for c in CASES}
+# Every architecture whose backbone takes [B, C, H, W] pixel values (SigLIP2 takes patch sequences).
+PIXEL_CASES = [c for c in CASES if c.name != "siglip2-vision"]
+PROCESSOR = ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+FEW_CROPS = ScoreConfig(crops=MultiCropConfig(num_global=2, num_local=2))
+
+
+def images(n: int, seed: int = 0) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 255, (48, 40, 3), dtype=np.uint8)) for _ in range(n)]
+
+
+def test_dino_loss_matches_its_definition():
+    torch.manual_seed(0)
+    teacher, student = torch.randn(3, 2, 8), torch.randn(3, 5, 8)
+    expected = 0.0
+    for b in range(3):
+        for t in range(2):
+            p = torch.softmax(torch.nn.functional.normalize(teacher[b, t], dim=0), 0)
+            for s in range(5):
+                if s != t:
+                    expected += -(p * torch.log_softmax(torch.nn.functional.normalize(student[b, s], dim=0), 0)).sum()
+    torch.testing.assert_close(dino_loss(teacher, student), expected / 3)
+
+
+def test_normaliser_uses_the_models_statistics():
+    normalizer = Normalizer(PROCESSOR)
+    pixels = torch.tensor([0, 255], dtype=torch.uint8).view(1, 1, 1, 2).expand(1, 3, 1, 2)
+    torch.testing.assert_close(normalizer(pixels)[0, :, 0], torch.tensor([[-1.0, 1.0]] * 3))
+
+
+def test_crops_are_independent_and_seeded():
+    config = MultiCropConfig(num_global=2, num_local=3)
+    g, l = multi_crops(images(2), config, Normalizer(PROCESSOR), 32, np.random.default_rng(0))
+    assert g.shape == (2, 2, 3, 32, 32) and l.shape == (2, 3, 3, 32, 32)
+    assert not torch.equal(g[0, 0], g[0, 1]) and not torch.equal(l[0, 0], l[0, 1])
+    g2, l2 = multi_crops(images(2), config, Normalizer(PROCESSOR), 32, np.random.default_rng(0))
+    assert torch.equal(g, g2) and torch.equal(l, l2)
+
+
+@pytest.mark.parametrize("case", PIXEL_CASES, ids=lambda c: c.name)
+def test_scores_are_finite_non_negative_and_leave_the_model_unchanged(case):
+    model = case.build()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    flags = [p.requires_grad for p in model.parameters()]
+    heads, neurons = gradient_scores(model, images(3), PROCESSOR, FEW_CROPS, show_progress=False)
+    layers = len(heads)
+    assert heads.shape[0] == neurons.shape[0] == layers == 2
+    assert np.all(np.isfinite(heads)) and np.all(heads >= 0) and heads.max() > 0
+    assert np.all(np.isfinite(neurons)) and np.all(neurons >= 0) and neurons.max() > 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert flags == [p.requires_grad for p in model.parameters()]
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_scores_are_deterministic_for_a_seed():
+    model = CASE["vit"].build()
+    a = gradient_scores(model, images(3), PROCESSOR, FEW_CROPS, seed=1, show_progress=False)
+    b = gradient_scores(model, images(3), PROCESSOR, FEW_CROPS, seed=1, show_progress=False)
+    c = gradient_scores(model, images(3), PROCESSOR, FEW_CROPS, seed=2, show_progress=False)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    assert not np.array_equal(a[1], c[1])
+
+
+def test_definitions_agree_on_a_single_image_and_differ_on_several():
+    model = CASE["vit"].build()
+    fisher = ScoreConfig(definition="fisher", crops=FEW_CROPS.crops)
+    accumulated = ScoreConfig(definition="accumulated", batch_size=1, crops=FEW_CROPS.crops)
+    one = images(1)
+    a = gradient_scores(model, one, PROCESSOR, fisher, show_progress=False)
+    b = gradient_scores(model, one, PROCESSOR, accumulated, show_progress=False)
+    np.testing.assert_allclose(a[1], b[1], rtol=1e-5)
+    several = images(4)
+    a = gradient_scores(model, several, PROCESSOR, fisher, show_progress=False)
+    b = gradient_scores(model, several, PROCESSOR, accumulated, show_progress=False)
+    assert not np.allclose(a[1], b[1])
+
+
+def test_a_unit_that_cannot_affect_the_output_scores_zero():
+    """Zeroing a head's o_proj columns and a neuron's fc2 column cuts them off: their gradients are exactly 0."""
+    model = CASE["vit"].build()
+    attention, mlp = model.layers[0].attention, model.layers[0].mlp
+    with torch.no_grad():
+        attention.o_proj.weight[:, 8:16] = 0  # head 1 (head_dim 8)
+        mlp.fc2.weight[:, 5] = 0
+    heads, neurons = gradient_scores(model, images(2), PROCESSOR, FEW_CROPS, show_progress=False)
+    assert heads[0, 1] == 0 and neurons[0, 5] == 0
+    assert heads[0, 0] > 0 and neurons[0, 4] > 0
+
+
+def test_qkv_rows_option_changes_head_scores_only():
+    model = CASE["vit"].build()
+    v = gradient_scores(model, images(2), PROCESSOR, FEW_CROPS, show_progress=False)
+    qkv = gradient_scores(model, images(2), PROCESSOR, ScoreConfig(head_rows="qkv", crops=FEW_CROPS.crops),
+                          show_progress=False)
+    np.testing.assert_allclose(v[1], qkv[1])
+    assert not np.allclose(v[0], qkv[0])
+
+
+def test_tensor_inputs_are_cropped_too():
+    model = CASE["vit"].build()
+    pixels = torch.randn(3, 3, 40, 40)
+    heads, neurons = gradient_scores(model, pixels, None, FEW_CROPS, show_progress=False)
+    assert heads.max() > 0 and neurons.max() > 0
