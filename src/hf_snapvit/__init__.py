@@ -13,6 +13,8 @@ from .modeling import ElasticViTModel
 from .rank import available_methods, rank, register_method
 from .ranking import FORMAT_VERSION, ElasticRanking, KeepCounts
 from .slicing import slice_model_
+from .snapvit import SnapViTConfig, SnapViTPruner
+from .xnes import XNES, XNESResult
 
 __all__ = [
     "__version__",
@@ -25,8 +27,12 @@ __all__ = [
     "MlpSpec",
     "ModelShape",
     "RankingFormatError",
+    "SnapViTConfig",
     "SnapViTError",
+    "SnapViTPruner",
     "UnsupportedArchitectureError",
+    "XNES",
+    "XNESResult",
     "available_methods",
     "backbone_parameters",
     "estimate_gflops",

@@ -1,0 +1,129 @@
+"""Rank the shared ViT-Tiny with SnapViT and the baselines; report top-1 and k-NN top-1 at a sparsity grid.
+
+Calibration images come from the Tiny-ImageNet train split (labels ignored), accuracy from the validation split.
+k-NN: k = 20, L2-normalised final-norm CLS features, majority vote, train split as the memory bank.
+
+    python benchmarks/rank_vit_tiny.py --preset fast --methods snapvit magnitude random --num-val 1000
+
+Writes JSON (``--output``) with the ranking wall time per phase and the accuracies; prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from datasets import load_dataset
+from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+import hf_snapvit
+from hf_snapvit.architectures import image_embedding
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(SHARED / "models" / "vit-tiny-tinyimagenet"))
+    parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200"))
+    parser.add_argument("--methods", nargs="+", default=["snapvit", "magnitude", "random"])
+    parser.add_argument("--preset", default="fast")
+    parser.add_argument("--mode", default=None, choices=[None, "global", "paired"])
+    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    parser.add_argument("--num-val", type=int, default=1000)
+    parser.add_argument("--num-bank", type=int, default=2000, help="train images in the k-NN memory bank")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = all)")
+    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "rank_vit_tiny.json")
+    return parser.parse_args()
+
+
+def load_split(data_dir: str, split: str, n: int, seed: int):
+    ds = load_dataset("parquet", data_files={split: f"{data_dir}/{split}.parquet"}, split=split)
+    ds = ds.shuffle(seed=seed).select(range(min(n, len(ds))))
+    return [im.convert("RGB") for im in ds["image"]], torch.tensor(ds["label"])
+
+
+@torch.no_grad()
+def features_and_logits(model, pixels: torch.Tensor, batch: int = 100):
+    feats, logits = [], []
+    for i in range(0, len(pixels), batch):
+        x = {"pixel_values": pixels[i:i + batch]}
+        feats.append(image_embedding(model, x))
+        logits.append(model(**x).logits)
+    return torch.cat(feats), torch.cat(logits)
+
+
+def knn_top1(bank, bank_labels, queries, labels, k: int = 20) -> float:
+    bank, queries = torch.nn.functional.normalize(bank, dim=1), torch.nn.functional.normalize(queries, dim=1)
+    nearest = (queries @ bank.T).topk(k, dim=1).indices
+    votes = torch.nn.functional.one_hot(bank_labels[nearest], int(bank_labels.max()) + 1).sum(1)
+    return (votes.argmax(1) == labels).float().mean().item()  # ties go to the smallest label
+
+
+def main() -> None:
+    args = parse_args()
+    transformers.utils.logging.set_verbosity_error()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    processor = AutoImageProcessor.from_pretrained(args.model)
+    model = AutoModelForImageClassification.from_pretrained(args.model).eval()
+    calibration = load_dataset("parquet", data_files={"train": f"{args.data}/train.parquet"}, split="train")
+    val_images, val_labels = load_split(args.data, "validation", args.num_val, args.seed)
+    bank_images, bank_labels = load_split(args.data, "train", args.num_bank, args.seed + 1)
+    val_pixels = processor(images=val_images, return_tensors="pt")["pixel_values"]
+    bank_pixels = processor(images=bank_images, return_tensors="pt")["pixel_values"]
+
+    results = {"hardware": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                            "transformers": transformers.__version__},
+               "args": {k: str(v) for k, v in vars(args).items()}, "methods": {}}
+    feats, logits = features_and_logits(model, val_pixels)
+    bank, _ = features_and_logits(model, bank_pixels)
+    results["dense"] = {"top1": (logits.argmax(1) == val_labels).float().mean().item(),
+                        "knn_top1": knn_top1(bank, bank_labels, feats, val_labels)}
+    print(f"dense: top-1 {results['dense']['top1']:.3f}  k-NN {results['dense']['knn_top1']:.3f}")
+    for method in args.methods:
+        start = time.perf_counter()
+        kwargs = {"mode": args.mode} if args.mode else {}
+        if method == "snapvit":
+            pruner = hf_snapvit.SnapViTPruner(hf_snapvit.SnapViTConfig.preset(args.preset, seed=args.seed, **kwargs))
+            ranking = pruner.fit(model, calibration, processor=processor)
+            timings, history = pruner.timings_, pruner.history_
+        else:
+            ranking = hf_snapvit.rank(model, method=method, seed=args.seed, **kwargs)
+            timings, history = {}, []
+        wall = time.perf_counter() - start
+        rows = []
+        for sparsity in args.sparsities:
+            counts = ranking.keep_counts(min(sparsity, ranking.max_sparsity))
+            import copy
+
+            sliced = hf_snapvit.slice_model_(copy.deepcopy(model), ranking.keep_indices(counts))
+            f, lg = features_and_logits(sliced, val_pixels)
+            b, _ = features_and_logits(sliced, bank_pixels)
+            row = {"sparsity": counts.sparsity, "gflops": counts.gflops,
+                   "top1": (lg.argmax(1) == val_labels).float().mean().item(),
+                   "knn_top1": knn_top1(b, bank_labels, f, val_labels)}
+            rows.append(row)
+            print(f"{method:10s} s={row['sparsity']:.3f} GFLOPs={row['gflops']:.3f} top-1 {row['top1']:.3f} "
+                  f"k-NN {row['knn_top1']:.3f}")
+        results["methods"][method] = {"wall_seconds": wall, "timings": timings, "history": history, "rows": rows,
+                                      "mode": ranking.mode}
+        print(f"{method}: ranked in {wall:.1f} s {timings}")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.output.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=str))
+    os.replace(tmp, args.output)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

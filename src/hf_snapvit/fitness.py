@@ -1,0 +1,87 @@
+"""How well a pruned model keeps the dense model's representation: SnapViT's search objective (paper §3.3).
+
+The dense (teacher) embeddings of the fitness images are computed once and reduced by PCA. A candidate ranking is
+scored at each fitness sparsity by the mean cosine similarity between the PCA projections of the teacher and of the
+pruned model's embeddings; the loss minimised by the search is one minus the average over sparsities.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from .architectures import get_spec, image_embedding
+from .masking import unit_masks
+from .ranking import ElasticRanking
+
+
+class EmbeddingFitness:
+    """Teacher embeddings, their PCA, and the loss of candidate rankings.
+
+    Args:
+        model: The dense model (its weights are never changed).
+        pixel_values: ``[N, C, H, W]`` fitness images, preprocessed; kept in memory for the whole search.
+        sparsities: Budgets each candidate is evaluated at (clamped to the ranking's maximum).
+        pca_components: Dimensions kept by the PCA (all, if the embedding is smaller).
+        batch_size: Images per forward pass.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        pixel_values: torch.Tensor,
+        *,
+        sparsities: Sequence[float] = (0.1, 0.3, 0.5, 0.6),
+        pca_components: int = 192,
+        batch_size: int = 64,
+    ) -> None:
+        self.model = model
+        self.spec = get_spec(model)
+        self.device = next(model.parameters()).device
+        self.pixel_values = pixel_values.to(self.device)
+        self.sparsities = tuple(sparsities)
+        self.batch_size = batch_size
+        self.forward_seconds = 0.0
+        teacher = self.embed(None)
+        self.mean = teacher.mean(0, keepdim=True)
+        centred = teacher - self.mean
+        k = min(pca_components, centred.shape[1], centred.shape[0])
+        # Principal directions of the teacher embeddings: right singular vectors of the centred matrix.
+        _, _, vh = torch.linalg.svd(centred, full_matrices=False)
+        self.components = vh[:k]  # [k, D]
+        self.target = self.project(teacher)
+
+    @torch.no_grad()
+    def embed(self, keep) -> torch.Tensor:
+        """Embeddings ``[N, D]`` (float32) of the fitness images with only ``keep`` units active."""
+        import time
+
+        start = time.perf_counter()
+        chunks = []
+        with unit_masks(self.model, keep):
+            for i in range(0, len(self.pixel_values), self.batch_size):
+                batch = {"pixel_values": self.pixel_values[i:i + self.batch_size]}
+                chunks.append(image_embedding(self.model, batch, self.spec).float())
+        self.forward_seconds += time.perf_counter() - start
+        return torch.cat(chunks)
+
+    def project(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return (embeddings - self.mean) @ self.components.T
+
+    def similarity(self, ranking: ElasticRanking, sparsity: float) -> float:
+        """Mean cosine similarity of the PCA projections at one sparsity."""
+        counts = ranking.keep_counts(min(sparsity, ranking.max_sparsity))
+        pruned = self.project(self.embed(ranking.keep_indices(counts)))
+        return F.cosine_similarity(pruned, self.target, dim=1).mean().item()
+
+    def loss(self, ranking: ElasticRanking) -> float:
+        """``1 - mean over sparsities of the mean cosine similarity``; lower is better."""
+        return 1.0 - float(np.mean([self.similarity(ranking, s) for s in self.sparsities]))
+
+    def batch_loss(self, rankings: Callable[[np.ndarray], ElasticRanking], candidates: np.ndarray) -> np.ndarray:
+        """Loss of every candidate vector (one row each), built into a ranking by ``rankings``."""
+        return np.array([self.loss(rankings(c)) for c in candidates])

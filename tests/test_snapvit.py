@@ -1,0 +1,128 @@
+"""SnapViTPruner on tiny models: wiring, determinism, fitness consistency, calibration sources and bad input."""
+
+from __future__ import annotations
+
+import copy
+
+import datasets
+import numpy as np
+import pytest
+import torch
+
+import hf_snapvit as hs
+from hf_snapvit.architectures import image_embedding
+from hf_snapvit.data import MultiCropConfig, split_calibration
+from hf_snapvit.fitness import EmbeddingFitness
+from hf_snapvit.scoring import ScoreConfig
+from conftest import CASES
+from test_scoring import PROCESSOR, images
+
+CASE = {c.name: c for c in CASES}
+TINY = dict(num_gradient_images=3, num_fitness_images=6, scores=ScoreConfig(crops=MultiCropConfig(num_local=2)),
+            max_generations=2, max_evaluations=None, fitness_sparsities=(0.1, 0.3), pca_components=8)
+
+
+def fit(model, data=None, **overrides):
+    pruner = hs.SnapViTPruner(hs.SnapViTConfig(**{**TINY, **overrides}))
+    return pruner, pruner.fit(model, images(12) if data is None else data, processor=PROCESSOR, show_progress=False)
+
+
+@pytest.mark.parametrize("name", ["vit", "dinov2-swiglu", "clip-vision", "deit-cls-teacher"])
+def test_fit_returns_a_usable_ranking(name, tmp_path):
+    model = CASE[name].build()
+    pruner, ranking = fit(model)
+    assert ranking.provenance["method"] == "snapvit"
+    assert ranking.provenance["calibration_data"]["num_fitness"] == 6
+    assert ranking.provenance["settings"]["max_generations"] == 2
+    assert len(pruner.history_) == 2 and {"gradients", "search"} <= set(pruner.timings_)
+    stored = hs.save_elastic(model, ranking, tmp_path / "e")
+    loaded = hs.ElasticViTModel.from_pretrained(tmp_path / "e", sparsity=0.5 * stored.max_sparsity)
+    assert sum(hs.layer_widths(loaded)[1]) < ranking.shape.num_layers * ranking.shape.intermediate_size
+
+
+def test_same_seed_same_ranking_bit_for_bit():
+    model = CASE["vit"].build()
+    _, a = fit(model, seed=3)
+    _, b = fit(model, seed=3)
+    _, c = fit(model, seed=4)
+    assert np.array_equal(a.head_scores, b.head_scores) and np.array_equal(a.neuron_scores, b.neuron_scores)
+    assert not np.array_equal(a.neuron_scores, c.neuron_scores)
+
+
+def test_best_candidate_fitness_is_reproduced_by_the_returned_ranking():
+    model = CASE["vit"].build()
+    pruner, ranking = fit(model, seed=1)
+    split = split_calibration(images(12), 3, 6, seed=1)
+    fitness = EmbeddingFitness(model, PROCESSOR(images=split.fitness, return_tensors="pt")["pixel_values"],
+                               sparsities=(0.1, 0.3), pca_components=8)
+    assert fitness.loss(ranking) == pytest.approx(ranking.provenance["search"]["best_loss"], abs=1e-6)
+    assert ranking.provenance["search"]["best_loss"] == min(h["best_fitness"] for h in pruner.history_)
+
+
+def test_masked_fitness_embeddings_equal_the_sliced_model():
+    model = CASE["dinov2"].build()
+    pixels = torch.randn(4, 3, 32, 32)
+    fitness = EmbeddingFitness(model, pixels, sparsities=(0.3,), pca_components=4)
+    ranking = hs.rank(model, method="random", seed=2)
+    keep = ranking.keep_indices(ranking.keep_counts(0.3))
+    sliced = hs.slice_model_(copy.deepcopy(model), keep)
+    with torch.no_grad():
+        expected = image_embedding(sliced, {"pixel_values": pixels})
+    torch.testing.assert_close(fitness.embed(keep), expected, atol=1e-5, rtol=1e-4)
+    # The unmasked path is the teacher itself, so its similarity is 1.
+    assert fitness.similarity(hs.rank(model), 0.0) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_calibration_sources():
+    model = CASE["vit"].build()
+    pictures = images(12)
+    table = datasets.Dataset.from_dict({"img": pictures, "label": list(range(12))}).cast_column("img", datasets.Image())
+    _, from_dataset = fit(model, table)
+    _, from_stream = fit(model, table.to_iterable_dataset())
+    _, from_tensor = fit(model, torch.randn(12, 3, 32, 32))
+    for ranking in (from_dataset, from_stream, from_tensor):
+        assert ranking.keep_counts(0.2).num_params > 0
+    assert from_dataset.provenance["calibration_data"]["source"] == "Dataset"
+
+
+def test_split_is_disjoint_and_seeded():
+    pictures = images(20)
+    split = split_calibration(pictures, 8, 12, seed=5)
+    ids = lambda xs: {x.tobytes() for x in xs}  # noqa: E731
+    assert not ids(split.gradient) & ids(split.fitness)
+    again = split_calibration(pictures, 8, 12, seed=5)
+    assert [x.tobytes() for x in again.gradient] == [x.tobytes() for x in split.gradient]
+    with pytest.warns(UserWarning, match="fewer than the 8 gradient \\+ 30 fitness"):
+        split_calibration(pictures, 8, 30, seed=5)
+
+
+def test_bad_calibration_data():
+    model = CASE["vit"].build()
+    with pytest.raises(hs.SnapViTError, match="empty"):
+        fit(model, [])
+    no_images = datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]})
+    with pytest.raises(hs.SnapViTError, match=r"image column among the dataset's columns \['text', 'label'\]"):
+        fit(model, no_images)
+    with pytest.raises(hs.SnapViTError, match="needs calibration images"):
+        hs.rank(model, method="snapvit")
+
+
+def test_presets_and_config_validation():
+    paper = hs.SnapViTConfig.preset("paper")
+    assert paper.max_evaluations == 50 and paper.mode == "paired" and paper.scores.definition == "accumulated"
+    assert paper.scores.crops.num_global == 2 and paper.scores.crops.num_local == 10 and paper.pca_components == 192
+    fast = hs.SnapViTConfig.preset("fast", seed=9)
+    assert fast.seed == 9 and fast.max_generations == 3
+    with pytest.raises(hs.SnapViTError, match="Unknown preset 'turbo'"):
+        hs.SnapViTConfig.preset("turbo")
+    with pytest.raises(hs.SnapViTError, match="search budget"):
+        hs.SnapViTConfig(max_generations=None, max_evaluations=None)
+
+
+def test_rank_entry_point_runs_snapvit():
+    model = CASE["vit"].build()
+    with pytest.warns(UserWarning, match="overlap"):  # 12 images for the fast preset's 128 + 128
+        ranking = hs.rank(model, method="snapvit", data=torch.randn(12, 3, 32, 32), preset="fast", mode="paired",
+                          show_progress=False)
+    assert ranking.mode == "paired" and ranking.provenance["method"] == "snapvit"
+    assert "snapvit" in hs.available_methods()
