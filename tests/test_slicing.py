@@ -79,3 +79,15 @@ def test_slice_count_mismatch_is_rejected(case):
     model = case.build()
     with pytest.raises(ValueError, match="entries but the model has"):
         hs.slice_model_(model, [([0], [0])])
+
+
+def test_reslicing_from_a_dense_source_does_not_accumulate(case):
+    model = case.build()
+    ranking = hs.rank(model, method="random", seed=5)
+    inputs = case.inputs(2)
+    work = copy.deepcopy(model)
+    for fraction in (1.0, 0.3, 0.8):  # shrink, then grow back: every slice starts from the dense source
+        keep = ranking.keep_indices(ranking.keep_counts(fraction * ranking.max_sparsity))
+        hs.slice_model_(work, keep, source=model)
+        expected = output_of(hs.slice_model_(copy.deepcopy(model), keep), inputs)
+        torch.testing.assert_close(output_of(work, inputs), expected, atol=1e-6, rtol=1e-5)

@@ -49,3 +49,29 @@ def random_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple
     heads = rng.random((shape.num_layers, shape.num_heads)) * shape.params_per_head
     neurons = rng.random((shape.num_layers, shape.intermediate_size)) * shape.params_per_neuron
     return heads, neurons
+
+
+def _lamp(weight: torch.Tensor) -> torch.Tensor:
+    """LAMP score of every weight of one matrix: w² / Σ of the w'² at least as large (Lee et al. 2021)."""
+    squares = weight.detach().double().pow(2).flatten()
+    order = torch.argsort(squares)
+    sorted_squares = squares[order]
+    remaining = torch.flip(torch.cumsum(torch.flip(sorted_squares, [0]), 0), [0])  # Σ over this and larger ones
+    scores = torch.empty_like(squares)
+    scores[order] = sorted_squares / remaining.clamp_min(torch.finfo(torch.float64).tiny)
+    return scores.view_as(weight).cpu()
+
+
+@torch.no_grad()
+def lamp_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean LAMP score of a unit's weights, normalised per matrix: the whole FFN input matrix for neurons, the value
+    matrix for heads (as the reference does), times the unit's parameter count."""
+    spec = get_spec(model)
+    heads, neurons = [], []
+    for layer in get_layers(model, spec):
+        attention = get_attention(layer, spec)
+        hd = head_dim(attention, spec)
+        heads.append(_lamp(getattr(attention, spec.v_proj).weight).mean(1).view(-1, hd).mean(1).numpy())
+        mlp, variant = get_mlp(layer, spec)
+        neurons.append(np.mean([_lamp(getattr(mlp, name).weight).mean(1).numpy() for name in variant.in_proj], 0))
+    return np.stack(heads) * shape.params_per_head, np.stack(neurons) * shape.params_per_neuron

@@ -48,12 +48,18 @@ def _to_rgb(image: Any) -> Image.Image:
 
 
 def sample_images(
-    data: ImageSource, num_samples: int, *, seed: int = 0, image_column: str | None = None
-) -> list[Image.Image] | torch.Tensor:
-    """Draw up to ``num_samples`` images, uniformly and deterministically for a given ``seed``.
+    data: ImageSource,
+    num_samples: int,
+    *,
+    seed: int = 0,
+    image_column: str | None = None,
+    label_column: str | None = None,
+) -> tuple[list[Image.Image] | torch.Tensor, torch.Tensor | None]:
+    """Draw up to ``num_samples`` images (and their labels), uniformly and deterministically for a given ``seed``.
 
-    Returns RGB PIL images, or a tensor slice when ``data`` is a tensor of pixel values. Fewer images are returned
-    only when the source has fewer; an empty source raises.
+    Returns RGB PIL images, or a tensor slice when ``data`` is a tensor of pixel values, and the labels of
+    ``label_column`` for datasets (``None`` otherwise). Fewer images are returned only when the source has fewer; an
+    empty source raises.
     """
     rng = np.random.default_rng(seed)
     if isinstance(data, torch.Tensor):
@@ -61,7 +67,7 @@ def sample_images(
             raise SnapViTError(
                 f"A tensor of calibration pixel values must have shape [N, C, H, W] with N >= 1, got {tuple(data.shape)}."
             )
-        return data[torch.as_tensor(rng.permutation(data.shape[0])[:num_samples])]
+        return data[torch.as_tensor(rng.permutation(data.shape[0])[:num_samples])], None
     try:
         import datasets
     except ImportError:  # pragma: no cover - datasets is a dependency
@@ -70,17 +76,19 @@ def sample_images(
         if len(data) == 0:
             raise SnapViTError("The calibration dataset is empty; give at least one image.")
         column = image_column or find_image_column(data.column_names, data.features)
-        indices = rng.permutation(len(data))[:num_samples]
-        images = [_to_rgb(image) for image in data.select(indices)[column]]
+        chosen = data.select(rng.permutation(len(data))[:num_samples])
+        images = [_to_rgb(image) for image in chosen[column]]
+        labels = _labels(chosen, label_column)
     elif datasets is not None and isinstance(data, datasets.IterableDataset):
         column = image_column or find_image_column(list(data.features or {}) or data.column_names or [],
                                                    data.features)
-        stream = data.shuffle(seed=seed, buffer_size=max(1000, num_samples)).take(num_samples)
+        stream = list(data.shuffle(seed=seed, buffer_size=max(1000, num_samples)).take(num_samples))
         images = [_to_rgb(example[column]) for example in stream]
+        labels = None if label_column is None else torch.tensor([example[label_column] for example in stream])
     elif isinstance(data, Sequence):
-        images = [_to_rgb(data[i]) for i in rng.permutation(len(data))[:num_samples]]
+        images, labels = [_to_rgb(data[i]) for i in rng.permutation(len(data))[:num_samples]], None
     elif isinstance(data, Iterable):
-        images = _reservoir(data, num_samples, rng)
+        images, labels = _reservoir(data, num_samples, rng), None
     else:
         raise SnapViTError(
             f"Unsupported calibration data of type {type(data).__name__}: give PIL images, a datasets (Iterable)Dataset "
@@ -88,7 +96,22 @@ def sample_images(
         )
     if not images:
         raise SnapViTError("The calibration data is empty; give at least one image.")
-    return images
+    if label_column is not None and labels is None:
+        raise SnapViTError(
+            f"Labels were asked for (label_column={label_column!r}) but {type(data).__name__} data has none; give a "
+            "datasets Dataset with a label column."
+        )
+    return images, labels
+
+
+def _labels(dataset: Any, label_column: str | None) -> torch.Tensor | None:
+    if label_column is None:
+        return None
+    if label_column not in dataset.column_names:
+        raise SnapViTError(
+            f"label_column={label_column!r} is not among the dataset's columns {dataset.column_names}."
+        )
+    return torch.tensor(dataset[label_column])
 
 
 def _reservoir(stream: Iterable[Any], k: int, rng: np.random.Generator) -> list[Image.Image]:
@@ -111,13 +134,21 @@ class CalibrationSplit:
     gradient: list[Image.Image] | torch.Tensor
     fitness: list[Image.Image] | torch.Tensor
     description: dict[str, Any] = field(default_factory=dict)
+    gradient_labels: torch.Tensor | None = None
 
 
 def split_calibration(
-    data: ImageSource, num_gradient: int, num_fitness: int, *, seed: int = 0, image_column: str | None = None
+    data: ImageSource,
+    num_gradient: int,
+    num_fitness: int,
+    *,
+    seed: int = 0,
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> CalibrationSplit:
     """Draw the gradient set and the fitness set in one seeded draw, so they do not share images."""
-    images = sample_images(data, num_gradient + num_fitness, seed=seed, image_column=image_column)
+    images, labels = sample_images(data, num_gradient + num_fitness, seed=seed, image_column=image_column,
+                                   label_column=label_column)
     available = len(images)
     if available >= num_gradient + num_fitness:
         gradient, fitness = images[:num_gradient], images[num_gradient:]
@@ -135,8 +166,10 @@ def split_calibration(
         "num_fitness": len(fitness),
         "seed": seed,
         "image_column": image_column,
+        "label_column": label_column,
     }
-    return CalibrationSplit(gradient, fitness, description)
+    return CalibrationSplit(gradient, fitness, description,
+                            gradient_labels=None if labels is None else labels[:len(gradient)])
 
 
 class Normalizer:

@@ -3,10 +3,14 @@
 The dense (teacher) embeddings of the fitness images are computed once and reduced by PCA. A candidate ranking is
 scored at each fitness sparsity by the mean cosine similarity between the PCA projections of the teacher and of the
 pruned model's embeddings; the loss minimised by the search is one minus the average over sparsities.
+
+Pruned models are evaluated physically sliced, so a forward pass costs what the pruned model costs: one working copy
+of the model is re-sliced from the dense weights for every (candidate, sparsity), never copied again.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, Sequence
 
 import numpy as np
@@ -15,7 +19,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from .architectures import get_spec, image_embedding
-from .masking import unit_masks
+from .slicing import slice_model_
 from .ranking import ElasticRanking
 
 
@@ -46,6 +50,7 @@ class EmbeddingFitness:
         self.sparsities = tuple(sparsities)
         self.batch_size = batch_size
         self.forward_seconds = 0.0
+        self.work = copy.deepcopy(model)  # re-sliced from ``model`` for every evaluation
         teacher = self.embed(None)
         self.mean = teacher.mean(0, keepdim=True)
         centred = teacher - self.mean
@@ -60,12 +65,12 @@ class EmbeddingFitness:
         """Embeddings ``[N, D]`` (float32) of the fitness images with only ``keep`` units active."""
         import time
 
+        model = self.model if keep is None else slice_model_(self.work, keep, source=self.model)
         start = time.perf_counter()
         chunks = []
-        with unit_masks(self.model, keep):
-            for i in range(0, len(self.pixel_values), self.batch_size):
-                batch = {"pixel_values": self.pixel_values[i:i + self.batch_size]}
-                chunks.append(image_embedding(self.model, batch, self.spec).float())
+        for i in range(0, len(self.pixel_values), self.batch_size):
+            batch = {"pixel_values": self.pixel_values[i:i + self.batch_size]}
+            chunks.append(image_embedding(model, batch, self.spec).float())
         self.forward_seconds += time.perf_counter() - start
         return torch.cat(chunks)
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 from transformers import PreTrainedModel
 
-from .baselines import magnitude_scores, random_scores
+from .baselines import lamp_scores, magnitude_scores, random_scores
 from .budget import ModelShape, layer_widths, model_shape
 from .errors import SnapViTError
 from .ranking import ElasticRanking, RankingMode
@@ -21,6 +21,13 @@ Scorer = Callable[[PreTrainedModel, ModelShape, int], "tuple[np.ndarray, np.ndar
 _METHODS: dict[str, tuple[Scorer, bool]] = {
     "magnitude": (magnitude_scores, False),
     "random": (random_scores, False),
+    "lamp": (lamp_scores, False),
+}
+
+# Baselines scored by gradients on calibration images, with the same images and crops as the SnapViT preset.
+_GRADIENT_METHODS: dict[str, dict[str, str]] = {
+    "snip": {"definition": "snip"},
+    "taylor-ce": {"loss": "ce", "definition": "taylor"},
 }
 
 
@@ -33,7 +40,7 @@ def register_method(name: str, scorer: Scorer, *, needs_data: bool, exist_ok: bo
 
 def available_methods() -> list[str]:
     """Names accepted by ``rank(method=...)``."""
-    return sorted([*_METHODS, "snapvit"])
+    return sorted([*_METHODS, *_GRADIENT_METHODS, "snapvit"])
 
 
 def rank(
@@ -48,6 +55,7 @@ def rank(
     min_head_keep_ratio: float = 0.2,
     min_neuron_keep_ratio: float = 0.05,
     paired_head_offset: float = 0.15,
+    label_column: str = "label",
     show_progress: bool = True,
 ) -> ElasticRanking:
     """Rank every attention head and FFN neuron of ``model``.
@@ -65,6 +73,7 @@ def rank(
         min_head_keep_ratio: Per-block floor on kept heads.
         min_neuron_keep_ratio: Per-block floor on kept FFN neurons.
         paired_head_offset: ``"paired"`` mode's head ratio offset.
+        label_column: The label column of ``data`` for label-based methods (``taylor-ce``).
         show_progress: Show progress bars for long phases.
 
     Example:
@@ -83,6 +92,9 @@ def rank(
             overrides["mode"] = mode
         config = SnapViTConfig.preset(preset or "paper", **overrides)
         return SnapViTPruner(config).fit(model, data, processor=processor, show_progress=show_progress)
+    if method in _GRADIENT_METHODS:
+        return _gradient_baseline(model, method, data, preset=preset, processor=processor, mode=mode, seed=seed,
+                                  label_column=label_column, show_progress=show_progress, floors=floors)
     if method not in _METHODS:
         raise SnapViTError(
             f"Unknown ranking method {method!r}. Available: {', '.join(available_methods())}."
@@ -107,6 +119,46 @@ def rank(
             "settings": {},
             "seed": seed,
             "calibration_data": None,
+            "base_model": getattr(model.config, "_name_or_path", None) or None,
+        },
+    )
+
+
+def _gradient_baseline(model, method, data, *, preset, processor, mode, seed, label_column, show_progress, floors):
+    from dataclasses import replace
+
+    from .data import sample_images
+    from .scoring import gradient_scores
+    from .snapvit import SnapViTConfig
+
+    if data is None:
+        raise SnapViTError(f"method={method!r} needs calibration images: pass data=... (a dataset or images).")
+    config = SnapViTConfig.preset(preset or "paper", seed=seed)
+    scores = replace(config.scores, **_GRADIENT_METHODS[method])
+    labelled = scores.loss == "ce"
+    images, labels = sample_images(data, config.num_gradient_images, seed=seed,
+                                   label_column=label_column if labelled else None)
+    if processor is None and not hasattr(images, "shape"):
+        from transformers import AutoImageProcessor
+
+        processor = AutoImageProcessor.from_pretrained(model.config._name_or_path)
+    shape = model_shape(model)
+    heads, neurons = gradient_scores(model, images, processor, scores, labels=labels, seed=seed,
+                                     show_progress=show_progress)
+    if scores.definition != "taylor":  # means over a unit's weights -> totals, as every ranking score is
+        heads, neurons = heads * shape.params_per_head, neurons * shape.params_per_neuron
+    return ElasticRanking(
+        head_scores=heads,
+        neuron_scores=neurons,
+        shape=shape,
+        mode=mode or "global",
+        **floors,
+        provenance={
+            "method": method,
+            "settings": {"scores": scores.to_dict(), "num_gradient_images": len(images), "preset": preset or "paper"},
+            "seed": seed,
+            "calibration_data": {"source": type(data).__name__, "num_gradient": len(images),
+                                 "label_column": label_column if labelled else None},
             "base_model": getattr(model.config, "_name_or_path", None) or None,
         },
     )

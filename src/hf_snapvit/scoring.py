@@ -7,7 +7,9 @@ weights the unit owns (paper §3.2; the reference's choices are in ``snapvit-ref
   weights under ``no_grad``) embedding global crops and the model embedding every crop; ``"ce"``: cross-entropy of the
   model's own classifier on labelled images;
 * definition ``"fisher"`` (the paper): the mean over images of each image's squared gradient, a diagonal Fisher;
-  ``"accumulated"`` (the reference code): the square of the gradient accumulated over batches;
+  ``"accumulated"`` (the reference code): the square of the gradient accumulated over batches; ``"snip"``: ``|w·g|``
+  with the accumulated gradient; ``"taylor"``: the first-order Taylor estimate of removing the whole unit,
+  ``(Σ_unit w·g)²`` (Molchanov et al. 2019);
 * a neuron is scored on its FFN input rows, a head on its value rows (``head_rows="v"``, as the reference) or on its
   q, k and v rows; each score is the mean over those weights. Scores are accumulated in float64: they reach 1e-30.
 """
@@ -26,7 +28,7 @@ from transformers import PreTrainedModel
 from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding
 from .data import MultiCropConfig, Normalizer, multi_crops
 
-ScoreDefinition = Literal["fisher", "accumulated"]
+ScoreDefinition = Literal["fisher", "accumulated", "snip", "taylor"]
 
 
 @dataclass(frozen=True)
@@ -34,13 +36,16 @@ class ScoreConfig:
     """Settings of the gradient scores.
 
     Args:
-        definition: ``"fisher"`` (per-image squared gradients, the paper) or ``"accumulated"`` (square of the summed
-            batch-mean gradients, the reference code).
+        loss: ``"dino"`` (self-supervised multi-crop loss, label-free) or ``"ce"`` (cross-entropy of the model's
+            classifier; needs labels).
+        definition: ``"fisher"`` (per-image squared gradients, the paper), ``"accumulated"`` (square of the summed
+            batch-mean gradients, the reference code), ``"snip"`` (``|w·g|``) or ``"taylor"`` (``(Σ_unit w·g)²``).
         head_rows: ``"v"`` scores a head on its value rows (the reference), ``"qkv"`` on its q, k and v rows.
         batch_size: Images per gradient step (``"accumulated"``); ``"fisher"`` needs one image per step.
         crops: The multi-crop views of the DINO loss.
     """
 
+    loss: Literal["dino", "ce"] = "dino"
     definition: ScoreDefinition = "fisher"
     head_rows: Literal["v", "qkv"] = "v"
     batch_size: int = 16
@@ -77,14 +82,36 @@ def _scored_weights(model: PreTrainedModel, head_rows: str) -> tuple[list[list[t
     return heads, neurons
 
 
-def _reduce(grads_sq: list[list[torch.Tensor]], unit_rows: int) -> np.ndarray:
-    """Per unit: the mean of squared gradients over its rows (``unit_rows`` consecutive rows) of every matrix."""
+def _reduce(stats: list[list[torch.Tensor]], unit_rows: int, squared_sum: bool) -> np.ndarray:
+    """One score per unit (``unit_rows`` consecutive rows of every matrix): the mean of the per-weight statistic, or
+    with ``squared_sum`` the square of its sum (a unit-level Taylor estimate)."""
     rows = []
-    for matrices in grads_sq:
-        total = sum(g.sum(1) for g in matrices)  # [out]
-        count = sum(g.shape[1] for g in matrices) * unit_rows
-        rows.append((total.view(-1, unit_rows).sum(1) / count).cpu().numpy())
+    for matrices in stats:
+        total = sum(g.sum(1) for g in matrices).view(-1, unit_rows).sum(1)  # [units]
+        if squared_sum:
+            rows.append((total**2).cpu().numpy())
+        else:
+            rows.append((total / (sum(g.shape[1] for g in matrices) * unit_rows)).cpu().numpy())
     return np.stack(rows)
+
+
+def _batch_loss(model, spec, chunk, labels, processor, normalizer, config, input_size, rng, device) -> torch.Tensor:
+    if config.loss == "ce":
+        from .data import processor_inputs
+
+        logits = model(pixel_values=processor_inputs(chunk, processor).to(device)).logits
+        return F.cross_entropy(logits, labels.to(device))
+    global_views, local_views = multi_crops(chunk, config.crops, normalizer, input_size, rng)
+    global_views = global_views.to(device)
+    b, g = global_views.shape[:2]
+    with torch.no_grad():
+        teacher = image_embedding(model, {"pixel_values": global_views.flatten(0, 1)}, spec).view(b, g, -1)
+    student = [image_embedding(model, {"pixel_values": global_views.flatten(0, 1)}, spec).view(b, g, -1)]
+    if local_views is not None:
+        local_views = local_views.to(device)
+        student.append(image_embedding(model, {"pixel_values": local_views.flatten(0, 1)}, spec)
+                       .view(b, local_views.shape[1], -1))
+    return dino_loss(teacher.float(), torch.cat(student, 1).float())
 
 
 def gradient_scores(
@@ -93,66 +120,75 @@ def gradient_scores(
     processor: Any,
     config: ScoreConfig = ScoreConfig(),
     *,
+    labels: torch.Tensor | None = None,
     seed: int = 0,
     show_progress: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """DINO-loss gradient scores ``(heads [L, H], neurons [L, F])`` of ``model`` on calibration ``images``.
+    """Gradient scores ``(heads [L, H], neurons [L, F])`` of ``model`` on calibration ``images``.
 
     Args:
         model: A dense model of a supported architecture; its weights are not changed.
         images: PIL images or a ``[N, C, H, W]`` tensor of pixel values (see :mod:`hf_snapvit.data`).
         processor: The model's image processor (its normalisation is applied to every crop).
         config: Score settings.
+        labels: Class labels of ``images``, for ``loss="ce"``.
         seed: Seeds the crops.
         show_progress: Show a progress bar over gradient steps.
     """
+    from .errors import SnapViTError
+
     spec = get_spec(model)
+    if config.loss == "ce":
+        if labels is None:
+            raise SnapViTError("loss='ce' needs labelled images: give a dataset with a label column.")
+        if not hasattr(model, "classifier") and not hasattr(model, "cls_classifier"):
+            raise SnapViTError(
+                f"loss='ce' needs a classification head, and {type(model).__name__} has none; use loss='dino'."
+            )
     device = next(model.parameters()).device
     normalizer = Normalizer(processor) if processor is not None else None
     input_size = int(getattr(getattr(model.config, "vision_config", None) or model.config, "image_size"))
     head_weights, neuron_weights = _scored_weights(model, config.head_rows)
-    scored = {id(w) for group in head_weights + neuron_weights for w in group}
+    weights = [w for group in head_weights + neuron_weights for w in group]
+    scored = {id(w) for w in weights}
     flags = {p: p.requires_grad for p in model.parameters()}
     was_training = model.training
     for p in model.parameters():
         p.requires_grad_(id(p) in scored)
     model.eval()
-    squares = {id(w): torch.zeros_like(w, dtype=torch.float64) for group in head_weights + neuron_weights for w in group}
+    per_image = config.definition == "fisher"
+    squares = {id(w): torch.zeros_like(w, dtype=torch.float64) for w in weights} if per_image else {}
     rng = np.random.default_rng(seed)
-    step = 1 if config.definition == "fisher" else config.batch_size
+    step = 1 if per_image else config.batch_size
     try:
         model.zero_grad(set_to_none=True)
         for start in tqdm(range(0, len(images), step), desc="gradient scores", unit="step", disable=not show_progress):
-            global_views, local_views = multi_crops(images[start:start + step], config.crops, normalizer, input_size, rng)
-            global_views = global_views.to(device)
-            b, g = global_views.shape[:2]
-            with torch.no_grad():
-                teacher = image_embedding(model, {"pixel_values": global_views.flatten(0, 1)}, spec).view(b, g, -1)
-            student = [image_embedding(model, {"pixel_values": global_views.flatten(0, 1)}, spec).view(b, g, -1)]
-            if local_views is not None:
-                local_views = local_views.to(device)
-                student.append(image_embedding(model, {"pixel_values": local_views.flatten(0, 1)}, spec)
-                               .view(b, local_views.shape[1], -1))
-            dino_loss(teacher.float(), torch.cat(student, 1).float()).backward()
-            if config.definition == "fisher":
-                for group in head_weights + neuron_weights:
-                    for w in group:
-                        squares[id(w)] += w.grad.double() ** 2
-                        w.grad = None
-        if config.definition == "accumulated":
-            for group in head_weights + neuron_weights:
-                for w in group:
+            chunk = images[start:start + step]
+            chunk_labels = None if labels is None else labels[start:start + step]
+            _batch_loss(model, spec, chunk, chunk_labels, processor, normalizer, config, input_size, rng,
+                        device).backward()
+            if per_image:
+                for w in weights:
                     squares[id(w)] += w.grad.double() ** 2
+                    w.grad = None
+        if per_image:
+            stats = {key: value / len(images) for key, value in squares.items()}
         else:
-            n = len(images)
-            for value in squares.values():
-                value /= n
+            # Batch-mean gradients summed over batches, as the reference accumulates them.
+            total = {id(w): w.grad.double() for w in weights}
+            if config.definition == "accumulated":
+                stats = {key: g**2 for key, g in total.items()}
+            elif config.definition == "snip":
+                stats = {id(w): (total[id(w)] * w.detach().double()).abs() for w in weights}
+            else:
+                stats = {id(w): total[id(w)] * w.detach().double() for w in weights}
     finally:
         for p, flag in flags.items():
             p.requires_grad_(flag)
             p.grad = None
         model.train(was_training)
     hd = head_dim(get_attention(get_layers(model, spec)[0], spec), spec)
-    heads = _reduce([[squares[id(w)] for w in group] for group in head_weights], hd)
-    neurons = _reduce([[squares[id(w)] for w in group] for group in neuron_weights], 1)
+    squared_sum = config.definition == "taylor"
+    heads = _reduce([[stats[id(w)] for w in group] for group in head_weights], hd, squared_sum)
+    neurons = _reduce([[stats[id(w)] for w in group] for group in neuron_weights], 1, squared_sum)
     return heads, neurons

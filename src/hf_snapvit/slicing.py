@@ -24,28 +24,35 @@ def _as_index(index: IndexLike, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(np.asarray(index, dtype=np.int64), device=device)
 
 
-def _take(linear: nn.Linear, index: torch.Tensor, dim: int) -> None:
-    """Keep ``index`` along ``dim`` of the weight (0 = output rows, with the bias; 1 = input columns)."""
-    weight = linear.weight
+def _take(linear: nn.Linear, index: torch.Tensor, dim: int, source: nn.Linear | None = None) -> None:
+    """Keep ``index`` along ``dim`` of the weight (0 = output rows, with the bias; 1 = input columns).
+
+    With ``source``, the kept slices are taken from ``source`` (a dense twin) instead of ``linear`` itself.
+    """
+    source = source or linear
+    weight = source.weight
     index = index.to(weight.device)
     linear.weight = nn.Parameter(weight.data.index_select(dim, index), requires_grad=weight.requires_grad)
     if dim == 0:
-        if linear.bias is not None:
-            linear.bias = nn.Parameter(linear.bias.data.index_select(0, index), requires_grad=linear.bias.requires_grad)
+        if source.bias is not None:
+            linear.bias = nn.Parameter(source.bias.data.index_select(0, index), requires_grad=source.bias.requires_grad)
         linear.out_features = len(index)
     else:
+        if source is not linear and source.bias is not None:
+            linear.bias = source.bias
         linear.in_features = len(index)
 
 
-def slice_heads_(attention: nn.Module, spec: ArchitectureSpec, keep: IndexLike) -> None:
-    """Keep the heads ``keep`` (in that order) of one attention module, in place."""
-    hd = head_dim(attention, spec)
-    device = getattr(attention, spec.q_proj).weight.device
+def slice_heads_(attention: nn.Module, spec: ArchitectureSpec, keep: IndexLike, source: nn.Module | None = None) -> None:
+    """Keep the heads ``keep`` (in that order) of one attention module, in place (taken from ``source`` if given)."""
+    source = source or attention
+    hd = head_dim(source, spec)
+    device = getattr(source, spec.q_proj).weight.device
     heads = _as_index(keep, device)
     rows = (heads[:, None] * hd + torch.arange(hd, device=device)).reshape(-1)
     for name in (spec.q_proj, spec.k_proj, spec.v_proj):
-        _take(getattr(attention, name), rows, 0)
-    _take(getattr(attention, spec.o_proj), rows, 1)
+        _take(getattr(attention, name), rows, 0, getattr(source, name))
+    _take(getattr(attention, spec.o_proj), rows, 1, getattr(source, spec.o_proj))
     # Older layouts reshape with these attributes; newer ones infer heads from the tensor, so keep both right.
     for name in spec.head_count_attrs:
         if hasattr(attention, name):
@@ -54,27 +61,35 @@ def slice_heads_(attention: nn.Module, spec: ArchitectureSpec, keep: IndexLike) 
         attention.all_head_size = len(heads) * hd
 
 
-def slice_neurons_(layer: nn.Module, spec: ArchitectureSpec, keep: IndexLike) -> None:
-    """Keep the FFN neurons ``keep`` (in that order) of one block, in place."""
+def slice_neurons_(layer: nn.Module, spec: ArchitectureSpec, keep: IndexLike, source: nn.Module | None = None) -> None:
+    """Keep the FFN neurons ``keep`` (in that order) of one block, in place (taken from ``source`` if given)."""
     mlp, variant = get_mlp(layer, spec)
-    out_proj = getattr(mlp, variant.out_proj)
-    index = _as_index(keep, out_proj.weight.device)
+    source_mlp, _ = get_mlp(source, spec) if source is not None else (mlp, variant)
+    index = _as_index(keep, getattr(source_mlp, variant.out_proj).weight.device)
     for name in variant.in_proj:
-        _take(getattr(mlp, name), index, 0)
-    _take(out_proj, index, 1)
+        _take(getattr(mlp, name), index, 0, getattr(source_mlp, name))
+    _take(getattr(mlp, variant.out_proj), index, 1, getattr(source_mlp, variant.out_proj))
 
 
-def slice_model_(model: PreTrainedModel, keep: Sequence[tuple[IndexLike, IndexLike]]) -> PreTrainedModel:
+def slice_model_(
+    model: PreTrainedModel,
+    keep: Sequence[tuple[IndexLike, IndexLike]],
+    source: PreTrainedModel | None = None,
+) -> PreTrainedModel:
     """Keep, in every block ``l``, the heads ``keep[l][0]`` and the FFN neurons ``keep[l][1]`` (in that order).
 
     Works on real and meta-device models. Passing full permutations reorders units without removing any, which is
-    function-preserving. Returns ``model`` (modified in place).
+    function-preserving. With ``source`` (a dense model of the same architecture), the kept weights are copied from
+    it, so one working copy can be re-sliced to any candidate without accumulating cuts. Returns ``model``
+    (modified in place).
     """
     spec = get_spec(model)
     layers = get_layers(model, spec)
+    sources = get_layers(source, spec) if source is not None else [None] * len(layers)
     if len(keep) != len(layers):
         raise ValueError(f"keep has {len(keep)} entries but the model has {len(layers)} blocks")
-    for layer, (heads, neurons) in zip(layers, keep):
-        slice_heads_(get_attention(layer, spec), spec, heads)
-        slice_neurons_(layer, spec, neurons)
+    for layer, origin, (heads, neurons) in zip(layers, sources, keep):
+        slice_heads_(get_attention(layer, spec), spec, heads,
+                     get_attention(origin, spec) if origin is not None else None)
+        slice_neurons_(layer, spec, neurons, origin)
     return model

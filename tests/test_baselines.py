@@ -1,0 +1,79 @@
+"""The baseline rankings share the framework: same entry point, same floors and format, sensible scores."""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+import pytest
+import torch
+
+import hf_snapvit as hs
+from hf_snapvit.baselines import _lamp
+from hf_snapvit.scoring import ScoreConfig, gradient_scores
+from conftest import CASES
+from test_scoring import FEW_CROPS, PROCESSOR, images
+
+CASE = {c.name: c for c in CASES}
+
+
+def labelled(n: int = 6) -> datasets.Dataset:
+    return datasets.Dataset.from_dict({"image": images(n), "label": [i % 5 for i in range(n)]}).cast_column(
+        "image", datasets.Image())
+
+
+def test_lamp_matches_its_definition():
+    w = torch.tensor([[3.0, -1.0], [2.0, 0.5]])
+    squares = {9.0: 9.0 / 9.0, 1.0: 1.0 / (1 + 4 + 9), 4.0: 4.0 / (4 + 9), 0.25: 0.25 / 14.25}
+    expected = torch.tensor([[squares[9.0], squares[1.0]], [squares[4.0], squares[0.25]]], dtype=torch.float64)
+    torch.testing.assert_close(_lamp(w), expected)
+
+
+@pytest.mark.parametrize("method", ["magnitude", "random", "lamp"])
+def test_data_free_methods_ignore_data(method):
+    model = CASE["vit"].build()
+    a = hs.rank(model, method=method, seed=1)
+    b = hs.rank(model, method=method, data=["not", "used"], preset="fast", seed=1)
+    assert np.array_equal(a.neuron_scores, b.neuron_scores)
+    assert a.provenance["method"] == method
+
+
+def test_snip_is_weight_times_gradient():
+    model = CASE["vit"].build()
+    config = ScoreConfig(definition="snip", batch_size=2, crops=FEW_CROPS.crops)
+    _, snip = gradient_scores(model, images(2), PROCESSOR, config, show_progress=False)
+    _, squared = gradient_scores(model, images(2), PROCESSOR, ScoreConfig(definition="accumulated", batch_size=2,
+                                                                          crops=FEW_CROPS.crops), show_progress=False)
+    fc1 = model.layers[0].mlp.fc1.weight.detach().double()
+    # |w·g| and g² come from the same accumulated gradient g: |g| = sqrt(g²) elementwise, so per row
+    # mean|w·g| <= sqrt(mean w²) · sqrt(mean g²) (Cauchy-Schwarz), with equality impossible for random w.
+    bound = np.sqrt((fc1**2).mean(1).numpy() * squared[0])
+    assert np.all(snip[0] <= bound + 1e-12) and np.all(snip[0] > 0)
+
+
+def test_gradient_baselines_through_rank():
+    model = CASE["vit-cls"].build()
+    data = labelled()
+    snip = hs.rank(model, method="snip", data=data, processor=PROCESSOR, preset="fast", show_progress=False)
+    taylor = hs.rank(model, method="taylor-ce", data=data, processor=PROCESSOR, preset="fast", show_progress=False)
+    for ranking in (snip, taylor):
+        counts = ranking.keep_counts(0.3)
+        assert min(counts.heads) >= ranking.floors()[0] and min(counts.neurons) >= ranking.floors()[1]
+        assert ranking.provenance["calibration_data"]["num_gradient"] == 6
+    assert taylor.provenance["calibration_data"]["label_column"] == "label"
+    assert taylor.provenance["settings"]["scores"]["loss"] == "ce"
+
+
+def test_cross_entropy_needs_labels_and_a_head():
+    with pytest.raises(hs.SnapViTError, match="needs calibration images"):
+        hs.rank(CASE["vit-cls"].build(), method="taylor-ce")
+    with pytest.raises(hs.SnapViTError, match="has none"):
+        hs.rank(CASE["vit-cls"].build(), method="taylor-ce", data=images(4), processor=PROCESSOR)
+    with pytest.raises(hs.SnapViTError, match="ViTModel has none; use loss='dino'"):
+        gradient_scores(CASE["vit"].build(), images(2), PROCESSOR, ScoreConfig(loss="ce"),
+                        labels=torch.tensor([0, 1]), show_progress=False)
+    with pytest.raises(hs.SnapViTError, match="label_column='y' is not among"):
+        hs.rank(CASE["vit-cls"].build(), method="taylor-ce", data=labelled(), processor=PROCESSOR, label_column="y")
+
+
+def test_every_method_is_listed():
+    assert set(hs.available_methods()) == {"lamp", "magnitude", "random", "snapvit", "snip", "taylor-ce"}
