@@ -77,3 +77,19 @@ def test_cross_entropy_needs_labels_and_a_head():
 
 def test_every_method_is_listed():
     assert set(hs.available_methods()) == {"lamp", "magnitude", "random", "snapvit", "snip", "taylor-ce"}
+
+
+def test_register_a_data_free_method(monkeypatch):
+    import importlib
+
+    rank_module = importlib.import_module("hf_snapvit.rank")  # the package attribute `rank` is the function
+
+    monkeypatch.setattr(rank_module, "_METHODS", dict(rank_module._METHODS))
+    with pytest.raises(ValueError, match="already registered"):
+        hs.register_method("snip", lambda model, shape, seed: None)
+    hs.register_method("depth", lambda model, shape, seed: (
+        np.ones((shape.num_layers, shape.num_heads)),
+        np.tile(np.arange(shape.num_layers, 0, -1.0)[:, None], (1, shape.intermediate_size))))
+    ranking = hs.rank(CASE["vit"].build(), method="depth")
+    counts = ranking.keep_counts(0.2)
+    assert counts.neurons[1] < counts.neurons[0]  # the later block scores lower, so it loses neurons first

@@ -18,10 +18,11 @@ from .ranking import ElasticRanking, RankingMode
 
 Scorer = Callable[[PreTrainedModel, ModelShape, int], "tuple[np.ndarray, np.ndarray]"]
 
-_METHODS: dict[str, tuple[Scorer, bool]] = {
-    "magnitude": (magnitude_scores, False),
-    "random": (random_scores, False),
-    "lamp": (lamp_scores, False),
+# Data-free scorers.
+_METHODS: dict[str, Scorer] = {
+    "magnitude": magnitude_scores,
+    "random": random_scores,
+    "lamp": lamp_scores,
 }
 
 # Baselines scored by gradients on calibration images, with the same images and crops as the SnapViT preset.
@@ -31,11 +32,12 @@ _GRADIENT_METHODS: dict[str, dict[str, str]] = {
 }
 
 
-def register_method(name: str, scorer: Scorer, *, needs_data: bool, exist_ok: bool = False) -> None:
-    """Make ``scorer`` available as ``rank(model, method=name)``."""
-    if name in _METHODS and not exist_ok:
+def register_method(name: str, scorer: Scorer, *, exist_ok: bool = False) -> None:
+    """Make a data-free ``scorer(model, shape, seed) -> (head_scores [L, H], neuron_scores [L, F])`` available as
+    ``rank(model, method=name)``. Scores are non-negative totals per unit (larger = more important)."""
+    if name in available_methods() and not exist_ok:
         raise ValueError(f"method {name!r} is already registered; pass exist_ok=True to replace it.")
-    _METHODS[name] = (scorer, needs_data)
+    _METHODS[name] = scorer
 
 
 def available_methods() -> list[str]:
@@ -92,10 +94,7 @@ def rank(
             overrides["mode"] = mode
         config = SnapViTConfig.preset(preset or "paper", **overrides)
         return SnapViTPruner(config).fit(model, data, processor=processor, show_progress=show_progress)
-    if method in _GRADIENT_METHODS:
-        return _gradient_baseline(model, method, data, preset=preset, processor=processor, mode=mode, seed=seed,
-                                  label_column=label_column, show_progress=show_progress, floors=floors)
-    if method not in _METHODS:
+    if method not in _METHODS and method not in _GRADIENT_METHODS:
         raise SnapViTError(
             f"Unknown ranking method {method!r}. Available: {', '.join(available_methods())}."
         )
@@ -105,9 +104,14 @@ def rank(
             "rank() needs a dense model, but this one is already sliced (per-block heads "
             f"{heads}, neurons {neurons}). Rank the original checkpoint instead."
         )
-    scorer, _ = _METHODS[method]
     shape = model_shape(model)
-    head_scores, neuron_scores = scorer(model, shape, seed)
+    if method in _GRADIENT_METHODS:
+        head_scores, neuron_scores, settings, calibration = _gradient_baseline(
+            model, shape, method, data, preset=preset, processor=processor, seed=seed, label_column=label_column,
+            show_progress=show_progress)
+    else:
+        head_scores, neuron_scores = _METHODS[method](model, shape, seed)
+        settings, calibration = {}, None
     return ElasticRanking(
         head_scores=head_scores,
         neuron_scores=neuron_scores,
@@ -116,15 +120,16 @@ def rank(
         **floors,
         provenance={
             "method": method,
-            "settings": {},
+            "settings": settings,
             "seed": seed,
-            "calibration_data": None,
+            "calibration_data": calibration,
             "base_model": getattr(model.config, "_name_or_path", None) or None,
         },
     )
 
 
-def _gradient_baseline(model, method, data, *, preset, processor, mode, seed, label_column, show_progress, floors):
+def _gradient_baseline(model, shape, method, data, *, preset, processor, seed, label_column, show_progress):
+    """Scores of a gradient baseline, with the images and crops of the SnapViT preset, and their provenance."""
     from dataclasses import replace
 
     from .data import sample_images
@@ -142,23 +147,11 @@ def _gradient_baseline(model, method, data, *, preset, processor, mode, seed, la
         from transformers import AutoImageProcessor
 
         processor = AutoImageProcessor.from_pretrained(model.config._name_or_path)
-    shape = model_shape(model)
     heads, neurons = gradient_scores(model, images, processor, scores, labels=labels, seed=seed,
                                      show_progress=show_progress)
     if scores.definition != "taylor":  # means over a unit's weights -> totals, as every ranking score is
         heads, neurons = heads * shape.params_per_head, neurons * shape.params_per_neuron
-    return ElasticRanking(
-        head_scores=heads,
-        neuron_scores=neurons,
-        shape=shape,
-        mode=mode or "global",
-        **floors,
-        provenance={
-            "method": method,
-            "settings": {"scores": scores.to_dict(), "num_gradient_images": len(images), "preset": preset or "paper"},
-            "seed": seed,
-            "calibration_data": {"source": type(data).__name__, "num_gradient": len(images),
-                                 "label_column": label_column if labelled else None},
-            "base_model": getattr(model.config, "_name_or_path", None) or None,
-        },
-    )
+    settings = {"scores": scores.to_dict(), "num_gradient_images": len(images), "preset": preset or "paper"}
+    calibration = {"source": type(data).__name__, "num_gradient": len(images),
+                   "label_column": label_column if labelled else None}
+    return heads, neurons, settings, calibration
