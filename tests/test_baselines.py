@@ -88,7 +88,7 @@ def test_register_a_data_free_method(monkeypatch):
     with pytest.raises(ValueError, match="already registered"):
         hs.register_method("snip", lambda model, shape, seed: None)
     hs.register_method("depth", lambda model, shape, seed: (
-        np.ones((shape.num_layers, shape.num_heads)),
+        np.full((shape.num_layers, shape.num_heads), 1e9),  # heads far more important than any neuron
         np.tile(np.arange(shape.num_layers, 0, -1.0)[:, None], (1, shape.intermediate_size))))
     ranking = hs.rank(CASE["vit"].build(), method="depth")
     counts = ranking.keep_counts(0.2)
