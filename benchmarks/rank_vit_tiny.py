@@ -3,7 +3,8 @@
 Calibration images come from the Tiny-ImageNet train split (labels ignored), accuracy from the validation split.
 k-NN: k = 20, L2-normalised final-norm CLS features, majority vote, train split as the memory bank.
 
-    python benchmarks/rank_vit_tiny.py --preset fast --methods snapvit magnitude random --num-val 1000
+    python benchmarks/rank_vit_tiny.py --preset fast --methods snapvit snip taylor-ce lamp magnitude random \
+        --num-val 500 --num-bank 1000 --sparsities 0.1 0.3 0.5
 
 Writes JSON (``--output``) with the ranking wall time per phase and the accuracies; prints a table.
 """
@@ -11,6 +12,7 @@ Writes JSON (``--output``) with the ranking wall time per phase and the accuraci
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -98,14 +100,13 @@ def main() -> None:
             ranking = pruner.fit(model, calibration, processor=processor)
             timings, history = pruner.timings_, pruner.history_
         else:
-            ranking = hf_snapvit.rank(model, method=method, seed=args.seed, **kwargs)
+            ranking = hf_snapvit.rank(model, method=method, data=calibration, processor=processor,
+                                      preset=args.preset, seed=args.seed, **kwargs)
             timings, history = {}, []
         wall = time.perf_counter() - start
         rows = []
         for sparsity in args.sparsities:
             counts = ranking.keep_counts(min(sparsity, ranking.max_sparsity))
-            import copy
-
             sliced = hf_snapvit.slice_model_(copy.deepcopy(model), ranking.keep_indices(counts))
             f, lg = features_and_logits(sliced, val_pixels)
             b, _ = features_and_logits(sliced, bank_pixels)
