@@ -126,3 +126,21 @@ def test_rank_entry_point_runs_snapvit():
                           show_progress=False)
     assert ranking.mode == "paired" and ranking.provenance["method"] == "snapvit"
     assert "snapvit" in hs.available_methods()
+
+
+def test_cka_matrix_properties_and_search_init():
+    from hf_snapvit.cka import cka_covariance, linear_cka_matrix, unit_activations
+
+    model = CASE["vit"].build()
+    pixels = torch.randn(16, 3, 32, 32)
+    groups = unit_activations(model, pixels)
+    assert len(groups) == 2 + 2 * 4 and groups[0].shape == (16, 37) and groups[2].shape == (16, 8)
+    matrix = linear_cka_matrix(groups)
+    assert np.allclose(np.diag(matrix), 1) and np.allclose(matrix, matrix.T)
+    assert np.all(matrix >= -1e-12) and np.all(matrix <= 1 + 1e-12)
+    assert np.linalg.eigvalsh(matrix).min() > -1e-8  # a Gram matrix of normalised HSIC embeddings
+    x = torch.randn(16, 5)
+    assert linear_cka_matrix([x, 3 * x @ torch.linalg.qr(torch.randn(5, 5))[0]])[0, 1] == pytest.approx(1.0)
+    assert np.linalg.eigvalsh(cka_covariance(model, pixels)).min() > 0
+    _, ranking = fit(model, covariance="cka")
+    assert ranking.provenance["settings"]["covariance"] == "cka"

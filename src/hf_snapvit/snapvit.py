@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from huggingface_hub.utils import tqdm
@@ -43,7 +43,9 @@ class SnapViTConfig:
         population_size: xNES population; default 4 + ⌊3 ln d⌋.
         init_mean: The search starts with block factors from ``init_mean[0]`` (first block) to ``init_mean[1]``
             (last), each head taking its block's value, as in the reference.
-        sigma: Initial standard deviation of the search distribution (identity covariance times ``sigma²``).
+        sigma: Initial standard deviation of the search distribution (its covariance times ``sigma²``).
+        covariance: Initial covariance: ``"identity"`` (the reference) or ``"cka"``, the linear-CKA similarity of the
+            units' activations on the fitness images (paper appendix).
         mode: Ranking mode of the result (and of the search's candidates).
         min_head_keep_ratio, min_neuron_keep_ratio, paired_head_offset: See :class:`~hf_snapvit.ElasticRanking`.
         fitness_batch_size: Images per forward pass in the search.
@@ -60,6 +62,7 @@ class SnapViTConfig:
     population_size: int | None = None
     init_mean: tuple[float, float] = (1.2, 0.8)
     sigma: float = 1.0
+    covariance: Literal["identity", "cka"] = "identity"
     mode: RankingMode = "global"
     min_head_keep_ratio: float = 0.2
     min_neuron_keep_ratio: float = 0.05
@@ -170,7 +173,13 @@ class SnapViTPruner:
                                    pca_components=config.pca_components, batch_size=config.fitness_batch_size)
         block = np.linspace(config.init_mean[0], config.init_mean[1], L)
         mean = np.concatenate([block, np.repeat(block, H)])
-        search = XNES(mean, sigma=config.sigma, population_size=config.population_size, seed=config.seed)
+        covariance = None
+        if config.covariance == "cka":
+            from .cka import cka_covariance
+
+            covariance = cka_covariance(model, fitness_pixels)
+        search = XNES(mean, covariance=covariance, sigma=config.sigma, population_size=config.population_size,
+                      seed=config.seed)
         total = config.max_generations
         if config.max_evaluations is not None:
             by_evaluations = -(-config.max_evaluations // search.population_size)
