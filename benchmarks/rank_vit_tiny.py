@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import platform
@@ -38,6 +39,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--methods", nargs="+", default=["snapvit", "magnitude", "random"])
     parser.add_argument("--preset", default="fast")
     parser.add_argument("--mode", default=None, choices=[None, "global", "paired"])
+    parser.add_argument("--score-definition", default=None, help="override the preset's SnapViT score definition")
     parser.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     parser.add_argument("--num-val", type=int, default=1000)
     parser.add_argument("--num-bank", type=int, default=2000, help="train images in the k-NN memory bank")
@@ -96,7 +98,11 @@ def main() -> None:
         start = time.perf_counter()
         kwargs = {"mode": args.mode} if args.mode else {}
         if method == "snapvit":
-            pruner = hf_snapvit.SnapViTPruner(hf_snapvit.SnapViTConfig.preset(args.preset, seed=args.seed, **kwargs))
+            config = hf_snapvit.SnapViTConfig.preset(args.preset, seed=args.seed, **kwargs)
+            if args.score_definition:
+                config = dataclasses.replace(config, scores=dataclasses.replace(config.scores,
+                                                                                definition=args.score_definition))
+            pruner = hf_snapvit.SnapViTPruner(config)
             ranking = pruner.fit(model, calibration, processor=processor)
             timings, history = pruner.timings_, pruner.history_
         else:
@@ -117,7 +123,7 @@ def main() -> None:
             print(f"{method:10s} s={row['sparsity']:.3f} GFLOPs={row['gflops']:.3f} top-1 {row['top1']:.3f} "
                   f"k-NN {row['knn_top1']:.3f}")
         results["methods"][method] = {"wall_seconds": wall, "timings": timings, "history": history, "rows": rows,
-                                      "mode": ranking.mode}
+                                      "mode": ranking.mode, "settings": ranking.provenance.get("settings")}
         print(f"{method}: ranked in {wall:.1f} s {timings}")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.output.with_suffix(".tmp")

@@ -116,3 +116,14 @@ def test_tensor_inputs_are_cropped_too():
     pixels = torch.randn(3, 3, 40, 40)
     heads, neurons = gradient_scores(model, pixels, None, FEW_CROPS, show_progress=False)
     assert heads.max() > 0 and neurons.max() > 0
+
+
+def test_obd_is_fisher_times_squared_weight():
+    model = CASE["vit"].build()
+    with torch.no_grad():  # every fc1 weight of magnitude 0.3: OBD must be exactly 0.09 × Fisher for the neurons
+        fc1 = model.layers[0].mlp.fc1.weight
+        fc1.copy_(0.3 * torch.sign(torch.randn_like(fc1)))
+    fisher = gradient_scores(model, images(2), PROCESSOR, FEW_CROPS, show_progress=False)
+    obd = gradient_scores(model, images(2), PROCESSOR, ScoreConfig(definition="obd", crops=FEW_CROPS.crops),
+                          show_progress=False)
+    np.testing.assert_allclose(obd[1][0], 0.09 * fisher[1][0], rtol=1e-5)

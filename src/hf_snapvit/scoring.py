@@ -7,6 +7,7 @@ weights the unit owns (paper §3.2; the reference's choices are in ``snapvit-ref
   weights under ``no_grad``) embedding global crops and the model embedding every crop; ``"ce"``: cross-entropy of the
   model's own classifier on labelled images;
 * definition ``"fisher"`` (the paper): the mean over images of each image's squared gradient, a diagonal Fisher;
+  ``"obd"``: that Fisher times the squared weight, the optimal-brain-damage saliency ``½·H_ii·w²`` of removing it;
   ``"accumulated"`` (the reference code): the square of the gradient accumulated over batches; ``"snip"``: ``|w·g|``
   with the accumulated gradient; ``"taylor"``: the first-order Taylor estimate of removing the whole unit,
   ``(Σ_unit w·g)²`` (Molchanov et al. 2019);
@@ -28,7 +29,7 @@ from transformers import PreTrainedModel
 from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding
 from .data import MultiCropConfig, Normalizer, multi_crops
 
-ScoreDefinition = Literal["fisher", "accumulated", "snip", "taylor"]
+ScoreDefinition = Literal["fisher", "obd", "accumulated", "snip", "taylor"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class ScoreConfig:
     Args:
         loss: ``"dino"`` (self-supervised multi-crop loss, label-free) or ``"ce"`` (cross-entropy of the model's
             classifier; needs labels).
-        definition: ``"fisher"`` (per-image squared gradients, the paper), ``"accumulated"`` (square of the summed
+        definition: ``"fisher"`` (per-image squared gradients, the paper), ``"obd"`` (``fisher · w²``), ``"accumulated"`` (square of the summed
             batch-mean gradients, the reference code), ``"snip"`` (``|w·g|``) or ``"taylor"`` (``(Σ_unit w·g)²``).
         head_rows: ``"v"`` scores a head on its value rows (the reference), ``"qkv"`` on its q, k and v rows.
         batch_size: Images per gradient step (``"accumulated"``); ``"fisher"`` needs one image per step.
@@ -156,7 +157,7 @@ def gradient_scores(
     for p in model.parameters():
         p.requires_grad_(id(p) in scored)
     model.eval()
-    per_image = config.definition == "fisher"
+    per_image = config.definition in ("fisher", "obd")
     squares = {id(w): torch.zeros_like(w, dtype=torch.float64) for w in weights} if per_image else {}
     rng = np.random.default_rng(seed)
     step = 1 if per_image else config.batch_size
@@ -173,6 +174,8 @@ def gradient_scores(
                     w.grad = None
         if per_image:
             stats = {key: value / len(images) for key, value in squares.items()}
+            if config.definition == "obd":
+                stats = {id(w): stats[id(w)] * w.detach().double() ** 2 for w in weights}
         else:
             # Batch-mean gradients summed over batches, as the reference accumulates them.
             total = {id(w): w.grad.double() for w in weights}
