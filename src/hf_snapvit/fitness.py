@@ -6,6 +6,11 @@ pruned model's embeddings; the loss minimised by the search is one minus the ave
 
 Pruned models are evaluated physically sliced, so a forward pass costs what the pruned model costs: one working copy
 of the model is re-sliced from the dense weights for every (candidate, sparsity), never copied again.
+
+On several processes (``accelerate launch``) the candidates of a generation are split across processes and their
+losses gathered (:func:`hf_snapvit.distributed.map_across_processes`); each candidate is evaluated by one process
+exactly as one process would, so every process holds the same loss vector. Forward passes autocast to the
+configured mixed precision.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from .architectures import get_spec, image_embedding
+from .distributed import autocast, map_across_processes
 from .slicing import slice_model_
 from .ranking import ElasticRanking
 
@@ -68,9 +74,10 @@ class EmbeddingFitness:
         model = self.model if keep is None else slice_model_(self.work, keep, source=self.model)
         start = time.perf_counter()
         chunks = []
-        for i in range(0, len(self.pixel_values), self.batch_size):
-            batch = {"pixel_values": self.pixel_values[i:i + self.batch_size]}
-            chunks.append(image_embedding(model, batch, self.spec).float())
+        with autocast(self.device):
+            for i in range(0, len(self.pixel_values), self.batch_size):
+                batch = {"pixel_values": self.pixel_values[i:i + self.batch_size]}
+                chunks.append(image_embedding(model, batch, self.spec).float())
         self.forward_seconds += time.perf_counter() - start
         return torch.cat(chunks)
 
@@ -88,5 +95,15 @@ class EmbeddingFitness:
         return 1.0 - float(np.mean([self.similarity(ranking, s) for s in self.sparsities]))
 
     def batch_loss(self, rankings: Callable[[np.ndarray], ElasticRanking], candidates: np.ndarray) -> np.ndarray:
-        """Loss of every candidate vector (one row each), built into a ranking by ``rankings``."""
-        return np.array([self.loss(rankings(c)) for c in candidates])
+        """Loss of every candidate vector (one row each), built into a ranking by ``rankings``.
+
+        The candidates are split across processes; every process returns the losses of all of them.
+
+        Args:
+            rankings: Builds the ranking a candidate vector stands for.
+            candidates: ``[n, d]`` candidate vectors, the same on every process.
+
+        Returns:
+            ``[n]`` losses, in the order of ``candidates``.
+        """
+        return np.array(map_across_processes(lambda c: self.loss(rankings(c)), list(candidates)))

@@ -129,10 +129,13 @@ def rank(
 
 
 def _gradient_baseline(model, shape, method, data, *, preset, processor, seed, label_column, show_progress):
-    """Scores of a gradient baseline, with the images and crops of the SnapViT preset, and their provenance."""
+    """Scores of a gradient baseline, with the images and crops of the SnapViT preset, and their provenance.
+
+    Under ``accelerate launch`` the gradient steps are split across processes like SnapViT's (see
+    :mod:`hf_snapvit.distributed`)."""
     from dataclasses import replace
 
-    from .data import sample_images
+    from .distributed import draw_calibration, mixed_precision, on_process_device, process_state
     from .scoring import gradient_scores
     from .snapvit import SnapViTConfig
 
@@ -141,17 +144,21 @@ def _gradient_baseline(model, shape, method, data, *, preset, processor, seed, l
     config = SnapViTConfig.preset(preset or "paper", seed=seed)
     scores = replace(config.scores, **_GRADIENT_METHODS[method])
     labelled = scores.loss == "ce"
-    images, labels = sample_images(data, config.num_gradient_images, seed=seed,
-                                   label_column=label_column if labelled else None)
+    state = process_state()
+    images, _, _, labels = draw_calibration(data, config.num_gradient_images, 0, step_size=scores.step_size,
+                                            seed=seed, label_column=label_column if labelled else None, state=state)
     if processor is None and not hasattr(images, "shape"):
         from transformers import AutoImageProcessor
 
         processor = AutoImageProcessor.from_pretrained(model.config._name_or_path)
-    heads, neurons = gradient_scores(model, images, processor, scores, labels=labels, seed=seed,
-                                     show_progress=show_progress)
+    with on_process_device(model, state):
+        heads, neurons = gradient_scores(model, images, processor, scores, labels=labels, seed=seed,
+                                         show_progress=show_progress and state.is_main_process)
     if scores.definition != "taylor":  # means over a unit's weights -> totals, as every ranking score is
         heads, neurons = heads * shape.params_per_head, neurons * shape.params_per_neuron
     settings = {"scores": scores.to_dict(), "num_gradient_images": len(images), "preset": preset or "paper"}
+    if mixed_precision() != "no":  # it changes the scores; full precision leaves the record as it always was
+        settings["mixed_precision"] = mixed_precision()
     calibration = {"source": type(data).__name__, "num_gradient": len(images),
                    "label_column": label_column if labelled else None}
     return heads, neurons, settings, calibration

@@ -13,6 +13,10 @@ weights the unit owns (paper §3.2; the reference's choices are in ``snapvit-ref
   ``(Σ_unit w·g)²`` (Molchanov et al. 2019);
 * a neuron is scored on its FFN input rows, a head on its value rows (``head_rows="v"``, as the reference) or on its
   q, k and v rows; each score is the mean over those weights. Scores are accumulated in float64: they reach 1e-30.
+
+The crops of image ``i`` are drawn from ``numpy.random.default_rng([seed, i])``, so they do not depend on the batch
+or the process that embeds the image; on several processes (:mod:`hf_snapvit.distributed`) each takes whole gradient
+steps and the float64 sums are added across processes.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ import torch.nn.functional as F
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
+from .architectures import input_size as architecture_input_size
 from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding
 from .data import MultiCropConfig, Normalizer, multi_crops
+from .distributed import GradientSteps, autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
 
 ScoreDefinition = Literal["fisher", "obd", "accumulated", "snip", "taylor"]
 
@@ -51,6 +57,11 @@ class ScoreConfig:
     head_rows: Literal["v", "qkv"] = "v"
     batch_size: int = 16
     crops: MultiCropConfig = field(default_factory=MultiCropConfig)
+
+    @property
+    def step_size(self) -> int:
+        """Images per gradient step: 1 for the per-image definitions (``"fisher"``, ``"obd"``), else ``batch_size``."""
+        return 1 if self.definition in ("fisher", "obd") else self.batch_size
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,13 +107,22 @@ def _reduce(stats: list[list[torch.Tensor]], unit_rows: int, squared_sum: bool) 
     return np.stack(rows)
 
 
-def _batch_loss(model, spec, chunk, labels, processor, normalizer, config, input_size, rng, device) -> torch.Tensor:
+def _crops(chunk, first_index: int, seed: int, config: ScoreConfig, normalizer, input_size: int):
+    """Multi-crops of a step's images, image ``first_index + j`` drawn from its own generator ``[seed, index]``."""
+    views = [multi_crops(chunk[j:j + 1], config.crops, normalizer, input_size,
+                         np.random.default_rng([seed, first_index + j])) for j in range(len(chunk))]
+    local = None if views[0][1] is None else torch.cat([v[1] for v in views])
+    return torch.cat([v[0] for v in views]), local
+
+
+def _batch_loss(model, spec, chunk, labels, processor, normalizer, config, input_size, first_index, seed,
+                device) -> torch.Tensor:
     if config.loss == "ce":
         from .data import processor_inputs
 
         logits = model(pixel_values=processor_inputs(chunk, processor).to(device)).logits
-        return F.cross_entropy(logits, labels.to(device))
-    global_views, local_views = multi_crops(chunk, config.crops, normalizer, input_size, rng)
+        return F.cross_entropy(logits.float(), labels.to(device))
+    global_views, local_views = _crops(chunk, first_index, seed, config, normalizer, input_size)
     global_views = global_views.to(device)
     b, g = global_views.shape[:2]
     with torch.no_grad():
@@ -127,20 +147,49 @@ def gradient_scores(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Gradient scores ``(heads [L, H], neurons [L, F])`` of ``model`` on calibration ``images``.
 
+    On several processes (``accelerate launch``) each process computes the gradient steps ``rank, rank + N, ...``
+    of the same sample and the per-weight float64 sums are added across processes, so every process returns the
+    one-process scores (up to the order of float64 additions). Forward passes autocast to the configured mixed
+    precision (:func:`hf_snapvit.distributed.autocast`).
+
     Args:
         model: A dense model of a supported architecture; its weights are not changed.
-        images: PIL images or a ``[N, C, H, W]`` tensor of pixel values (see :mod:`hf_snapvit.data`).
+        images: PIL images or a ``[N, C, H, W]`` tensor of pixel values (see :mod:`hf_snapvit.data`), the same on
+            every process; or a :class:`~hf_snapvit.distributed.GradientSteps` holding only this process's steps
+            (from :func:`~hf_snapvit.distributed.draw_calibration`), with their labels.
         processor: The model's image processor (its normalisation is applied to every crop).
         config: Score settings.
         labels: Class labels of ``images``, for ``loss="ce"``.
-        seed: Seeds the crops.
-        show_progress: Show a progress bar over gradient steps.
+        seed: Seeds the crops: image ``i`` is cropped with ``numpy.random.default_rng([seed, i])``.
+        show_progress: Show a progress bar over gradient steps (on the main process).
+
+    Returns:
+        Per-unit scores as float64 arrays: heads ``[L, H]`` and FFN neurons ``[L, F]``.
     """
     from .errors import SnapViTError
 
     spec = get_spec(model)
+    state = process_state()
+    step = config.step_size
+    if isinstance(images, GradientSteps):
+        if images.step_size != step:
+            raise SnapViTError(
+                f"The gradient steps were drawn with {images.step_size} images per step, but this score definition "
+                f"({config.definition!r}, batch_size={config.batch_size}) takes {step}; draw them with "
+                f"step_size={step}."
+            )
+        if labels is not None:
+            raise SnapViTError("Pass labels inside GradientSteps, not as labels=..., for pre-sharded images.")
+        num_images, steps = images.num_images, images.steps
+        labelled = all(step_labels is not None for _, _, step_labels in steps)
+    else:
+        num_images = len(images)
+        steps = local_share([(start, images[start:start + step],
+                              None if labels is None else labels[start:start + step])
+                             for start in range(0, num_images, step)], state)
+        labelled = labels is not None
     if config.loss == "ce":
-        if labels is None:
+        if not labelled:
             raise SnapViTError("loss='ce' needs labelled images: give a dataset with a label column.")
         if not hasattr(model, "classifier") and not hasattr(model, "cls_classifier"):
             raise SnapViTError(
@@ -148,7 +197,7 @@ def gradient_scores(
             )
     device = next(model.parameters()).device
     normalizer = Normalizer(processor) if processor is not None else None
-    input_size = int(getattr(getattr(model.config, "vision_config", None) or model.config, "image_size"))
+    input_size = architecture_input_size(model.config)
     head_weights, neuron_weights = _scored_weights(model, config.head_rows)
     weights = [w for group in head_weights + neuron_weights for w in group]
     scored = {id(w) for w in weights}
@@ -158,27 +207,32 @@ def gradient_scores(
         p.requires_grad_(id(p) in scored)
     model.eval()
     per_image = config.definition in ("fisher", "obd")
-    squares = {id(w): torch.zeros_like(w, dtype=torch.float64) for w in weights} if per_image else {}
-    rng = np.random.default_rng(seed)
-    step = 1 if per_image else config.batch_size
+    # Per-image squared gradients, or (batched definitions) the batch-mean gradients summed over batches, as the
+    # reference accumulates them; float64 on every process so that the cross-process sum is exact up to rounding.
+    sums = [torch.zeros_like(w, dtype=torch.float64) for w in weights]
+    error: BaseException | None = None
     try:
         model.zero_grad(set_to_none=True)
-        for start in tqdm(range(0, len(images), step), desc="gradient scores", unit="step", disable=not show_progress):
-            chunk = images[start:start + step]
-            chunk_labels = None if labels is None else labels[start:start + step]
-            _batch_loss(model, spec, chunk, chunk_labels, processor, normalizer, config, input_size, rng,
-                        device).backward()
-            if per_image:
-                for w in weights:
-                    squares[id(w)] += w.grad.double() ** 2
+        try:  # a failure here must reach the other processes before they wait in the reduction
+            for first, chunk, chunk_labels in tqdm(steps, desc="gradient scores", unit="step",
+                                                   disable=not show_progress or not state.is_main_process):
+                with autocast(device, gradients=True):
+                    loss = _batch_loss(model, spec, chunk, chunk_labels, processor, normalizer, config, input_size,
+                                       first, seed, device)
+                loss.backward()
+                for total, w in zip(sums, weights):
+                    total += w.grad.double() ** 2 if per_image else w.grad.double()
                     w.grad = None
+        except Exception as exc:
+            error = exc
+        raise_if_failed_anywhere(error, state)
+        sums = reduce_sum(sums)
         if per_image:
-            stats = {key: value / len(images) for key, value in squares.items()}
+            stats = {id(w): value / num_images for w, value in zip(weights, sums)}
             if config.definition == "obd":
                 stats = {id(w): stats[id(w)] * w.detach().double() ** 2 for w in weights}
         else:
-            # Batch-mean gradients summed over batches, as the reference accumulates them.
-            total = {id(w): w.grad.double() for w in weights}
+            total = {id(w): value for w, value in zip(weights, sums)}
             if config.definition == "accumulated":
                 stats = {key: g**2 for key, g in total.items()}
             elif config.definition == "snip":

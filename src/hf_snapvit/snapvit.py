@@ -7,6 +7,9 @@
 3. an xNES search (:mod:`hf_snapvit.xnes`) over ``c`` = one factor per FFN block and one per head, where a candidate
    ranks unit ``u`` by ``score(u) · |c(u)|`` and is scored by :class:`~hf_snapvit.fitness.EmbeddingFitness`;
 4. the best candidate's scaled scores become the ranking.
+
+Under ``accelerate launch`` the gradient steps and each generation's candidates are split across processes
+(:mod:`hf_snapvit.distributed`); every process returns the same ranking, equal to the one-process ranking.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
 from .budget import layer_widths, model_shape
-from .data import MultiCropConfig, processor_inputs, split_calibration
+from .data import MultiCropConfig, processor_inputs
+from .distributed import draw_calibration, mixed_precision, on_process_device, process_state
 from .errors import SnapViTError
 from .fitness import EmbeddingFitness
 from .ranking import ElasticRanking, RankingMode
@@ -129,25 +133,45 @@ class SnapViTPruner:
         """Rank ``model`` using calibration ``data`` (PIL images, a datasets (Iterable)Dataset or a pixel tensor).
 
         ``processor`` defaults to ``AutoImageProcessor.from_pretrained(model.name_or_path)``; it is not needed when
-        ``data`` is a tensor of pixel values.
+        ``data`` is a tensor of pixel values. Under ``accelerate launch`` every process calls ``fit`` with the same
+        arguments; the work is split across them and each returns the same ranking (the model runs on the process's
+        device meanwhile). Progress bars show on the main process only.
+
+        Args:
+            model: A dense model of a supported architecture; its weights are not changed.
+            data: Calibration images (see :mod:`hf_snapvit.data`).
+            processor: The model's image processor.
+            image_column: The image column of a dataset (detected if not given).
+            show_progress: Show progress bars.
+
+        Returns:
+            The ranking, with the run's settings and search summary in its provenance.
         """
-        config = self.config
         heads_now, neurons_now = layer_widths(model)
         if len(set(heads_now)) != 1 or len(set(neurons_now)) != 1:
             raise SnapViTError("SnapViT ranks a dense model; this one is already sliced.")
+        state = process_state()
+        show_progress = show_progress and state.is_main_process
+        with on_process_device(model, state):
+            return self._fit(model, data, processor, image_column, show_progress)
+
+    def _fit(self, model: PreTrainedModel, data: Any, processor: Any, image_column: str | None,
+             show_progress: bool) -> ElasticRanking:
+        config = self.config
         timings: dict[str, float] = {}
         start = time.perf_counter()
-        split = split_calibration(data, config.num_gradient_images, config.num_fitness_images, seed=config.seed,
-                                  image_column=image_column)
-        if processor is None and not hasattr(split.fitness, "shape"):
+        gradient_images, fitness_images, calibration, _ = draw_calibration(
+            data, config.num_gradient_images, config.num_fitness_images, step_size=config.scores.step_size,
+            seed=config.seed, image_column=image_column)
+        if processor is None and not hasattr(fitness_images, "shape"):
             from transformers import AutoImageProcessor
 
             processor = AutoImageProcessor.from_pretrained(model.config._name_or_path)
-        fitness_pixels = processor_inputs(split.fitness, processor)
+        fitness_pixels = processor_inputs(fitness_images, processor)
         timings["data"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        head_scores, neuron_scores = gradient_scores(model, split.gradient, processor, config.scores,
+        head_scores, neuron_scores = gradient_scores(model, gradient_images, processor, config.scores,
                                                      seed=config.seed, show_progress=show_progress)
         timings["gradients"] = time.perf_counter() - start
 
@@ -179,7 +203,7 @@ class SnapViTPruner:
         if config.covariance == "cka":
             from .cka import cka_covariance
 
-            covariance = cka_covariance(model, fitness_pixels)
+            covariance = cka_covariance(model, fitness.pixel_values)
         search = XNES(mean, covariance=covariance, sigma=config.sigma, population_size=config.population_size,
                       seed=config.seed)
         total = config.max_generations
@@ -199,12 +223,15 @@ class SnapViTPruner:
         self.history_ = result.history
         self.timings_ = timings
         best = ranking_for(result.best_x)
-        return replace(best, provenance={
+        provenance = {
             "method": "snapvit",
             "settings": config.to_dict(),
             "seed": config.seed,
-            "calibration_data": split.description,
+            "calibration_data": calibration,
             "base_model": getattr(model.config, "_name_or_path", None) or None,
             "search": {"best_loss": result.best_fitness, "evaluations": result.evaluations,
                        "generations": result.generations},
-        })
+        }
+        if mixed_precision() != "no":  # it changes the scores; full precision leaves the record as it always was
+            provenance["mixed_precision"] = mixed_precision()
+        return replace(best, provenance=provenance)

@@ -1,0 +1,349 @@
+"""Multi-process ranking through accelerate: ``accelerate launch -m hf_snapvit prune ...`` on N processes.
+
+Every process runs the same program on the same inputs; three places split the work (paper §3 phases):
+
+* gradient scores are data-parallel: the gradient images are cut into whole gradient steps, process ``r`` takes
+  steps ``r, r + N, r + 2N, ...``, and the per-weight float64 sums are added across processes
+  (:func:`accelerate.utils.reduce`). An image's crops depend only on ``(seed, image index)``, so the sums equal the
+  one-process sums up to the order of float64 additions;
+* the candidates of each xNES generation are split across processes (``PartialState.split_between_processes``) and
+  their fitness values gathered (:func:`accelerate.utils.gather_object`), so every process holds the same fitness
+  vector and therefore the same search state;
+* a streaming ``datasets.IterableDataset`` is read once per process: the fitness images in full (every process
+  needs them), the gradient images as that process's steps only, with
+  ``datasets.distributed.split_dataset_by_node(..., strategy="examples")`` over a stream batched into steps. The
+  ``"examples"`` strategy keeps every ``N``-th element of the one-process stream; ``"auto"`` would switch to
+  assigning whole shards when ``num_shards % N == 0``, and each process would then shuffle and ``take`` inside its own
+  shards, a different sample than one process draws.
+
+Mixed precision comes from the accelerate configuration (``accelerate launch --mixed_precision bf16`` or the config
+file, or an ``Accelerator`` created before ranking) and applies to forward passes through ``torch.autocast``; scores
+are still accumulated in float64.
+
+Without a launcher there is one process and every function here reduces to the single-process computation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+import torch
+from accelerate import PartialState
+from accelerate.utils import gather_object, reduce
+
+from .errors import SnapViTError
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp16": torch.float16}
+
+
+def process_state() -> PartialState:
+    """The accelerate process state, initialising ``torch.distributed`` when the program was launched on N processes.
+
+    An ``Accelerator`` or ``PartialState`` the caller created first is reused as is. Otherwise processes run on the
+    CPU (gloo) when ``ACCELERATE_USE_CPU`` is set or no accelerator is present: ``PartialState()`` alone would treat a
+    ``--multi_gpu`` launch on a CPU-only machine as N unrelated single processes, each ranking everything.
+
+    Returns:
+        The shared :class:`accelerate.PartialState`.
+    """
+    if PartialState._shared_state:
+        return PartialState()
+    from accelerate.utils import parse_flag_from_env
+
+    cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.accelerator.is_available()
+    return PartialState(cpu=cpu)
+
+
+def mixed_precision() -> str:
+    """The configured mixed precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``.
+
+    Read from an existing ``Accelerator``'s state, else from ``ACCELERATE_MIXED_PRECISION`` (what ``accelerate launch``
+    sets from ``--mixed_precision`` or the config file). The ``AcceleratorState`` is not created here, so a caller can
+    still build its own ``Accelerator(mixed_precision=...)`` afterwards.
+    """
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import parse_choice_from_env
+
+    if "_mixed_precision" in AcceleratorState._shared_state:
+        return str(AcceleratorState().mixed_precision)
+    return parse_choice_from_env("ACCELERATE_MIXED_PRECISION", "no")
+
+
+def autocast(device: torch.device, *, gradients: bool = False) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` for the configured mixed precision (a no-op for ``"no"``).
+
+    Args:
+        device: Where the forward pass runs.
+        gradients: The forward pass feeds a backward pass. float16 then stays off: the scored gradients reach 1e-15,
+            far below float16's range, and a loss scaler would need an optimizer step to unscale; bfloat16 (and fp8,
+            which autocasts to bfloat16 as accelerate does) has float32's exponent range and is used for both.
+
+    Returns:
+        A context manager.
+    """
+    precision = mixed_precision()
+    dtype = _AUTOCAST_DTYPES.get(precision)
+    if dtype is None or (gradients and dtype == torch.float16):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def on_process_device(model: torch.nn.Module, state: PartialState | None = None) -> Iterator[torch.device]:
+    """Run ``model`` on this process's device for the duration (multi-process runs only), then move it back.
+
+    A launcher gives each process its own device (``cuda:<local rank>``); a model loaded on the CPU is moved there.
+    A single process leaves the model where the caller put it.
+
+    Yields:
+        The device the model is on inside the block.
+    """
+    state = state or process_state()
+    original = next(model.parameters()).device
+    if state.num_processes == 1 or original == state.device:
+        yield original
+        return
+    model.to(state.device)
+    try:
+        yield state.device
+    finally:
+        model.to(original)
+
+
+def local_share(items: Sequence[T], state: PartialState | None = None) -> list[T]:
+    """This process's elements of ``items``: ``items[rank::num_processes]`` (all of them for one process)."""
+    state = state or process_state()
+    return list(items[state.process_index::state.num_processes])
+
+
+def reduce_sum(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Element-wise sums of each tensor over all processes (the tensors themselves for one process).
+
+    Args:
+        tensors: Tensors of the same shapes and dtypes on every process, in the same order; the list is updated in
+            place.
+
+    Returns:
+        The sums, on every process (the same tensors for one process).
+    """
+    if process_state().num_processes == 1:
+        return tensors
+    # One tensor at a time, replacing it in the list: reduce() works on a copy, and the statistics of a large model
+    # take hundreds of MB.
+    for i, tensor in enumerate(tensors):
+        tensors[i] = reduce(tensor, reduction="sum")
+    return tensors
+
+
+def raise_if_failed_anywhere(error: BaseException | None, state: PartialState | None = None) -> None:
+    """Re-raise ``error`` here, or an error of another process, so that no process waits forever in a collective.
+
+    Every process must call it at the same point. The local exception is re-raised as itself; another process's
+    failure becomes a :class:`~hf_snapvit.errors.SnapViTError` naming that process and its message.
+    """
+    state = state or process_state()
+    if state.num_processes == 1:
+        if error is not None:
+            raise error
+        return
+    messages = gather_object([None if error is None else f"{type(error).__name__}: {error}"])
+    if error is not None:
+        raise error
+    for rank, message in enumerate(messages):
+        if message is not None:
+            raise SnapViTError(f"Process {rank} of {state.num_processes} failed: {message}")
+
+
+def map_across_processes(fn: Callable[[T], R], items: Sequence[T], state: PartialState | None = None) -> list[R]:
+    """``[fn(x) for x in items]`` with the items split across processes; every process gets the whole result.
+
+    Process ``r`` evaluates a contiguous block of ``items`` (``PartialState.split_between_processes``); the results
+    are gathered with :func:`accelerate.utils.gather_object` and put back in the order of ``items``. An exception in
+    any process is raised in all of them.
+
+    Args:
+        fn: Deterministic function of one item (every process must compute the same value for the same item).
+        items: The same sequence on every process.
+        state: The process state (default: :func:`process_state`).
+
+    Returns:
+        The results, in the order of ``items``.
+    """
+    state = state or process_state()
+    if state.num_processes == 1:
+        return [fn(x) for x in items]
+    local: list[tuple[int, R]] = []
+    error: BaseException | None = None
+    with state.split_between_processes(list(range(len(items)))) as mine:
+        try:
+            local = [(i, fn(items[i])) for i in mine]
+        except Exception as exc:  # re-raised below, after the others know
+            error = exc
+    raise_if_failed_anywhere(error, state)
+    results = dict(gather_object(local))
+    return [results[i] for i in range(len(items))]
+
+
+@dataclass(frozen=True)
+class GradientSteps:
+    """This process's share of the gradient steps of a calibration sample.
+
+    Args:
+        steps: ``(index of the step's first image in the whole sample, its images, its labels or None)``, in order.
+        num_images: Images in the whole sample, over all processes.
+        step_size: Images per gradient step (the last step of the sample may hold fewer).
+    """
+
+    steps: list[tuple[int, Any, torch.Tensor | None]]
+    num_images: int
+    step_size: int
+
+    def __len__(self) -> int:
+        return self.num_images
+
+
+def stream_steps(
+    stream: Any,
+    column: str,
+    step_size: int,
+    *,
+    label_column: str | None = None,
+    rank: int,
+    world_size: int,
+) -> list[tuple[int, list, torch.Tensor | None]]:
+    """The gradient steps of process ``rank`` from a stream of the whole sample, reading only that process's images.
+
+    The stream is grouped into steps (``IterableDataset.batch``) and split with ``split_dataset_by_node(...,
+    strategy="examples")``, so process ``rank`` gets steps ``rank, rank + world_size, ...`` of exactly the stream one
+    process reads. Image columns are read undecoded and only this process's images are decoded.
+
+    Args:
+        stream: A ``datasets.IterableDataset`` yielding the sample in order.
+        column: The image column.
+        step_size: Images per gradient step.
+        label_column: A label column to return with the images.
+        rank, world_size: This process and the number of processes.
+
+    Returns:
+        ``(index of the step's first image, RGB images, labels or None)`` per step, in order.
+    """
+    import datasets
+    from datasets.distributed import split_dataset_by_node
+
+    from .data import _to_rgb
+
+    feature = (stream.features or {}).get(column)
+    decode = isinstance(feature, datasets.Image) and feature.decode
+    if decode:  # decoding is the expensive part of reading; skip it for the other processes' images
+        stream = stream.cast_column(column, datasets.Image(mode=feature.mode, decode=False))
+    mine = split_dataset_by_node(stream.batch(step_size), rank=rank, world_size=world_size, strategy="examples")
+    steps = []
+    for j, batch in enumerate(mine):
+        if label_column is not None and label_column not in batch:
+            raise SnapViTError(
+                f"label_column={label_column!r} is not among the dataset's columns {sorted(batch)}."
+            )
+        images = [_to_rgb(feature.decode_example(x) if decode else x) for x in batch[column]]
+        labels = None if label_column is None else torch.tensor(batch[label_column])
+        steps.append(((rank + j * world_size) * step_size, images, labels))
+    return steps
+
+
+def draw_calibration(
+    data: Any,
+    num_gradient: int,
+    num_fitness: int,
+    *,
+    step_size: int,
+    seed: int = 0,
+    image_column: str | None = None,
+    label_column: str | None = None,
+    state: PartialState | None = None,
+) -> tuple[Any, Any, dict[str, Any], torch.Tensor | None]:
+    """One process's calibration sample: the gradient images (all, or this process's steps) and the fitness images.
+
+    With one process, or any source but a streaming ``IterableDataset``, every process draws the one-process sample
+    (:func:`~hf_snapvit.data.split_calibration`, or :func:`~hf_snapvit.data.sample_images` when ``num_fitness`` is
+    0) and :func:`~hf_snapvit.scoring.gradient_scores` takes its share of the steps. A stream on several processes is
+    read as :func:`stream_steps` describes; the fitness images are the same on every process. A stream too short for
+    both sets falls back to the full draw, so the sets overlap exactly as with one process.
+
+    Args:
+        data: The calibration source (see :mod:`hf_snapvit.data`).
+        num_gradient, num_fitness: Sizes of the two sets.
+        step_size: Images per gradient step (``ScoreConfig.step_size``).
+        seed: Seeds the draw.
+        image_column, label_column: As in :func:`~hf_snapvit.data.sample_images`.
+        state: The process state (default: :func:`process_state`).
+
+    Returns:
+        ``(gradient images or GradientSteps, fitness images (empty list if num_fitness is 0), description,
+        gradient labels or None)``.
+    """
+    import datasets
+
+    from .data import _to_rgb, find_image_column, sample_images, seeded_stream, split_calibration
+
+    state = state or process_state()
+    streaming = isinstance(data, datasets.IterableDataset) and state.num_processes > 1
+
+    def description(num_gradient_drawn: int, num_fitness_drawn: int) -> dict[str, Any]:
+        return {
+            "source": type(data).__name__,
+            "name": getattr(getattr(data, "info", None), "dataset_name", None),
+            "num_gradient": num_gradient_drawn,
+            "num_fitness": num_fitness_drawn,
+            "seed": seed,
+            "image_column": image_column,
+            "label_column": label_column,
+        }
+
+    def full_draw() -> tuple[Any, Any, dict[str, Any], torch.Tensor | None]:
+        if num_fitness == 0:
+            images, labels = sample_images(data, num_gradient, seed=seed, image_column=image_column,
+                                           label_column=label_column)
+            return images, [], description(len(images), 0), labels
+        split = split_calibration(data, num_gradient, num_fitness, seed=seed, image_column=image_column,
+                                  label_column=label_column)
+        return split.gradient, split.fitness, split.description, split.gradient_labels
+
+    if not streaming:
+        return full_draw()
+
+    column = image_column or find_image_column(list(data.features or {}) or data.column_names or [], data.features)
+    stream = seeded_stream(data, num_gradient + num_fitness, seed)
+    fitness = [_to_rgb(example[column]) for example in stream.skip(num_gradient)] if num_fitness else []
+    if len(fitness) < num_fitness:  # a small source: the sets overlap, as one process draws them
+        return full_draw()
+    steps, error = [], None
+    try:  # a bad label column or a corrupt image may show up in one process's share only
+        steps = stream_steps(stream.take(num_gradient), column, step_size, label_column=label_column,
+                             rank=state.process_index, world_size=state.num_processes)
+    except Exception as exc:
+        error = exc
+    raise_if_failed_anywhere(error, state)
+    total = sum(gather_object([sum(len(images) for _, images, _ in steps)]))
+    if total == 0:
+        raise SnapViTError("The calibration data is empty; give at least one image.")
+    gradient = GradientSteps(steps, total, step_size)
+    return gradient, fitness, description(total, len(fitness)), None
+
+
+__all__ = [
+    "GradientSteps",
+    "autocast",
+    "draw_calibration",
+    "local_share",
+    "map_across_processes",
+    "mixed_precision",
+    "on_process_device",
+    "process_state",
+    "raise_if_failed_anywhere",
+    "reduce_sum",
+    "stream_steps",
+]
