@@ -7,13 +7,15 @@ transformer means registering one spec with :func:`register_architecture`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
+import torch
 import torch.nn as nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .errors import UnsupportedArchitectureError
+from .errors import SnapViTError, UnsupportedArchitectureError
 
 EmbeddingKind = Literal["cls", "pooled", "cls_dist_mean"]
 
@@ -54,6 +56,8 @@ class ArchitectureSpec:
         extra_tokens: Number of non-patch tokens (CLS, distillation, registers) given the config; used for GFLOPs.
         num_patches: Number of patch tokens given the config; used for GFLOPs.
         head_count_attrs: Attention-module attributes that hold the number of heads; slicing updates every one present.
+        patch_inputs: The backbone takes flattened patch sequences with a mask and the patch grid (SigLIP2's
+            variable-resolution inputs) instead of ``[B, C, H, W]`` images; :func:`image_embedding` patchifies images.
     """
 
     model_type: str
@@ -73,6 +77,7 @@ class ArchitectureSpec:
         default=lambda config: (config.image_size // config.patch_size) ** 2
     )
     head_count_attrs: tuple[str, ...] = ("num_heads", "num_attention_heads")
+    patch_inputs: bool = False
 
 
 _REGISTRY: dict[str, ArchitectureSpec] = {}
@@ -217,7 +222,13 @@ for _spec in (
         extra_tokens=lambda config: 1 + config.num_register_tokens,
     ),
     _clip_like("siglip_vision_model", embedding="pooled", extra_tokens=lambda config: 0),
-    _clip_like("siglip2_vision_model", embedding="pooled", extra_tokens=lambda config: 0, num_patches=lambda c: c.num_patches),
+    _clip_like(
+        "siglip2_vision_model",
+        embedding="pooled",
+        extra_tokens=lambda config: 0,
+        num_patches=lambda c: c.num_patches,
+        patch_inputs=True,
+    ),
     _clip_like("clip_vision_model", embedding="pooled"),  # pooler_output is the post-layernorm CLS token
     # *ForImageClassification of the dual-tower families: only the vision tower is pruned.
     _clip_like(
@@ -233,6 +244,7 @@ for _spec in (
         embedding="pooled",
         extra_tokens=lambda config: 0,
         num_patches=lambda c: _vision_tower(c).num_patches,
+        patch_inputs=True,
     ),
     _clip_like(
         "clip",
@@ -244,10 +256,53 @@ for _spec in (
     register_architecture(_spec)
 
 
+def input_size(config: PretrainedConfig) -> int:
+    """Side in pixels of the square images the model was configured for (SigLIP2: its default patch grid)."""
+    vision = _vision_tower(config)
+    size = getattr(vision, "image_size", None)
+    if size is None:
+        size = math.isqrt(int(vision.num_patches)) * int(vision.patch_size)
+    return int(size[0] if isinstance(size, (tuple, list)) else size)
+
+
+def patchify(pixel_values: torch.Tensor, patch_size: int) -> dict[str, torch.Tensor]:
+    """``[B, C, H, W]`` images as SigLIP2 inputs: patches flattened row-major, each as ``(p, p, C)`` values (the order
+    of ``Siglip2ImageProcessor``), with an all-ones mask and the patch grid."""
+    b, c, h, w = pixel_values.shape
+    if h % patch_size or w % patch_size:
+        raise SnapViTError(
+            f"Images of {h}x{w} px cannot be cut into {patch_size}-px patches; use a crop size that is a multiple of "
+            f"{patch_size}."
+        )
+    rows, cols = h // patch_size, w // patch_size
+    patches = pixel_values.reshape(b, c, rows, patch_size, cols, patch_size).permute(0, 2, 4, 3, 5, 1)
+    return {
+        "pixel_values": patches.reshape(b, rows * cols, patch_size * patch_size * c),
+        "pixel_attention_mask": torch.ones(b, rows * cols, dtype=torch.long, device=pixel_values.device),
+        "spatial_shapes": torch.tensor([[rows, cols]] * b, dtype=torch.long, device=pixel_values.device),
+    }
+
+
+def unpatchify(patches: torch.Tensor, patch_size: int, spatial_shapes: torch.Tensor | None = None) -> torch.Tensor:
+    """The inverse of :func:`patchify`: ``[B, rows·cols, p·p·C]`` patches of one grid (square by default) as
+    ``[B, C, H, W]`` images."""
+    b, n, d = patches.shape
+    rows, cols = (math.isqrt(n), math.isqrt(n)) if spatial_shapes is None else map(int, spatial_shapes[0])
+    if rows * cols != n or (spatial_shapes is not None and bool((spatial_shapes != spatial_shapes[0]).any())):
+        raise SnapViTError(
+            f"Cannot turn {n} patches into one image grid; give images of one square size (got grids "
+            f"{None if spatial_shapes is None else spatial_shapes.tolist()})."
+        )
+    c = d // (patch_size * patch_size)
+    grid = patches.reshape(b, rows, cols, patch_size, patch_size, c).permute(0, 5, 1, 3, 2, 4)
+    return grid.reshape(b, c, rows * patch_size, cols * patch_size)
+
+
 def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None):
     """The ``[B, D]`` embedding that represents each image, computed by the backbone (task heads are skipped).
 
     Crops smaller or larger than the configured image size are embedded with interpolated position embeddings.
+    Backbones that take patch sequences (SigLIP2) accept ``[B, C, H, W]`` images too: they are patchified here.
     """
     import inspect
 
@@ -255,7 +310,10 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
     backbone = get_backbone(model, spec)
     kwargs = dict(inputs)
     pixels = kwargs.get("pixel_values")
-    size = getattr(_vision_tower(model.config), "image_size", None)
+    vision = _vision_tower(model.config)
+    if spec.patch_inputs and pixels is not None and pixels.ndim == 4:
+        kwargs.update(patchify(pixels, int(vision.patch_size)))
+    size = getattr(vision, "image_size", None)
     if pixels is not None and pixels.ndim == 4 and size is not None and pixels.shape[-1] != size:
         if "interpolate_pos_encoding" in inspect.signature(backbone.forward).parameters:
             kwargs["interpolate_pos_encoding"] = True
