@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable
+
+# Before transformers and huggingface_hub are imported: they read these settings once, at import time.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable  # noqa: E402
 
 import pytest
 import torch
 import transformers
 from transformers.utils import logging
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 logging.set_verbosity_error()
 logging.disable_progress_bar()
 

@@ -24,3 +24,24 @@ def test_load_any_size_example(tmp_path):
     assert "5.56 M params" in lines[0] and "2.511 GFLOPs" in lines[0]
     assert (tmp_path / "elastic" / "config.json").exists()
     assert (tmp_path / "elastic" / "preprocessor_config.json").exists()
+
+
+@requires_shared("models", "vit-tiny-tinyimagenet")
+def test_prune_and_push_example(tmp_path):
+    import hf_snapvit
+
+    output = tmp_path / "vit-tiny-elastic"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "prune_and_push.py"), "--method", "magnitude", "--num-eval", "20",
+         "--output", str(output), "--sparsities", "0.1", "0.3", "0.5"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    loads = [line for line in result.stdout.splitlines() if line.startswith("sparsity")]
+    assert len(loads) == 3
+    small = hf_snapvit.ElasticViTModel.from_pretrained(output, sparsity=0.3)
+    assert f"{hf_snapvit.backbone_parameters(small) / 1e6:.2f} M backbone params" in loads[1]
+    assert f"{hf_snapvit.estimate_gflops(small):.3f} GFLOPs" in loads[1]
+    assert "top-1" in loads[1] and "on 20 validation images" in loads[1]
+    assert (tmp_path / "vit-tiny-elastic-allocation.png").read_bytes()[:4] == b"\x89PNG"
+    assert (output / "preprocessor_config.json").exists()

@@ -2,15 +2,19 @@
 
 Accepted sources: an iterable of PIL images, a ``datasets.Dataset`` or streaming ``IterableDataset`` with an image
 column, or a tensor of already preprocessed pixel values ``[N, C, H, W]``. Every draw is seeded and deterministic.
+:func:`load_image_dataset` turns a Hub dataset id, a parquet file or folder, or an image folder into such a dataset.
 Preprocessing always uses the model's own image processor (its resize, rescale and normalisation), so a model
 trained with mean = std = 0.5 is never fed ImageNet statistics.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -18,6 +22,8 @@ import torch
 from PIL import Image
 
 from .errors import SnapViTError
+
+logger = logging.getLogger(__name__)
 
 ImageSource = Any  # Iterable[PIL.Image] | datasets.Dataset | datasets.IterableDataset | torch.Tensor
 
@@ -42,6 +48,10 @@ def find_image_column(column_names: Sequence[str], features: Any = None) -> str:
 def _to_rgb(image: Any) -> Image.Image:
     if isinstance(image, Image.Image):
         return image.convert("RGB")
+    if isinstance(image, dict):  # an undecoded datasets.Image value {"bytes", "path"} (see load_image_dataset)
+        import datasets
+
+        return datasets.Image().decode_example(image).convert("RGB")
     if isinstance(image, np.ndarray):
         return Image.fromarray(image).convert("RGB")
     raise SnapViTError(f"Expected a PIL image, got {type(image).__name__}.")
@@ -82,7 +92,7 @@ def sample_images(
     elif datasets is not None and isinstance(data, datasets.IterableDataset):
         column = image_column or find_image_column(list(data.features or {}) or data.column_names or [],
                                                    data.features)
-        stream = list(data.shuffle(seed=seed, buffer_size=max(1000, num_samples)).take(num_samples))
+        stream = list(seeded_stream(data, num_samples, seed))
         images = [_to_rgb(example[column]) for example in stream]
         labels = None if label_column is None else torch.tensor([example[label_column] for example in stream])
     elif isinstance(data, Sequence):
@@ -102,6 +112,14 @@ def sample_images(
             "datasets Dataset with a label column."
         )
     return images, labels
+
+
+def seeded_stream(data: Any, num_samples: int, seed: int) -> Any:
+    """The seeded sample of a streaming ``IterableDataset``: a shuffle buffer, then the first ``num_samples``.
+
+    Every process of a multi-process run rebuilds this same stream (see :mod:`hf_snapvit.distributed`).
+    """
+    return data.shuffle(seed=seed, buffer_size=max(1000, num_samples)).take(num_samples)
 
 
 def _labels(dataset: Any, label_column: str | None) -> torch.Tensor | None:
@@ -195,6 +213,20 @@ def processor_inputs(images: list[Image.Image] | torch.Tensor, processor: Any, b
     """Eval-transform pixel values ``[N, C, H, W]`` via the processor (tensors pass through unchanged)."""
     if isinstance(images, torch.Tensor):
         return images.float()
+    patch_size = getattr(processor, "patch_size", None)
+    max_patches = getattr(processor, "max_num_patches", None)
+    if patch_size and max_patches:
+        # Patch-sequence processors (SigLIP2) keep each image's aspect ratio, so a batch mixes patch grids; square
+        # images of the default grid all give the same grid, which is then stored as ordinary [C, H, W] images.
+        from .architectures import unpatchify
+
+        side = math.isqrt(int(max_patches)) * int(patch_size)
+        square = [_to_rgb(image).resize((side, side), Image.BICUBIC) for image in images]
+        chunks = []
+        for i in range(0, len(square), batch_size):
+            out = processor(images=square[i:i + batch_size], return_tensors="pt")
+            chunks.append(unpatchify(out["pixel_values"], int(patch_size), out.get("spatial_shapes")))
+        return torch.cat(chunks)
     chunks = [
         processor(images=images[i:i + batch_size], return_tensors="pt")["pixel_values"]
         for i in range(0, len(images), batch_size)
@@ -271,3 +303,220 @@ def multi_crops(
             batch = normalizer(batch.flatten(0, 1)).view(b, v, *batch.shape[2:])
         out.append(batch)
     return out[0], out[1]
+
+
+# ----------------------------------------------------------------------------------------------- dataset sources
+
+#: Default shuffle buffer of :func:`load_image_dataset`, in examples. It holds encoded image bytes (about 20 MB for
+#: 64-px JPEGs, about 1 GB for ImageNet-size ones): large enough to mix a class-sorted calibration file of this size.
+DEFAULT_SHUFFLE_BUFFER = 10_000
+
+_FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow"}
+_PATH_SUFFIXES = (".parquet", ".arrow", ".jpg", ".jpeg", ".png", ".webp", ".zip", ".tar", ".csv", ".json", ".jsonl")
+
+
+class _ValidImages:
+    """A ``filter`` function: decodes each image once and drops, logs and counts the ones that cannot be decoded."""
+
+    def __init__(self, column: str, source: str) -> None:
+        import datasets
+
+        self.column = column
+        self.source = source
+        self.checked = 0
+        self.skipped = 0
+        self._decoder = datasets.Image()
+
+    def __call__(self, example: dict[str, Any]) -> bool:
+        value = example[self.column]
+        self.checked += 1
+        try:
+            if value is None:
+                raise ValueError("the image is missing")
+            if not isinstance(self._decoder.decode_example(value), Image.Image):
+                raise ValueError(f"expected an image, got {type(value).__name__}")
+            return True
+        # PIL raises many types for bad files (UnidentifiedImageError, OSError for truncated data, SyntaxError,
+        # DecompressionBombError, ...); any failure to decode means the image is unusable.
+        except Exception as error:
+            self.skipped += 1
+            where = value.get("path") if isinstance(value, dict) else None
+            logger.warning("Skipping corrupt image %s of %s (%d skipped so far): %s",
+                           where or f"#{self.checked}", self.source, self.skipped, error)
+            return False
+
+
+def _looks_like_path(source: str) -> bool:
+    """A string meant as a local path rather than a Hub id (``name`` or ``org/name``)."""
+    return (source.startswith((".", "/", "~", "\\")) or source.count("/") > 1 or "\\" in source
+            or (len(source) > 1 and source[1] == ":") or source.lower().endswith(_PATH_SUFFIXES))
+
+
+def _display_name(source: str | os.PathLike) -> str:
+    """The dataset's name for provenance: a Hub id as is, a local path by its last component only (a published
+    ``config.json`` should not carry the user's directory layout)."""
+    path = Path(source).expanduser()
+    return path.name if path.exists() else str(source)
+
+
+def _load_raw(source: str | os.PathLike, split: str, streaming: bool, revision: str | None,
+              token: str | bool | None) -> Any:
+    import datasets
+
+    path = Path(source).expanduser()
+    kwargs: dict[str, Any] = {"split": split, "streaming": streaming}
+    if path.is_file():
+        builder = _FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise SnapViTError(
+                f"Cannot read {str(source)!r} as a dataset: a single file must be .parquet or .arrow. For images, "
+                "give the folder that holds them (one sub-folder per class is read as labels), or a Hub dataset id."
+            )
+        args: tuple[str, ...] = (builder,)
+        kwargs["data_files"] = {split: str(path)}
+    elif path.is_dir():
+        args = (str(path),)  # datasets infers parquet / arrow / imagefolder and the splits from the file names
+    elif _looks_like_path(str(source)):
+        raise SnapViTError(
+            f"No such file or folder: {str(source)!r}. Give a .parquet file, a folder of parquet files or images, "
+            "or a Hub dataset id such as 'user/name'."
+        )
+    else:
+        args = (str(source),)
+        kwargs.update(revision=revision, token=token)
+    try:
+        return datasets.load_dataset(*args, **kwargs)
+    except (ConnectionError, FileNotFoundError) as error:  # also datasets' DatasetNotFoundError
+        raise SnapViTError(
+            f"Cannot load the dataset {str(source)!r}: {error}. It is not a local file or folder, so it was looked up "
+            "on the Hub; check the id, the network, the token for gated datasets, and that HF_HUB_OFFLINE is unset."
+        ) from error
+    except ValueError as error:  # e.g. 'Unknown split "test". Should be one of [...]', or no data files
+        raise SnapViTError(f"Cannot load split {split!r} of {str(source)!r}: {error}") from error
+
+
+def _check_image_feature(column: str, feature: Any, columns: list[str]) -> None:
+    import datasets
+
+    is_image = isinstance(feature, datasets.Image)
+    is_path = isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+    is_struct = isinstance(feature, dict) and set(feature) == {"bytes", "path"}
+    if not (is_image or is_path or is_struct):
+        raise SnapViTError(
+            f"Column {column!r} holds {feature}, not images. Choose the image column among {columns} with "
+            "image_column=... (--image-column)."
+        )
+
+
+def load_image_dataset(
+    source: str | os.PathLike,
+    *,
+    split: str = "train",
+    image_column: str | None = None,
+    label_column: str | None = None,
+    num_samples: int | None = None,
+    streaming: bool = True,
+    seed: int = 0,
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    show_progress: bool = True,
+) -> Any:
+    """Open calibration images from a Hub dataset, a parquet file or folder, or an image folder, shuffled with a seed.
+
+    The source is read with ``datasets.load_dataset(..., streaming=True)``: a ``.parquet`` (or ``.arrow``) file
+    through the ``parquet`` (``arrow``) builder, a folder through the builder datasets infers from its files
+    (``parquet``, or ``imagefolder`` for images, with sub-folder names as labels), anything else as a Hub dataset id.
+    Only the image column (and ``label_column``) is kept. The stream is shuffled with a seeded buffer
+    (``IterableDataset.shuffle(seed, buffer_size)``), so the same arguments give the same images in the same order,
+    in every process of a multi-process run.
+
+    Images that cannot be decoded are skipped, each logged with a running count. To make that possible the image
+    column stays undecoded (``datasets.Image(decode=False)``: each value is ``{"bytes", "path"}``); hf_snapvit's
+    samplers decode it, and ``dataset.cast_column(column, datasets.Image())`` gives PIL images on a ``Dataset``.
+
+    Args:
+        source: A Hub dataset id (``"user/name"``), a ``.parquet``/``.arrow`` file, or a folder of parquet files or
+            of images.
+        split: The split to read; a single file is read as this split.
+        image_column: The image column; default: the first ``datasets.Image`` column, else one named ``image``,
+            ``img``, ``images`` or ``pixel_values``.
+        label_column: A label column to keep (for label-based methods such as ``taylor-ce``).
+        num_samples: Read exactly this many valid images into memory (a ``datasets.Dataset``), failing if the
+            source has fewer; default: return the lazy stream.
+        streaming: ``False`` downloads and prepares the whole split first (datasets' cache), then shuffles it
+            exactly instead of through a buffer.
+        seed: Seed of the shuffle.
+        shuffle_buffer: Examples held by the shuffle buffer (encoded bytes, not decoded images).
+        revision, token: For Hub datasets (a branch, tag or commit; a token for gated or private ones).
+        show_progress: Show a progress bar while reading ``num_samples`` images.
+
+    Returns:
+        A ``datasets.IterableDataset`` over the valid images in seeded order, or, with ``num_samples``, an in-memory
+        ``datasets.Dataset`` of the first ``num_samples`` of them. Both can be passed as ``data`` to
+        :func:`hf_snapvit.rank` and :class:`~hf_snapvit.SnapViTPruner`.
+
+    Raises:
+        SnapViTError: The source cannot be read, the split does not exist, no image column is found (the message
+            lists the columns), or fewer than ``num_samples`` valid images remain.
+
+    Example:
+        >>> data = load_image_dataset("train.parquet", num_samples=256)  # doctest: +SKIP
+        >>> ranking = hf_snapvit.rank(model, method="snapvit", data=data, preset="fast")  # doctest: +SKIP
+    """
+    import datasets
+    from huggingface_hub.utils import tqdm
+
+    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
+                                    or num_samples < 1):
+        raise SnapViTError(f"num_samples={num_samples!r} must be a positive integer (or None for the whole stream).")
+    if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 1:
+        raise SnapViTError(f"shuffle_buffer={shuffle_buffer!r} must be a positive integer.")
+    name = _display_name(source)
+    raw = _load_raw(source, split, streaming, revision, token)
+    if raw.features is None:
+        raise SnapViTError(
+            f"datasets cannot tell the columns of {str(source)!r} without reading it; store the images as parquet "
+            "(datasets.Dataset.to_parquet) or as an image folder."
+        )
+    features = raw.features
+    columns = list(features)
+    if image_column is None:
+        image_column = find_image_column(columns, features)
+    elif image_column not in columns:
+        raise SnapViTError(f"image_column={image_column!r} is not among the dataset's columns {columns}.")
+    _check_image_feature(image_column, features[image_column], columns)
+    if label_column is not None and label_column not in columns:
+        raise SnapViTError(f"label_column={label_column!r} is not among the dataset's columns {columns}.")
+    keep = [image_column] + ([label_column] if label_column not in (None, image_column) else [])
+
+    data = raw.select_columns(keep).cast_column(image_column, datasets.Image(decode=False))
+    if streaming:
+        # Interleaving shards into the buffer only helps with several; with parquet it also costs a fixed 5 s sleep
+        # when the stream closes (datasets' workaround for apache/arrow#45214), so a single file does without it.
+        data = data.shuffle(seed=seed, buffer_size=shuffle_buffer, max_buffer_input_shards=min(10, data.num_shards))
+    else:  # the whole split is on disk: an exact permutation, then the same lazy path as a stream
+        data = data.shuffle(seed=seed).to_iterable_dataset()
+    check = _ValidImages(image_column, name)
+    valid = data.filter(check)
+    if num_samples is None:
+        return valid
+
+    rows: list[dict[str, Any]] = []
+    with tqdm(total=num_samples, desc="Reading calibration images", unit="img", disable=not show_progress) as bar:
+        for example in valid.take(num_samples):
+            rows.append(example)
+            bar.update(1)
+    if len(rows) < num_samples:
+        raise SnapViTError(
+            f"{name!r} (split {split!r}) has only {len(rows)} valid images, but num_samples={num_samples} were asked "
+            f"for ({check.skipped} corrupt images skipped). Ask for at most {len(rows)} (--num-samples) or add images."
+        )
+    logger.info("Read %d images from %s (split %r, seed %d); skipped %d corrupt images.",
+                len(rows), name, split, seed, check.skipped)
+    info = datasets.DatasetInfo(
+        dataset_name=name,
+        description=f"{num_samples} images of split {split!r}, shuffled with seed {seed}",
+        features=valid.features,
+    )
+    return datasets.Dataset.from_list(rows, info=info, split=datasets.NamedSplit(split))
