@@ -72,6 +72,8 @@ def save_elastic(
     save_directory: str | os.PathLike,
     *,
     image_processor: Any = None,
+    push_to_hub: bool = False,
+    repo_id: str | None = None,
     **save_kwargs: Any,
 ) -> ElasticRanking:
     """Write the elastic checkpoint of ``model``: its weights permuted into rank order plus the ranking.
@@ -85,11 +87,23 @@ def save_elastic(
         save_directory: Destination folder (created if needed).
         image_processor: Saved alongside when given (e.g. ``AutoImageProcessor.from_pretrained(base)``), so
             pipelines can load the checkpoint by path alone.
-        **save_kwargs: Passed to ``model.save_pretrained`` (``max_shard_size``, ``push_to_hub``, ...).
+        push_to_hub: Then upload the folder, with a generated model card, in one commit
+            (:func:`hf_snapvit.push_to_hub`). A missing token fails before anything is written.
+        repo_id: The Hub repository to upload to; default: the name of ``save_directory``.
+        **save_kwargs: ``private``, ``token``, ``revision``, ``create_pr``, ``commit_message``, ``model_card``,
+            ``base_model``, ``evaluations``, ... go to :func:`hf_snapvit.push_to_hub`; the rest to
+            ``model.save_pretrained`` (``max_shard_size``, ...).
 
     Returns:
         The ranking as stored (in rank order), i.e. what ``ElasticViTModel.from_pretrained`` will resolve budgets with.
     """
+    from .hub import HUB_UPLOAD_KWARGS, resolve_token  # lazy: the Hub module imports the card and plotting
+
+    hub_kwargs = {k: save_kwargs.pop(k) for k in HUB_UPLOAD_KWARGS if k in save_kwargs}
+    if hub_kwargs and not push_to_hub:
+        raise TypeError(f"save_elastic got {sorted(hub_kwargs)}, which are only used with push_to_hub=True.")
+    if push_to_hub:
+        hub_kwargs["token"] = resolve_token(hub_kwargs.get("token"))
     ranking.check_matches(model_shape(model))
     if getattr(model.config, "elastic_layout", None):
         raise SnapViTError(
@@ -113,6 +127,10 @@ def save_elastic(
             del model.config.elastic_ranking
         else:
             model.config.elastic_ranking = previous
+    if push_to_hub:
+        from .hub import push_to_hub as upload
+
+        upload(save_directory, repo_id or Path(save_directory).absolute().name, **hub_kwargs)
     return ElasticRanking.from_dict(data)
 
 

@@ -1,0 +1,236 @@
+"""Hub uploads, checked at the HfApi boundary (the Hub is unreachable here): exactly what one commit would contain."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl, constants
+from huggingface_hub.errors import EntryNotFoundError
+
+import hf_snapvit
+from hf_snapvit.budget import layer_widths
+from hf_snapvit.hub import HubUploadError, push_to_hub
+from hf_snapvit.model_card import GENERATED_MARKER, HEATMAP_FILENAME
+
+from conftest import output_of
+
+TOKEN = "hf_test_token"
+
+
+class FakeHub:
+    """Records the calls HfApi would send to the Hub; ``commits`` holds each commit's files as bytes."""
+
+    def __init__(self) -> None:
+        self.repos: list[dict] = []
+        self.branches: list[dict] = []
+        self.commits: list[dict] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        hub = self
+
+        def create_repo(self, repo_id, *, token=None, private=None, exist_ok=False, **kwargs):
+            hub.repos.append(dict(repo_id=repo_id, token=token, private=private, exist_ok=exist_ok, **kwargs))
+            # The Hub puts a bare name into the token owner's namespace.
+            return RepoUrl(f"https://huggingface.co/{repo_id if '/' in repo_id else 'me/' + repo_id}")
+
+        def create_branch(self, repo_id, *, branch, token=None, exist_ok=False, **kwargs):
+            hub.branches.append(dict(repo_id=repo_id, branch=branch, token=token, exist_ok=exist_ok))
+
+        def create_commit(self, repo_id, operations, *, commit_message, token=None, revision=None, create_pr=None,
+                          **kwargs):
+            files = {}
+            for op in operations:
+                with op.as_file() as handle:
+                    files[op.path_in_repo] = handle.read()
+            hub.commits.append(dict(repo_id=repo_id, files=files, commit_message=commit_message, token=token,
+                                    revision=revision, create_pr=create_pr, **kwargs))
+            return CommitInfo(commit_url=f"https://huggingface.co/{repo_id}/commit/abc", commit_message=commit_message,
+                              commit_description="", oid="abc", pr_url=None)
+
+        monkeypatch.setattr(HfApi, "create_repo", create_repo)
+        monkeypatch.setattr(HfApi, "create_branch", create_branch)
+        monkeypatch.setattr(HfApi, "create_commit", create_commit)
+
+    def only_commit(self) -> dict:
+        assert len(self.commits) == 1, f"expected one commit, got {len(self.commits)}"
+        return self.commits[0]
+
+
+@pytest.fixture
+def hub(monkeypatch) -> FakeHub:
+    fake = FakeHub()
+    fake.install(monkeypatch)
+    return fake
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+                                    image_size=32, patch_size=8, num_labels=5)
+    model = transformers.ViTForImageClassification(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+    ranking = hf_snapvit.rank(model, method="magnitude")
+    return model, processor, ranking
+
+
+@pytest.fixture
+def elastic_dir(tiny, tmp_path) -> Path:
+    model, processor, ranking = tiny
+    folder = tmp_path / "elastic"
+    hf_snapvit.save_elastic(model, ranking, folder, image_processor=processor)
+    return folder
+
+
+def pixels(batch: int = 2) -> dict:
+    return {"pixel_values": torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(1))}
+
+
+def materialise(files: dict[str, bytes], folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def test_folder_upload_is_one_commit_with_weights_config_processor_and_card(tiny, elastic_dir, hub, tmp_path):
+    model, _, ranking = tiny
+    info = push_to_hub(elastic_dir, "me/vit-elastic", private=True, token=TOKEN, revision="v1",
+                       commit_message="first upload")
+    assert hub.repos == [dict(repo_id="me/vit-elastic", token=TOKEN, private=True, exist_ok=True)]
+    assert hub.branches == [dict(repo_id="me/vit-elastic", branch="v1", token=TOKEN, exist_ok=True)]
+    commit = hub.only_commit()
+    assert (commit["repo_id"], commit["token"], commit["revision"], commit["create_pr"], commit["commit_message"]) \
+        == ("me/vit-elastic", TOKEN, "v1", False, "first upload")
+    assert set(commit["files"]) == {"config.json", "model.safetensors", "preprocessor_config.json", "README.md",
+                                    HEATMAP_FILENAME}
+    assert info.commit_url.endswith("/commit/abc")
+
+    # What was committed is the checkpoint: its ranking parses and resolves budgets as the saved one does.
+    stored = ElasticRankingFrom(commit["files"]["config.json"])
+    for sparsity in (0.1, 0.3, 0.5):
+        assert stored.keep_counts(sparsity).heads == ranking.keep_counts(sparsity).heads
+        assert stored.keep_counts(sparsity).neurons == ranking.keep_counts(sparsity).neurons
+    # ... and its weights load: dense through stock transformers (equal to the original model), sliced through us.
+    uploaded = materialise(commit["files"], tmp_path / "uploaded")
+    dense = transformers.AutoModelForImageClassification.from_pretrained(uploaded).eval()
+    torch.testing.assert_close(output_of(dense, pixels()), output_of(model, pixels()), atol=1e-5, rtol=1e-4)
+    small = hf_snapvit.ElasticViTModel.from_pretrained(uploaded, sparsity=0.3)
+    reference = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.3)
+    torch.testing.assert_close(output_of(small, pixels()), output_of(reference, pixels()))
+    assert transformers.AutoImageProcessor.from_pretrained(uploaded).size == {"height": 32, "width": 32}
+
+    card = ModelCard(commit["files"]["README.md"].decode())
+    assert card.data.library_name == "transformers"
+    assert {"pruning", "elastic", "hf_snapvit", "vision-transformer"} <= set(card.data.tags)
+    assert card.data.pipeline_tag == "image-classification"
+    assert f"({HEATMAP_FILENAME})" in card.text
+    assert commit["files"][HEATMAP_FILENAME].startswith(b"\x89PNG")
+
+
+def ElasticRankingFrom(config_bytes: bytes) -> hf_snapvit.ElasticRanking:
+    return hf_snapvit.ElasticRanking.from_dict(json.loads(config_bytes)["elastic_ranking"])
+
+
+def test_save_elastic_push_writes_locally_then_commits_once(tiny, hub, tmp_path):
+    model, processor, ranking = tiny
+    folder = tmp_path / "vit-tiny-elastic"
+    stored = hf_snapvit.save_elastic(model, ranking, folder, image_processor=processor, push_to_hub=True,
+                                     token=TOKEN, create_pr=True, base_model="google/vit-base-patch16-224")
+    assert (folder / "config.json").is_file() and not (folder / "README.md").exists()
+    assert hub.repos[0]["repo_id"] == "vit-tiny-elastic"  # default repo name: the folder's, as in transformers
+    assert hub.branches == []  # a pull request needs no branch
+    commit = hub.only_commit()
+    assert commit["repo_id"] == "me/vit-tiny-elastic"
+    assert commit["create_pr"] is True and commit["revision"] is None
+    assert commit["files"]["config.json"] == (folder / "config.json").read_bytes()
+    assert commit["files"]["model.safetensors"] == (folder / "model.safetensors").read_bytes()
+    uploaded = ElasticRankingFrom(commit["files"]["config.json"])
+    np.testing.assert_allclose(uploaded.head_scores, stored.head_scores)
+    card = ModelCard(commit["files"]["README.md"].decode())
+    assert card.data.base_model == "google/vit-base-patch16-224"
+
+
+def test_sliced_model_uploads_with_card_through_elasticvitmodel(elastic_dir, hub, tmp_path):
+    small = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.4)
+    processor = transformers.AutoImageProcessor.from_pretrained(elastic_dir)
+    hf_snapvit.ElasticViTModel.push_to_hub(small, "me/vit-small", token=TOKEN, image_processor=processor)
+    commit = hub.only_commit()
+    assert {"config.json", "model.safetensors", "preprocessor_config.json", "README.md"} <= set(commit["files"])
+    assert commit["commit_message"] == "Upload sliced checkpoint with hf_snapvit"
+    config = json.loads(commit["files"]["config.json"])
+    assert config["elastic_layout"]["num_heads"] == layer_widths(small)[0]
+    reloaded = hf_snapvit.ElasticViTModel.from_pretrained(materialise(commit["files"], tmp_path / "up"))
+    assert layer_widths(reloaded) == layer_widths(small)
+    torch.testing.assert_close(output_of(reloaded, pixels()), output_of(small, pixels()))
+    text = commit["files"]["README.md"].decode()
+    assert "(this checkpoint)" in text and 'ElasticViTModel.from_pretrained("me/vit-small")' in text
+
+
+def test_stock_push_to_hub_of_a_sliced_model_commits_a_loadable_checkpoint(elastic_dir, hub, monkeypatch, tmp_path):
+    def no_remote_card(*args, **kwargs):  # the repo is new: the Hub has no README yet
+        raise EntryNotFoundError("README.md")
+
+    monkeypatch.setattr(ModelCard, "load", no_remote_card)
+    small = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.3)
+    small.push_to_hub("me/stock", token=TOKEN)
+    files = hub.only_commit()["files"]
+    reloaded = hf_snapvit.ElasticViTModel.from_pretrained(materialise(files, tmp_path / "stock"))
+    torch.testing.assert_close(output_of(reloaded, pixels()), output_of(small, pixels()))
+
+
+def test_missing_token_fails_clearly_before_writing(tiny, hub, monkeypatch, tmp_path):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    model, processor, ranking = tiny
+    folder = tmp_path / "never-written"
+    with pytest.raises(HubUploadError, match="hf auth login.*HF_TOKEN") as error:
+        hf_snapvit.save_elastic(model, ranking, folder, push_to_hub=True, repo_id="me/x")
+    assert isinstance(error.value, hf_snapvit.SnapViTError)
+    assert "huggingface-cli login" in str(error.value)
+    assert not folder.exists() and hub.repos == [] and hub.commits == []
+
+
+def test_token_from_environment_is_used(elastic_dir, hub, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_from_env")
+    push_to_hub(elastic_dir, "me/env")
+    assert hub.only_commit()["token"] == "hf_from_env"
+
+
+def test_bad_inputs_name_the_fix(tiny, elastic_dir, hub, tmp_path):
+    model, processor, ranking = tiny
+    with pytest.raises(HubUploadError, match="neither elastic nor sliced.*save_elastic"):
+        push_to_hub(model, "me/plain", token=TOKEN)
+    with pytest.raises(HubUploadError, match="no config.json"):
+        push_to_hub(tmp_path, "me/empty", token=TOKEN)
+    with pytest.raises(HubUploadError, match="not a valid Hub repository id"):
+        push_to_hub(elastic_dir, "not a/valid/id", token=TOKEN)
+    with pytest.raises(TypeError, match="only used with push_to_hub=True"):
+        hf_snapvit.save_elastic(model, ranking, tmp_path / "x", token=TOKEN)
+    assert hub.commits == []
+
+
+def test_hand_written_readme_is_kept_and_tagged_stale_generated_one_replaced(elastic_dir, hub):
+    (elastic_dir / "README.md").write_text("---\nlicense: mit\n---\n# My own card\n")
+    push_to_hub(elastic_dir, "me/own", token=TOKEN)
+    card = ModelCard(hub.commits[-1]["files"]["README.md"].decode())
+    assert "# My own card" in card.text and card.data.license == "mit"
+    assert "hf_snapvit" in card.data.tags and card.data.library_name == "transformers"
+
+    (elastic_dir / "README.md").write_text(f"<!-- {GENERATED_MARKER} 0.0.1 -->\nold table\n")
+    (elastic_dir / HEATMAP_FILENAME).write_bytes(b"stale")
+    push_to_hub(elastic_dir, "me/own", token=TOKEN)
+    files = hub.commits[-1]["files"]
+    assert "old table" not in files["README.md"].decode() and files[HEATMAP_FILENAME].startswith(b"\x89PNG")
+
+    push_to_hub(elastic_dir, "me/own", token=TOKEN, model_card=False)
+    assert hub.commits[-1]["files"]["README.md"] == (elastic_dir / "README.md").read_bytes()

@@ -1,0 +1,250 @@
+"""Model cards: metadata, the size table checked against real sliced models, evaluations, snippet, provenance."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from huggingface_hub import ModelCard
+
+import hf_snapvit
+from hf_snapvit.budget import backbone_parameters, estimate_gflops, layer_widths
+from hf_snapvit.model_card import (
+    HEATMAP_FILENAME,
+    TEMPLATE_PATH,
+    Evaluation,
+    ModelCardError,
+    make_model_card,
+    parse_evaluations,
+    write_model_card,
+)
+
+from conftest import SHARED, requires_shared
+
+
+@pytest.fixture(scope="module")
+def elastic(tmp_path_factory):
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+                                    image_size=32, patch_size=8, num_labels=5)
+    model = transformers.ViTForImageClassification(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    ranking = hf_snapvit.rank(model, method="random", seed=3)
+    folder = tmp_path_factory.mktemp("card") / "elastic"
+    hf_snapvit.save_elastic(model, ranking, folder,
+                            image_processor=transformers.ViTImageProcessor(size={"height": 32, "width": 32}))
+    return folder, ranking
+
+
+def table(card: ModelCard) -> dict[str, list[str]]:
+    """The size table as {first cell: cells}."""
+    rows = [line for line in card.text.splitlines() if line.startswith("| ") and not line.startswith("| sparsity")]
+    return {cells[0]: cells for cells in ([c.strip() for c in row.strip("|").split("|")] for row in rows)}
+
+
+def test_metadata_follows_hub_conventions(elastic):
+    folder, _ = elastic
+    card = ModelCard(str(make_model_card(folder, base_model="google/vit-base-patch16-224", license="apache-2.0")))
+    assert card.data.base_model == "google/vit-base-patch16-224"
+    assert card.data.library_name == "transformers"
+    assert card.data.pipeline_tag == "image-classification"
+    assert {"pruning", "elastic", "hf_snapvit", "vision-transformer"} <= set(card.data.tags)
+    assert card.data.license == "apache-2.0"
+    assert card.data.eval_results is None  # no evaluations, no model-index
+
+
+def test_backbone_gets_feature_extraction_tag_and_local_base_is_left_out(tmp_path):
+    model = transformers.ViTModel(transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                         intermediate_size=37, image_size=32, patch_size=8))
+    ranking = hf_snapvit.rank(model, method="magnitude")
+    ranking = replace(ranking, provenance={**ranking.provenance, "base_model": str(tmp_path)})  # a local path
+    card = make_model_card(ranking)  # the default grid stops at this small model's max_sparsity
+    assert ranking.max_sparsity < 0.6 and "60 %" not in table(card) and "10 %" in table(card)
+    assert card.data.pipeline_tag == "image-feature-extraction"
+    assert card.data.base_model is None
+    ranking = replace(ranking, provenance={**ranking.provenance, "base_model": "facebook/dino-vits16"})
+    assert make_model_card(ranking).data.base_model == "facebook/dino-vits16"
+
+
+def test_table_matches_models_actually_loaded_at_each_sparsity(elastic):
+    folder, _ = elastic
+    rows = table(make_model_card(folder, sparsities=(0.2, 0.4)))
+    assert set(rows) == {"0 % (dense)", "20 %", "40 %"}
+    for label, sparsity in (("20 %", 0.2), ("40 %", 0.4)):
+        small = hf_snapvit.ElasticViTModel.from_pretrained(folder, sparsity=sparsity)
+        heads, neurons = layer_widths(small)
+        params = backbone_parameters(small)
+        assert rows[label][1] == (f"{params / 1e3:.1f} k")
+        assert rows[label][3] == f"{sum(heads)} / 12" and rows[label][4] == f"{sum(neurons)} / 111"
+        assert float(rows[label][2]) == pytest.approx(small.config.elastic_layout["gflops"], rel=1e-3)
+    dense = transformers.AutoModelForImageClassification.from_pretrained(folder)
+    assert rows["0 % (dense)"][1] == f"{backbone_parameters(dense) / 1e3:.1f} k"
+
+
+def test_evaluations_fill_table_and_model_index(elastic):
+    folder, _ = elastic
+    evaluations = [
+        {"sparsity": 0.0, "metric": "accuracy", "value": 0.71, "dataset": "zh-plus/tiny-imagenet",
+         "split": "validation", "num_samples": 500},
+        Evaluation(0.3, "accuracy", 0.5, "zh-plus/tiny-imagenet", "validation", 500),
+        {"sparsity": 0.3, "metric": "knn_accuracy", "value": 0.25, "dataset": "zh-plus/tiny-imagenet"},
+        {"sparsity": 0.35, "metric": "accuracy", "value": 0.4, "dataset": "zh-plus/tiny-imagenet",
+         "split": "validation"},
+    ]
+    card = ModelCard(str(make_model_card(folder, evaluations=evaluations, repo_id="me/vit-elastic")))
+    rows = table(card)
+    assert rows["0 % (dense)"][5] == "71.0 %" and rows["30 %"][5] == "50.0 %" and rows["30 %"][6] == "25.0 %"
+    assert rows["35 %"][5] == "40.0 %"  # a measured sparsity off the grid gets its own row
+    assert rows["10 %"][5] == "–"
+    results = card.data.eval_results
+    assert sorted((r.metric_type, r.metric_value, r.metric_args["sparsity"]) for r in results) == [
+        ("accuracy", 0.4, 0.35), ("accuracy", 0.5, 0.3), ("accuracy", 0.71, 0.0), ("knn_accuracy", 0.25, 0.3)]
+    assert {r.dataset_type for r in results} == {"zh-plus/tiny-imagenet"}
+    assert results[0].task_type == "image-classification" and card.data.model_name == "vit-elastic"
+    assert "500 images" in card.text
+
+
+class _Result:  # the shape of hf_snapvit.evaluation.EvaluationResult
+    def __init__(self, **fields):
+        self.fields = fields
+
+    def to_dict(self):
+        return dict(self.fields)
+
+
+def test_evaluation_results_objects_expand_to_one_record_per_metric():
+    results = [_Result(sparsity=0.3, top1=0.5, knn_top1=0.4, linear_top1=None, retention=0.9, num_eval=200)]
+    records = parse_evaluations(results, eval_dataset="tiny", eval_split="validation")
+    assert [(r.metric, r.value, r.dataset, r.split, r.num_samples) for r in records] == [
+        ("accuracy", 0.5, "tiny", "validation", 200), ("knn_accuracy", 0.4, "tiny", "validation", 200),
+        ("retention", 0.9, "tiny", "validation", 200)]
+    assert parse_evaluations({"results": [{"sparsity": 0.1, "metric": "m", "value": 1, "dataset": "d"}]})[0].value == 1
+    with pytest.raises(ModelCardError, match="eval_dataset"):
+        parse_evaluations(results)
+
+
+def test_results_with_realised_sparsity_land_on_their_grid_row(elastic):
+    folder, ranking = elastic
+    realised = ranking.keep_counts(0.3).sparsity  # what an evaluation of the 30 % model reports
+    assert realised != 0.3
+    card = make_model_card(folder, evaluations=[_Result(sparsity=realised, top1=0.42, num_eval=10)],
+                           eval_dataset="tiny", eval_split="validation")
+    rows = table(card)
+    assert rows["30 %"][5] == "42.0 %" and len(rows) == 7  # dense + the 6 grid rows, no extra row
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([{"sparsity": 0.3, "metric": "accuracy", "value": 0.5}], r"lacks \['dataset'\]"),
+    ([{"sparsity": 1.5, "metric": "accuracy", "value": 0.5, "dataset": "d"}], r"sparsity=1.5 .*\[0, 1\)"),
+    ([{"sparsity": 0.3, "metric": "accuracy", "value": float("nan"), "dataset": "d"}], "finite number"),
+    ([{"sparsity": 0.3, "metric": "", "value": 0.5, "dataset": "d"}], "non-empty string"),
+    ({"accuracy": 0.5}, "without a 'results' list"),
+    ("accuracy", "must be a list"),
+])
+def test_bad_evaluations_raise_clear_errors(bad, message):
+    with pytest.raises(ModelCardError, match=message) as error:
+        parse_evaluations(bad)
+    assert isinstance(error.value, (hf_snapvit.SnapViTError, ValueError))
+
+
+def test_sliced_checkpoint_card_describes_its_own_size(elastic, tmp_path):
+    folder, _ = elastic
+    small = hf_snapvit.ElasticViTModel.from_pretrained(folder, sparsity=0.3)
+    small.save_pretrained(tmp_path / "small")
+    card = make_model_card(tmp_path / "small", sparsities=(0.1, 0.3, 0.5), repo_id="me/small")
+    rows = table(card)
+    saved = small.config.elastic_layout
+    this = next(label for label in rows if "this checkpoint" in label)
+    assert rows[this][3] == f"{sum(saved['num_heads'])} / 12"
+    assert "10 %" not in rows and "50 %" in rows  # a sliced checkpoint cannot grow back
+    assert 'ElasticViTModel.from_pretrained("me/small")' in card.text
+    with pytest.raises(ModelCardError, match="below this checkpoint's saved sparsity"):
+        make_model_card(tmp_path / "small", evaluations=[{"sparsity": 0.1, "metric": "a", "value": 1, "dataset": "d"}])
+
+
+def test_usage_snippet_runs_against_the_checkpoint(elastic):
+    folder, _ = elastic
+    card = make_model_card(folder, repo_id=str(folder))
+    code = re.search(r"```python\n(.*?)```", card.text, re.S).group(1)
+    load = [line for line in code.splitlines() if "from_pretrained" in line or " import " in line]
+    namespace: dict = {}
+    exec("\n".join(load), namespace)  # the card's own import and load lines, pointed at the local folder
+    heads, _ = layer_widths(namespace["model"])
+    assert sum(heads) < 12 and namespace["processor"] is not None
+
+
+def test_provenance_citation_and_preset(elastic):
+    folder, ranking = elastic
+    text = make_model_card(folder).text
+    assert "`random`" in text and "**Seed**: 3" in text
+    assert "Elastic ViTs from Pretrained Models without Retraining" in text and "@inproceedings" in text
+    assert "Neural Information Processing Systems" in text and "2025" in text
+    settings = hf_snapvit.SnapViTConfig.preset("fast", seed=7).to_dict()
+    snap = replace(ranking.sorted(), provenance={"method": "snapvit", "settings": settings, "seed": 7,
+                                                 "calibration_data": {"num_gradient": 128, "num_fitness": 128,
+                                                                      "source": "Dataset", "image_column": "image"}})
+    text = make_model_card(snap).text
+    assert "preset `fast`" in text and "128 gradient + 128 fitness images" in text and "column `image`" in text
+
+
+def test_write_model_card_writes_readme_and_heatmap(elastic, tmp_path):
+    folder, _ = elastic
+    card = write_model_card(folder, tmp_path / "out", repo_id="me/x")
+    assert (tmp_path / "out" / "README.md").read_text() == str(card) + "\n"
+    assert (tmp_path / "out" / HEATMAP_FILENAME).read_bytes().startswith(b"\x89PNG")
+    assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")] == []
+    card = write_model_card(folder, tmp_path / "plain", heatmap_path=None)
+    assert not (tmp_path / "plain" / HEATMAP_FILENAME).exists() and "![" not in card.text
+
+
+def test_not_elastic_and_bad_sparsities_raise(tmp_path, elastic):
+    folder, _ = elastic
+    with pytest.raises(ModelCardError, match="no config.json"):
+        make_model_card(tmp_path)
+    with pytest.raises(ModelCardError, match="neither elastic nor sliced"):
+        make_model_card(transformers.ViTConfig())
+    with pytest.raises(ModelCardError, match=r"\(0, 1\)"):
+        make_model_card(folder, sparsities=(0.0, 0.3))
+    with pytest.raises(ModelCardError, match="max|out of range"):
+        make_model_card(folder, sparsities=(0.99,))
+
+
+def test_template_ships_inside_the_package():
+    assert TEMPLATE_PATH.is_file() and Path(hf_snapvit.__file__).parent in TEMPLATE_PATH.parents
+
+
+def test_sliced_checkpoint_without_ranking_only_describes_its_size(elastic, tmp_path):
+    folder, _ = elastic
+    small = hf_snapvit.ElasticViTModel.from_pretrained(folder, sparsity=0.3)
+    del small.config.elastic_ranking
+    small.save_pretrained(tmp_path / "bare")
+    card = make_model_card(tmp_path / "bare", heatmap_path=HEATMAP_FILENAME)
+    assert len(table(card)) == 1 and "![" not in card.text
+    assert "not stored in this checkpoint" in card.text
+    with pytest.raises(ModelCardError, match="only serves its saved sparsity"):
+        make_model_card(tmp_path / "bare", evaluations=[{"sparsity": 0.5, "metric": "a", "value": 1, "dataset": "d"}])
+
+
+@requires_shared("models", "vit-tiny-tinyimagenet")
+def test_example_card_describes_the_shared_vit_tiny():
+    """The checked-in card (benchmarks/make_example_card.py) against the real model, measured independently."""
+    example = Path(__file__).resolve().parents[1] / "model_cards" / "vit-tiny-tinyimagenet-elastic"
+    card = ModelCard((example / "README.md").read_text())
+    assert card.data.library_name == "transformers" and card.data.pipeline_tag == "image-classification"
+    assert card.data.base_model == "WinKawaks/vit-tiny-patch16-224"
+    assert (example / HEATMAP_FILENAME).read_bytes().startswith(b"\x89PNG")
+    model = transformers.AutoModelForImageClassification.from_pretrained(SHARED / "models" / "vit-tiny-tinyimagenet")
+    dense_params = backbone_parameters(model)
+    rows = table(card)
+    dense = rows["0 % (dense)"]
+    assert dense[1] == f"{dense_params / 1e6:.2f} M" and dense[3] == "36 / 36" and dense[4] == "9216 / 9216"
+    assert float(dense[2]) == pytest.approx(estimate_gflops(model), rel=1e-3)
+    for sparsity in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6):
+        params = float(rows[f"{100 * sparsity:.4g} %"][1].removesuffix(" M")) * 1e6
+        assert params == pytest.approx((1 - sparsity) * dense_params, rel=0.01)
