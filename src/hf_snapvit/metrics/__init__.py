@@ -1,0 +1,45 @@
+"""``evaluate`` metric modules shipped inside hf_snapvit: they load from the installed package, offline.
+
+``evaluate.load("accuracy")`` downloads a script from the Hub at run time; these modules are local files, so
+``evaluate.load`` copies them from the package folder instead and never touches the network::
+
+    from hf_snapvit.metrics import load_metric
+    knn = load_metric("knn_accuracy")
+    knn.compute(predictions=query_features, references=query_labels, bank_features=bank, bank_labels=bank_labels)
+
+Each module computes exactly what the matching function of :mod:`hf_snapvit.evaluation` computes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import SnapViTError
+
+METRIC_NAMES: tuple[str, ...] = ("knn_accuracy", "linear_probe_accuracy", "representation_retention", "top1_accuracy")
+
+
+def metric_path(name: str) -> str:
+    """Path of the shipped metric script ``name`` (one of :data:`METRIC_NAMES`), for ``evaluate.load(path)``."""
+    if name not in METRIC_NAMES:
+        raise SnapViTError(f"Unknown hf_snapvit metric {name!r}; available: {', '.join(METRIC_NAMES)}.")
+    return str(Path(__file__).with_name(f"{name}.py"))
+
+
+def load_metric(name: str, **kwargs: Any):
+    """``evaluate.load`` of a shipped metric (no Hub access); ``kwargs`` go to ``evaluate.load``.
+
+    Args:
+        name: One of :data:`METRIC_NAMES`.
+        **kwargs: ``experiment_id``, ``keep_in_memory``, ``cache_dir``, ``num_process``, ``process_id``, ...
+
+    Returns:
+        The ``evaluate.EvaluationModule``.
+    """
+    import evaluate
+
+    return evaluate.load(metric_path(name), **kwargs)
+
+
+__all__ = ["METRIC_NAMES", "load_metric", "metric_path"]
