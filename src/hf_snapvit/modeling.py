@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ from transformers import AutoConfig, PreTrainedModel
 from .architectures import get_spec
 from .budget import model_shape, skeleton
 from .checkpoint import HUB_KWARGS, CheckpointReader, load_sliced_state_dict
+from .correction import CorrectionConfig, CorrectionError, correct_model_
 from .errors import BudgetError, RankingFormatError, SnapViTError
 from .ranking import ElasticRanking, KeepCounts
 from .slicing import slice_model_
@@ -39,6 +41,9 @@ class ElasticViTModel:
         *,
         target_params: int | None = None,
         target_gflops: float | None = None,
+        correction_data: Any = None,
+        correction: CorrectionConfig | None = None,
+        processor: Any = None,
         **kwargs: Any,
     ) -> PreTrainedModel:
         """Load an elastic checkpoint at a budget, reading only the weights that budget keeps.
@@ -49,6 +54,12 @@ class ElasticViTModel:
             sparsity: Fraction of the backbone's parameters to remove (embeddings included, task heads excluded).
             target_params: Alternatively, the number of backbone parameters to keep.
             target_gflops: Alternatively, the theoretical GFLOPs of one forward pass.
+            correction_data: Unlabelled calibration images (PIL list, ``datasets`` Dataset or ``[N, C, H, W]`` pixel
+                tensor). When given, the dense weights are loaded, the removed heads' and neurons' contribution is
+                compensated into the kept weights (SparseGPT-style, :mod:`hf_snapvit.correction`), and the model is
+                then sliced. Needs the dense elastic checkpoint.
+            correction: :class:`~hf_snapvit.correction.CorrectionConfig` for the correction (defaults if ``None``).
+            processor: Image processor for ``correction_data`` images; by default the checkpoint's own.
             **kwargs: ``revision``, ``token``, ``cache_dir``, ``force_download``, ``local_files_only``, ``subfolder``
                 and ``proxies`` go to the Hub; ``dtype`` (or ``torch_dtype``), ``attn_implementation`` and
                 ``device_map`` (one device) shape the model; anything else overrides config attributes, as in
@@ -56,7 +67,9 @@ class ElasticViTModel:
 
         Returns:
             The stock transformers model, sliced, in eval mode. Its ``config.elastic_layout`` records the per-block
-            widths, so ``save_pretrained`` writes a checkpoint this method reloads without the dense weights.
+            widths, so ``save_pretrained`` writes a checkpoint this method reloads without the dense weights. A
+            corrected model also records ``config.elastic_correction`` (settings, number of images, mean
+            reconstruction errors); its checkpoint reloads at its saved size only.
 
         Example:
             >>> model = ElasticViTModel.from_pretrained("my-org/vit-elastic", sparsity=0.3)  # doctest: +SKIP
@@ -85,6 +98,14 @@ class ElasticViTModel:
                 "hf_snapvit.save_elastic(model, ranking, save_directory)."
             )
         ranking = ElasticRanking.from_dict(stored) if stored is not None else None
+        corrected = getattr(config, "elastic_correction", None)
+        if correction is not None and correction_data is None:
+            raise CorrectionError("correction= was given without correction_data=; pass the calibration images too.")
+        if correction_data is not None and layout is not None:
+            raise CorrectionError(
+                "Correction needs the dense weights, but this checkpoint is already sliced (config.elastic_layout is "
+                "set). Load the dense elastic checkpoint with correction_data= instead."
+            )
 
         if dtype is None or dtype == "auto":
             dtype = getattr(config, "dtype", None) or torch.float32
@@ -115,6 +136,13 @@ class ElasticViTModel:
                     "call from_pretrained without sparsity/target_params/target_gflops."
                 )
             counts = ranking.keep_counts(sparsity, target_params=target_params, target_gflops=target_gflops)
+            if corrected is not None and (counts.heads != list(stored_heads) or counts.neurons != list(stored_neurons)):
+                raise BudgetError(
+                    "This checkpoint was weight-corrected for its saved size, so it cannot be sliced further (the "
+                    "correction would no longer match the units kept). Load it without a budget, or correct the "
+                    "dense elastic checkpoint at the new budget: from_pretrained(dense, sparsity=..., "
+                    "correction_data=images)."
+                )
             too_big = [l for l, (h, f, sh, sf) in enumerate(zip(counts.heads, counts.neurons, stored_heads,
                                                                stored_neurons)) if h > sh or f > sf]
             if too_big:
@@ -135,7 +163,11 @@ class ElasticViTModel:
             )
 
         dense_state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        slice_model_(model, [(np.arange(h), np.arange(f)) for h, f in zip(counts.heads, counts.neurons)])
+        keep = [(np.arange(h), np.arange(f)) for h, f in zip(counts.heads, counts.neurons)]
+        # Correction works on the dense weights and slices afterwards.
+        loaded = keep if correction_data is None else [(np.arange(h), np.arange(f)) for h, f in
+                                                       zip(stored_heads, stored_neurons)]
+        slice_model_(model, loaded)
         sliceable = {k for k, v in model.state_dict().items() if tuple(v.shape) != dense_state[k]}
         reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
         state = load_sliced_state_dict(model, reader, sliceable)
@@ -147,6 +179,20 @@ class ElasticViTModel:
         if left:
             raise SnapViTError(f"These tensors were neither in the checkpoint nor initialised: {left}.")
         model.eval()
+        if device is not None:
+            model.to(device)
+        if correction_data is not None:
+            if processor is None and not isinstance(correction_data, (torch.Tensor, Mapping)):
+                processor = _load_processor(pretrained_model_name_or_path, hub_kwargs)
+            summary = correct_model_(model, keep, correction_data, processor, correction or CorrectionConfig())
+            if summary.num_removed:
+                model.config.elastic_correction = {
+                    "settings": summary.config.to_dict(),
+                    "num_images": summary.num_images,
+                    "num_tokens": summary.num_tokens,
+                    "mean_error_before": round(summary.mean_error("before"), 6),
+                    "mean_error_after": round(summary.mean_error("after"), 6),
+                }
 
         model.config._name_or_path = str(pretrained_model_name_or_path)
         if counts.heads != dense_shape.dense_heads or counts.neurons != dense_shape.dense_neurons:
@@ -157,9 +203,32 @@ class ElasticViTModel:
                 "num_params": counts.num_params,
                 "gflops": round(counts.gflops, 6),
             }
-        if device is not None:
-            model.to(device)
         return model
+
+    @staticmethod
+    def push_to_hub(folder_or_model: Any, repo_id: str, **kwargs: Any) -> Any:
+        """Upload an elastic or sliced checkpoint (a folder or a model) with a generated model card, in one commit.
+
+        Same as :func:`hf_snapvit.push_to_hub` (see there for ``private``, ``token``, ``revision``, ``create_pr``,
+        ``commit_message`` and the card's arguments); returns the ``huggingface_hub.CommitInfo``.
+        """
+        from .hub import push_to_hub
+
+        return push_to_hub(folder_or_model, repo_id, **kwargs)
+
+
+def _load_processor(path: str | os.PathLike, hub_kwargs: dict[str, Any]) -> Any:
+    """The checkpoint's own image processor, for correction images given as PIL images or a dataset."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(path, **hub_kwargs)
+    except (OSError, ValueError) as error:
+        raise CorrectionError(
+            f"{str(path)!r} has no image processor to preprocess the correction images ({error}). Pass processor="
+            "AutoImageProcessor.from_pretrained(<base model>), or give correction_data as a [N, C, H, W] tensor of "
+            "preprocessed pixel values."
+        ) from error
 
 
 
