@@ -20,14 +20,13 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import transformers
 from datasets import load_dataset
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit
-from hf_snapvit.architectures import image_embedding
+from hf_snapvit.evaluation import extract_features, knn_accuracy
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -55,21 +54,9 @@ def load_split(data_dir: str, split: str, n: int, seed: int):
     return [im.convert("RGB") for im in ds["image"]], torch.tensor(ds["label"])
 
 
-@torch.no_grad()
 def features_and_logits(model, pixels: torch.Tensor, batch: int = 100):
-    feats, logits = [], []
-    for i in range(0, len(pixels), batch):
-        x = {"pixel_values": pixels[i:i + batch]}
-        feats.append(image_embedding(model, x))
-        logits.append(model(**x).logits)
-    return torch.cat(feats), torch.cat(logits)
-
-
-def knn_top1(bank, bank_labels, queries, labels, k: int = 20) -> float:
-    bank, queries = torch.nn.functional.normalize(bank, dim=1), torch.nn.functional.normalize(queries, dim=1)
-    nearest = (queries @ bank.T).topk(k, dim=1).indices
-    votes = torch.nn.functional.one_hot(bank_labels[nearest], int(bank_labels.max()) + 1).sum(1)
-    return (votes.argmax(1) == labels).float().mean().item()  # ties go to the smallest label
+    features = extract_features(model, pixels, batch_size=batch, logits=True, show_progress=False)
+    return features.embeddings, features.logits
 
 
 def main() -> None:
@@ -92,7 +79,7 @@ def main() -> None:
     feats, logits = features_and_logits(model, val_pixels)
     bank, _ = features_and_logits(model, bank_pixels)
     results["dense"] = {"top1": (logits.argmax(1) == val_labels).float().mean().item(),
-                        "knn_top1": knn_top1(bank, bank_labels, feats, val_labels)}
+                        "knn_top1": knn_accuracy(bank, bank_labels, feats, val_labels)}
     print(f"dense: top-1 {results['dense']['top1']:.3f}  k-NN {results['dense']['knn_top1']:.3f}")
     for method in args.methods:
         start = time.perf_counter()
@@ -118,7 +105,7 @@ def main() -> None:
             b, _ = features_and_logits(sliced, bank_pixels)
             row = {"sparsity": counts.sparsity, "gflops": counts.gflops,
                    "top1": (lg.argmax(1) == val_labels).float().mean().item(),
-                   "knn_top1": knn_top1(b, bank_labels, f, val_labels)}
+                   "knn_top1": knn_accuracy(b, bank_labels, f, val_labels)}
             rows.append(row)
             print(f"{method:10s} s={row['sparsity']:.3f} GFLOPs={row['gflops']:.3f} top-1 {row['top1']:.3f} "
                   f"k-NN {row['knn_top1']:.3f}")
