@@ -13,8 +13,8 @@ from hf_snapvit.scoring import ScoreConfig, dino_loss, gradient_scores
 from conftest import CASES
 
 CASE = {c.name: c for c in CASES}
-# Every architecture whose backbone takes [B, C, H, W] pixel values (SigLIP2 takes patch sequences).
-PIXEL_CASES = [c for c in CASES if c.name != "siglip2-vision"]
+# Every architecture: SigLIP2's patch-sequence backbone gets [B, C, H, W] crops patchified (test_siglip2.py).
+PIXEL_CASES = CASES
 PROCESSOR = ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
 FEW_CROPS = ScoreConfig(crops=MultiCropConfig(num_global=2, num_local=2))
 
