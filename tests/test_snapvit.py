@@ -59,6 +59,51 @@ def test_best_candidate_fitness_is_reproduced_by_the_returned_ranking():
     assert ranking.provenance["search"]["best_loss"] == min(h["best_fitness"] for h in pruner.history_)
 
 
+def test_each_generations_best_factors_rebuild_its_ranking():
+    model = CASE["vit"].build()
+    pruner, ranking = fit(model, seed=1, max_generations=3)
+    last = pruner.ranking_from_factors(pruner.history_[-1]["best_factors"])
+    assert np.array_equal(last.head_scores, ranking.head_scores)
+    assert np.array_equal(last.neuron_scores, ranking.neuron_scores)
+    split = split_calibration(images(12), 3, 6, seed=1)
+    fitness = EmbeddingFitness(model, PROCESSOR(images=split.fitness, return_tensors="pt")["pixel_values"],
+                               sparsities=(0.1, 0.3), pca_components=8)
+    for record in pruner.history_:  # the best-so-far factors reproduce the best-so-far loss at every generation
+        assert fitness.loss(pruner.ranking_from_factors(record["best_factors"])) == pytest.approx(
+            record["best_fitness"], abs=1e-6)
+    assert pruner.ranking_from_factors(pruner.initial_factors_, mode="paired").mode == "paired"
+
+
+def test_a_shorter_budget_equals_the_longer_runs_history():
+    """benchmarks/defaults_vit_tiny.py reads the rankings of small budgets off one long run's history."""
+    model = CASE["vit"].build()
+    long, _ = fit(model, seed=2, max_generations=3)
+    _, short = fit(model, seed=2, max_generations=1)
+    from_history = long.ranking_from_factors(long.history_[0]["best_factors"])
+    assert np.array_equal(from_history.head_scores, short.head_scores)
+    assert np.array_equal(from_history.neuron_scores, short.neuron_scores)
+
+
+def test_zero_generations_means_the_starting_factors():
+    model = CASE["vit"].build()
+    pruner, ranking = fit(model, seed=1, max_generations=0)
+    assert pruner.history_ == [] and ranking.provenance["search"]["evaluations"] == 0
+    start = pruner.ranking_from_factors(pruner.initial_factors_)
+    assert np.array_equal(start.neuron_scores, ranking.neuron_scores)
+    # the starting factors decrease from the first block to the last
+    last_block = model.config.num_hidden_layers - 1
+    assert pruner.initial_factors_[0] == pytest.approx(1.2) and pruner.initial_factors_[last_block] == pytest.approx(0.8)
+
+
+def test_ranking_from_factors_needs_a_fit_and_the_right_shape():
+    pruner = hs.SnapViTPruner(hs.SnapViTConfig(**TINY))
+    with pytest.raises(hs.SnapViTError, match="call fit"):
+        pruner.ranking_from_factors(np.ones(3))
+    pruner, _ = fit(CASE["vit"].build(), max_generations=1)
+    with pytest.raises(hs.SnapViTError, match=r"factors have shape \(3,\)"):
+        pruner.ranking_from_factors(np.ones(3))
+
+
 def test_masked_fitness_embeddings_equal_the_sliced_model():
     model = CASE["dinov2"].build()
     pixels = torch.randn(4, 3, 32, 32)
@@ -111,8 +156,15 @@ def test_presets_and_config_validation():
     paper = hs.SnapViTConfig.preset("paper")
     assert paper.max_evaluations == 50 and paper.mode == "paired" and paper.scores.definition == "accumulated"
     assert paper.scores.crops.num_global == 2 and paper.scores.crops.num_local == 10 and paper.pca_components == 192
+    assert paper.sigma == 1.0 and paper.max_generations is None
     fast = hs.SnapViTConfig.preset("fast", seed=9)
     assert fast.seed == 9 and fast.max_generations == 3
+    # the measured choices (benchmarks/defaults_vit_tiny.py) are the defaults, and fast shares them
+    default = hs.SnapViTConfig.preset("default")
+    assert default == hs.SnapViTConfig() and default.num_gradient_images == 1000
+    for config in (default, fast):
+        assert (config.scores.definition, config.mode, config.max_generations, config.max_evaluations,
+                config.sigma) == ("obd", "global", 3, None, 0.5)
     with pytest.raises(hs.SnapViTError, match="Unknown preset 'turbo'"):
         hs.SnapViTConfig.preset("turbo")
     with pytest.raises(hs.SnapViTError, match="search budget"):

@@ -22,7 +22,7 @@ import numpy as np
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from .budget import layer_widths, model_shape
+from .budget import ModelShape, layer_widths, model_shape
 from .data import MultiCropConfig, processor_inputs
 from .distributed import draw_calibration, mixed_precision, on_process_device, process_state
 from .errors import SnapViTError
@@ -34,7 +34,10 @@ from .xnes import XNES
 
 @dataclass(frozen=True)
 class SnapViTConfig:
-    """Settings of a SnapViT ranking run. ``SnapViTConfig.preset("paper" | "fast")`` gives the named presets.
+    """Settings of a SnapViT ranking run. ``SnapViTConfig.preset("default" | "fast" | "paper")`` gives the named
+    presets. The defaults (OBD scores, global mode, 3 xNES generations at sigma 0.5) were chosen by a sweep of score
+    definition x mode x search budget on the shared ViT-Tiny (``benchmarks/defaults_vit_tiny.py``, README section
+    "How the defaults were chosen"); ``"paper"`` keeps the reference code's settings.
 
     Args:
         num_gradient_images: Images whose gradients give the local scores.
@@ -58,14 +61,14 @@ class SnapViTConfig:
 
     num_gradient_images: int = 1000
     num_fitness_images: int = 1000
-    scores: ScoreConfig = field(default_factory=ScoreConfig)
+    scores: ScoreConfig = field(default_factory=lambda: ScoreConfig(definition="obd"))
     fitness_sparsities: tuple[float, ...] = (0.1, 0.3, 0.5, 0.6)
     pca_components: int = 192
-    max_generations: int | None = None
-    max_evaluations: int | None = 50
+    max_generations: int | None = 3
+    max_evaluations: int | None = None
     population_size: int | None = None
     init_mean: tuple[float, float] = (1.2, 0.8)
-    sigma: float = 1.0
+    sigma: float = 0.5
     covariance: Literal["identity", "cka"] = "identity"
     mode: RankingMode = "global"
     min_head_keep_ratio: float = 0.2
@@ -83,15 +86,19 @@ class SnapViTConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "SnapViTConfig":
-        """``"paper"``: the reference code's settings (1000 + 1000 images, 2 + 10 crops at the input size, squared
-        accumulated gradients, 50 evaluations, paired ranking). ``"fast"``: a CPU-sized run (128 + 128 images,
-        2 global + 4 local 96-px crops, OBD scores = per-image squared gradients times w², 3 generations, global
-        ranking); on the shared ViT-Tiny the OBD scores beat the reference's squared gradients at 10-50 % sparsity
-        (``benchmarks/rank_vit_tiny.py``)."""
+        """``"default"``: the field defaults (1000 + 1000 images, 2 + 10 crops at the input size, OBD scores =
+        per-image squared gradients times w², 3 xNES generations at sigma 0.5, global ranking). ``"fast"``: the same
+        choices sized for a CPU (128 + 128 images, 2 global + 4 local 96-px crops). ``"paper"``: the reference code's
+        settings (squared accumulated gradients, 50 evaluations at sigma 1, paired ranking). On the shared ViT-Tiny
+        the OBD scores beat the reference's squared gradients by 3-4 points of mean top-1 at 10-50 % sparsity, and
+        sigma 0.5 beat sigma 1 at the same 3-generation budget (``benchmarks/defaults_vit_tiny.py``)."""
         presets = {
+            "default": cls(),
             "paper": cls(
                 scores=ScoreConfig(definition="accumulated", batch_size=16),
+                max_generations=None,
                 max_evaluations=50,
+                sigma=1.0,
                 mode="paired",
                 fitness_batch_size=64,
             ),
@@ -99,9 +106,6 @@ class SnapViTConfig:
                 num_gradient_images=128,
                 num_fitness_images=128,
                 scores=ScoreConfig(definition="obd", crops=MultiCropConfig(num_local=4, local_size=96)),
-                max_generations=3,
-                max_evaluations=None,
-                mode="global",
             ),
         }
         if name not in presets:
@@ -113,13 +117,43 @@ class SnapViTConfig:
 
 
 class SnapViTPruner:
-    """Ranks every head and FFN neuron of a model with SnapViT. After :meth:`fit`, ``history_`` holds the search
-    history (one record per generation) and ``timings_`` the wall time of each phase."""
+    """Ranks every head and FFN neuron of a model with SnapViT. After :meth:`fit`:
+
+    * ``history_``: one record per search generation, with the best factors found so far (``best_factors``);
+    * ``timings_``: the wall time of each phase;
+    * ``initial_factors_``: the factors the search starts from;
+    * :meth:`ranking_from_factors` re-ranks with any factors, e.g. those of an earlier generation, without
+      recomputing the scores.
+    """
 
     def __init__(self, config: SnapViTConfig | None = None) -> None:
         self.config = config or SnapViTConfig()
         self.history_: list[dict[str, Any]] = []
         self.timings_: dict[str, float] = {}
+        self.initial_factors_: np.ndarray | None = None
+        self._unit_scores: tuple[np.ndarray, np.ndarray, ModelShape] | None = None
+
+    def ranking_from_factors(self, factors: Any, *, mode: RankingMode | None = None) -> ElasticRanking:
+        """The ranking that search factors ``factors`` give (layout: one factor per block's FFN, then one per head,
+        as in ``history_``), in the config's mode unless ``mode`` is given. Needs a finished :meth:`fit`."""
+        if self._unit_scores is None:
+            raise SnapViTError("ranking_from_factors needs the scores of a finished fit(); call fit() first.")
+        head_scores, neuron_scores, shape = self._unit_scores
+        L, H = shape.num_layers, shape.num_heads
+        c = np.abs(np.asarray(factors, dtype=np.float64))
+        if c.shape != (L + L * H,):
+            raise SnapViTError(f"factors have shape {c.shape}; this model needs ({L + L * H},): {L} FFN factors, "
+                               f"then {L}x{H} head factors.")
+        config = self.config
+        return ElasticRanking(
+            head_scores=head_scores * c[L:].reshape(L, H),
+            neuron_scores=neuron_scores * c[:L, None],
+            shape=shape,
+            mode=mode or config.mode,
+            min_head_keep_ratio=config.min_head_keep_ratio,
+            min_neuron_keep_ratio=config.min_neuron_keep_ratio,
+            paired_head_offset=config.paired_head_offset,
+        )
 
     def fit(
         self,
@@ -178,27 +212,16 @@ class SnapViTPruner:
         shape = model_shape(model)
         # Scores are means over a unit's weights; times the unit's cost they become totals, so the global mode's
         # per-parameter normalisation compares heads and neurons on the mean saliency of their weights.
-        head_scores = head_scores * shape.params_per_head
-        neuron_scores = neuron_scores * shape.params_per_neuron
+        self._unit_scores = (head_scores * shape.params_per_head, neuron_scores * shape.params_per_neuron, shape)
         L, H = shape.num_layers, shape.num_heads
-
-        def ranking_for(c: np.ndarray) -> ElasticRanking:
-            c = np.abs(np.asarray(c, dtype=np.float64))
-            return ElasticRanking(
-                head_scores=head_scores * c[L:].reshape(L, H),
-                neuron_scores=neuron_scores * c[:L, None],
-                shape=shape,
-                mode=config.mode,
-                min_head_keep_ratio=config.min_head_keep_ratio,
-                min_neuron_keep_ratio=config.min_neuron_keep_ratio,
-                paired_head_offset=config.paired_head_offset,
-            )
+        ranking_for = self.ranking_from_factors
 
         start = time.perf_counter()
         fitness = EmbeddingFitness(model, fitness_pixels, sparsities=config.fitness_sparsities,
                                    pca_components=config.pca_components, batch_size=config.fitness_batch_size)
         block = np.linspace(config.init_mean[0], config.init_mean[1], L)
         mean = np.concatenate([block, np.repeat(block, H)])
+        self.initial_factors_ = mean.copy()
         covariance = None
         if config.covariance == "cka":
             from .cka import cka_covariance
@@ -210,8 +233,10 @@ class SnapViTPruner:
         if config.max_evaluations is not None:
             by_evaluations = -(-config.max_evaluations // search.population_size)
             total = by_evaluations if total is None else min(total, by_evaluations)
+        best_factors: list[list[float]] = []
         with tqdm(total=total, desc="xNES search", unit="gen", disable=not show_progress) as bar:
             def progress(record: dict[str, Any]) -> None:
+                best_factors.append(search.result.best_x.tolist())
                 bar.update(1)
                 bar.set_postfix(best_loss=f"{record['best_fitness']:.4f}")
 
@@ -220,9 +245,10 @@ class SnapViTPruner:
                                      max_evaluations=config.max_evaluations, callback=progress)
         timings["search"] = time.perf_counter() - start
         timings["search_forward"] = fitness.forward_seconds
-        self.history_ = result.history
+        self.history_ = [dict(record, best_factors=x) for record, x in zip(result.history, best_factors)]
         self.timings_ = timings
-        best = ranking_for(result.best_x)
+        # A zero-generation budget means no search: the starting factors.
+        best = ranking_for(mean if result.best_x is None else result.best_x)
         provenance = {
             "method": "snapvit",
             "settings": config.to_dict(),
