@@ -322,7 +322,7 @@ def timed_rank(
             raise BenchmarkError(f"Unexpected arguments for method='snapvit': {sorted(rank_kwargs)}.")
         if config is not None and (preset is not None or len(overrides) > 1 or "mode" in overrides):
             raise BenchmarkError("Give either config=SnapViTConfig(...) or preset/mode/floors, not both.")
-        pruner = SnapViTPruner(config or SnapViTConfig.preset(preset or "paper", **overrides))
+        pruner = SnapViTPruner(config or SnapViTConfig.preset(preset or "default", **overrides))
         ranking = pruner.fit(model, data, processor=processor, show_progress=show_progress)
         phases = dict(pruner.timings_)
     else:

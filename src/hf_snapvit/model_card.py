@@ -263,7 +263,7 @@ def _preset_name(settings: Mapping[str, Any]) -> str | None:
     def normal(d: Mapping[str, Any]) -> str:
         return json.dumps({k: v for k, v in d.items() if k not in ignored}, sort_keys=True, default=list)
 
-    for name in ("paper", "fast"):
+    for name in ("default", "fast", "paper"):
         if normal(json.loads(json.dumps(SnapViTConfig.preset(name).to_dict(), default=list))) == normal(settings):
             return name
     return None

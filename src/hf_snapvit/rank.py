@@ -67,7 +67,8 @@ def rank(
         method: One of :func:`available_methods`. Data-free methods ignore ``data`` and ``preset``.
         data: Calibration images for data-driven methods: PIL images, a ``datasets`` (Iterable)Dataset with an image
             column, or a ``[N, C, H, W]`` tensor of pixel values.
-        preset: ``"paper"`` (default) or ``"fast"`` for ``method="snapvit"`` (see :meth:`SnapViTConfig.preset`).
+        preset: ``"default"`` (when not given), ``"fast"`` or ``"paper"`` for ``method="snapvit"`` (see
+            :meth:`SnapViTConfig.preset`).
         processor: The model's image processor (default: loaded from ``model.name_or_path``).
         mode: ``"global"`` (heads and neurons compete by score per parameter) or ``"paired"`` (the reference code);
             default: the preset's mode for SnapViT, ``"global"`` otherwise.
@@ -92,7 +93,7 @@ def rank(
         overrides = dict(seed=seed, **floors)
         if mode is not None:
             overrides["mode"] = mode
-        config = SnapViTConfig.preset(preset or "paper", **overrides)
+        config = SnapViTConfig.preset(preset or "default", **overrides)
         return SnapViTPruner(config).fit(model, data, processor=processor, show_progress=show_progress)
     if method not in _METHODS and method not in _GRADIENT_METHODS:
         raise SnapViTError(
@@ -141,7 +142,7 @@ def _gradient_baseline(model, shape, method, data, *, preset, processor, seed, l
 
     if data is None:
         raise SnapViTError(f"method={method!r} needs calibration images: pass data=... (a dataset or images).")
-    config = SnapViTConfig.preset(preset or "paper", seed=seed)
+    config = SnapViTConfig.preset(preset or "default", seed=seed)
     scores = replace(config.scores, **_GRADIENT_METHODS[method])
     labelled = scores.loss == "ce"
     state = process_state()
@@ -156,7 +157,7 @@ def _gradient_baseline(model, shape, method, data, *, preset, processor, seed, l
                                          show_progress=show_progress and state.is_main_process)
     if scores.definition != "taylor":  # means over a unit's weights -> totals, as every ranking score is
         heads, neurons = heads * shape.params_per_head, neurons * shape.params_per_neuron
-    settings = {"scores": scores.to_dict(), "num_gradient_images": len(images), "preset": preset or "paper"}
+    settings = {"scores": scores.to_dict(), "num_gradient_images": len(images), "preset": preset or "default"}
     if mixed_precision() != "no":  # it changes the scores; full precision leaves the record as it always was
         settings["mixed_precision"] = mixed_precision()
     calibration = {"source": type(data).__name__, "num_gradient": len(images),

@@ -1,0 +1,176 @@
+"""Choose SnapViT's defaults from evidence: score definition x ranking mode x search budget on the shared ViT-Tiny.
+
+Every configuration is the ``fast`` preset with some settings changed, written ``DEFINITION:MODE:GENERATIONS`` plus
+optional ``:key=value`` changes (``covariance=cka``, ``sigma=0.5``, ``head_rows=qkv``, ``init=1.0,1.0``). One fit
+per configuration runs the largest search budget; the rankings at the smaller budgets of ``--budgets`` come from its
+history (the best factors after g generations; g = 0 is the starting factors, i.e. no search), which is exactly
+what a fit with that budget returns, because the first g generations do not depend on the budget.
+
+Two stages, so a long grid can be run in pieces:
+
+    python benchmarks/defaults_vit_tiny.py rank --configs obd:global:6 obd:paired:6 fisher:global:6 \\
+        fisher:paired:0 accumulated:global:0 accumulated:paired:0 obd:global:3:covariance=cka \\
+        obd:global:3:sigma=0.5 obd:global:0:head_rows=qkv --budgets 0 3 6
+    python benchmarks/defaults_vit_tiny.py eval --num-val 1000 --num-bank 1000 --sparsities 0.1 0.3 0.5
+
+``rank`` saves every ranking as JSON under ``OUTPUT_DIR/rankings`` (with the fit's phase times and search history
+in ``*.fit.json``) and skips configurations already there. ``eval`` runs :func:`hf_snapvit.sweep.run_sweep` (top-1
+with the model's head, and k-NN top-1 with k = 20 on a train-split bank; no latency) over every saved ranking, and
+writes ``summary.json``: each ranking's mean top-1 and k-NN over the sparsities, its search evaluations and fit time.
+Calibration images come from the train split (labels ignored); accuracy from the validation split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+import hf_snapvit
+from hf_snapvit.budget import model_shape
+from hf_snapvit.evaluation import load_split
+from hf_snapvit.files import write_text_atomic
+from hf_snapvit.sweep import run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+SEARCH_OPTIONS = {"covariance": str, "sigma": float}
+SCORE_OPTIONS = {"head_rows": str}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=("rank", "eval"))
+    parser.add_argument("--model", default=str(SHARED / "models" / "vit-tiny-tinyimagenet"))
+    parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200"))
+    parser.add_argument("--configs", nargs="+", default=["obd:global:6", "obd:paired:6"])
+    parser.add_argument("--budgets", type=int, nargs="+", default=[0, 3, 6], help="generations to evaluate")
+    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.3, 0.5])
+    parser.add_argument("--num-val", type=int, default=1000)
+    parser.add_argument("--num-bank", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results" / "defaults_vit_tiny")
+    return parser.parse_args(argv)
+
+
+def parse_config(spec: str, seed: int) -> tuple[str, hf_snapvit.SnapViTConfig]:
+    """``obd:global:6:sigma=0.5`` -> (a file-safe name, the fast preset with those changes)."""
+    definition, mode, generations, *options = spec.split(":")
+    fast = hf_snapvit.SnapViTConfig.preset("fast")
+    scores, search = {"definition": definition}, {}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key in SCORE_OPTIONS:
+            scores[key] = SCORE_OPTIONS[key](value)
+        elif key in SEARCH_OPTIONS:
+            search[key] = SEARCH_OPTIONS[key](value)
+        elif key == "init":
+            search["init_mean"] = tuple(float(v) for v in value.split(","))
+        else:
+            raise SystemExit(f"unknown option {key!r} in {spec!r}; use one of "
+                             f"{sorted([*SEARCH_OPTIONS, *SCORE_OPTIONS, 'init'])}")
+    config = dataclasses.replace(fast, scores=dataclasses.replace(fast.scores, **scores), mode=mode,
+                                 max_generations=int(generations), seed=seed, **search)
+    name = "-".join([definition, mode] + [o.replace("=", "").replace(",", "_") for o in options])
+    return name, config
+
+
+def rank_stage(args: argparse.Namespace) -> None:
+    folder = args.output_dir / "rankings"
+    folder.mkdir(parents=True, exist_ok=True)
+    model = AutoModelForImageClassification.from_pretrained(args.model).eval()
+    processor = AutoImageProcessor.from_pretrained(args.model)
+    calibration = load_split(args.data, "train")
+    for spec in args.configs:
+        name, config = parse_config(spec, args.seed)
+        budgets = [g for g in args.budgets if g <= config.max_generations] or [config.max_generations]
+        if all((folder / f"{name}-g{g}.json").is_file() for g in budgets):
+            print(f"{spec}: already ranked, skipped")
+            continue
+        pruner = hf_snapvit.SnapViTPruner(config)
+        start = time.perf_counter()
+        pruner.fit(model, calibration, processor=processor)
+        wall = time.perf_counter() - start
+        fit = {"spec": spec, "settings": config.to_dict(), "wall_seconds": wall, "timings": pruner.timings_,
+               "history": pruner.history_, "hardware": hardware()}
+        write_text_atomic(folder / f"{name}.fit.json", json.dumps(fit, indent=1, default=str))
+        per_generation = pruner.timings_["search"] / max(config.max_generations, 1)
+        for g in budgets:
+            factors = pruner.initial_factors_ if g == 0 else pruner.history_[g - 1]["best_factors"]
+            ranking = pruner.ranking_from_factors(factors)
+            info = {"spec": spec, "generations": g, "evaluations": g * pruner.history_[0]["evaluations"] if g else 0,
+                    "search_loss": pruner.history_[g - 1]["best_fitness"] if g else None,
+                    # gradients + data, plus the search time of g generations (the fitness setup is counted too)
+                    "ranking_seconds_estimate": pruner.timings_["data"] + pruner.timings_["gradients"]
+                    + (per_generation * g if g else 0.0)}
+            # Unsorted scores (the stored format wants rank order and a permuted model); the eval stage rebuilds them.
+            stored = {"head_scores": ranking.head_scores.tolist(), "neuron_scores": ranking.neuron_scores.tolist(),
+                      "mode": ranking.mode, "min_head_keep_ratio": ranking.min_head_keep_ratio,
+                      "min_neuron_keep_ratio": ranking.min_neuron_keep_ratio,
+                      "paired_head_offset": ranking.paired_head_offset, "info": info}
+            write_text_atomic(folder / f"{name}-g{g}.json", json.dumps(stored))
+        print(f"{spec}: ranked in {wall:.0f} s {pruner.timings_}", flush=True)
+
+
+def eval_stage(args: argparse.Namespace) -> None:
+    files = sorted(f for f in (args.output_dir / "rankings").glob("*.json") if re.search(r"-g\d+\.json$", f.name))
+    if not files:
+        raise SystemExit(f"no rankings in {args.output_dir / 'rankings'}; run the 'rank' stage first")
+    model = AutoModelForImageClassification.from_pretrained(args.model).eval()
+    stored = {f.stem: json.loads(f.read_text()) for f in files}
+    info = {name: s.pop("info") for name, s in stored.items()}
+    rankings = {name: hf_snapvit.ElasticRanking(
+        head_scores=np.array(s.pop("head_scores")), neuron_scores=np.array(s.pop("neuron_scores")),
+        shape=model_shape(model), provenance={"method": "snapvit", "defaults_sweep": info[name]}, **s)
+        for name, s in stored.items()}
+    eval_data = load_split(args.data, "validation", num_samples=args.num_val, seed=args.seed)
+    bank_data = load_split(args.data, "train", num_samples=args.num_bank, seed=args.seed + 1)
+    result = run_sweep(model, rankings, args.sparsities, eval_data, bank_data=bank_data,
+                       processor=AutoImageProcessor.from_pretrained(args.model), output_dir=args.output_dir,
+                       metrics=("top1", "knn"), latency=False, ranking_info=info)
+    summary = {"dense": result.dense, "sparsities": args.sparsities,
+               "num_val": args.num_val, "num_bank": args.num_bank, "hardware": hardware(), "rankings": {}}
+    for name in rankings:
+        rows = [r for r in result.rows if r["method"] == name]
+        summary["rankings"][name] = {
+            **info[name],
+            "mean_top1": float(np.mean([r["top1"] for r in rows])),
+            "mean_knn_top1": float(np.mean([r["knn_top1"] for r in rows])),
+            "top1": [r["top1"] for r in rows], "knn_top1": [r["knn_top1"] for r in rows],
+        }
+    write_text_atomic(args.output_dir / "summary.json", json.dumps(summary, indent=1, default=str))
+    print(f"{'ranking':32s} {'evals':>5s} {'rank s':>7s}  mean top-1  mean k-NN   top-1 @ {args.sparsities}")
+    for name, s in sorted(summary["rankings"].items(), key=lambda kv: -kv[1]["mean_top1"]):
+        print(f"{name:32s} {s['evaluations']:5d} {s['ranking_seconds_estimate']:7.0f}  {s['mean_top1']:10.3f}"
+              f" {s['mean_knn_top1']:9.3f}   {' '.join(f'{v:.3f}' for v in s['top1'])}")
+
+
+def hardware() -> dict:
+    return {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "hf_snapvit": hf_snapvit.__version__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    transformers.utils.logging.set_verbosity_error()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    (rank_stage if args.stage == "rank" else eval_stage)(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""benchmarks/defaults_vit_tiny.py: configuration specs map onto the fast preset with exactly the named changes."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+import hf_snapvit
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "defaults_vit_tiny.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("defaults_vit_tiny", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+defaults = _load()
+FAST = hf_snapvit.SnapViTConfig.preset("fast")
+
+
+def test_plain_spec_changes_definition_mode_and_budget_only():
+    name, config = defaults.parse_config("fisher:paired:6", seed=3)
+    assert name == "fisher-paired"
+    expected = dataclasses.replace(FAST, scores=dataclasses.replace(FAST.scores, definition="fisher"), mode="paired",
+                                   max_generations=6, seed=3)
+    assert config == expected
+
+
+def test_options_reach_the_search_and_the_scores():
+    name, config = defaults.parse_config("obd:global:3:covariance=cka:sigma=0.5:head_rows=qkv:init=1.0,1.0", seed=0)
+    assert name == "obd-global-covariancecka-sigma0.5-head_rowsqkv-init1.0_1.0"
+    assert (config.covariance, config.sigma, config.init_mean) == ("cka", 0.5, (1.0, 1.0))
+    assert config.scores.head_rows == "qkv" and config.scores.crops == FAST.scores.crops
+
+
+def test_unknown_option_names_the_valid_ones():
+    with pytest.raises(SystemExit, match="unknown option 'temperature'.*covariance"):
+        defaults.parse_config("obd:global:3:temperature=2", seed=0)
