@@ -1,4 +1,4 @@
-"""Tiny random models of every supported architecture, built in code (no downloads)."""
+"""pytest set-up: offline Hub, quiet transformers, and the `case` fixture over every tiny architecture."""
 
 from __future__ import annotations
 
@@ -8,107 +8,15 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Callable  # noqa: E402
-
 import pytest
-import torch
-import transformers
 from transformers.utils import logging
 
 logging.set_verbosity_error()
 logging.disable_progress_bar()
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-
-COMMON = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
-
-
-@dataclass
-class Case:
-    name: str
-    build: Callable[[], transformers.PreTrainedModel]
-    inputs: Callable[[int], dict]
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-def _pixels(batch: int, seed: int = 0) -> dict:
-    generator = torch.Generator().manual_seed(seed)
-    return {"pixel_values": torch.randn(batch, 3, 32, 32, generator=generator)}
-
-
-def _siglip2_inputs(batch: int, seed: int = 0) -> dict:
-    generator = torch.Generator().manual_seed(seed)
-    return {
-        "pixel_values": torch.randn(batch, 16, 3 * 8 * 8, generator=generator),
-        "pixel_attention_mask": torch.ones(batch, 16, dtype=torch.long),
-        "spatial_shapes": torch.tensor([[4, 4]] * batch),
-    }
-
-
-def _case(name, cls, config, inputs=_pixels) -> Case:
-    def build():
-        torch.manual_seed(0)
-        model = cls(config)
-        # Random init leaves biases at 0 and some norms at 1; perturb so every parameter matters in comparisons.
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn_like(p) * 0.02)
-        return model.eval()
-
-    return Case(name, build, inputs)
-
-
-def _cases() -> list[Case]:
-    T = transformers
-    vit = dict(COMMON, intermediate_size=37)
-    siglip2 = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, patch_size=8,
-                   num_patches=16)
-    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37)
-    cases = [
-        _case("vit", T.ViTModel, T.ViTConfig(**vit)),
-        _case("vit-cls", T.ViTForImageClassification, T.ViTConfig(**vit, num_labels=5)),
-        _case("deit", T.DeiTModel, T.DeiTConfig(**vit)),
-        _case("deit-cls-teacher", T.DeiTForImageClassificationWithTeacher, T.DeiTConfig(**vit, num_labels=5)),
-        _case("dinov2", T.Dinov2Model, T.Dinov2Config(**COMMON, mlp_ratio=3)),
-        _case("dinov2-swiglu", T.Dinov2Model, T.Dinov2Config(**COMMON, mlp_ratio=3, use_swiglu_ffn=True)),
-        _case("dinov2-cls", T.Dinov2ForImageClassification, T.Dinov2Config(**COMMON, mlp_ratio=3, num_labels=5)),
-        _case("dinov2-registers", T.Dinov2WithRegistersModel,
-              T.Dinov2WithRegistersConfig(**COMMON, mlp_ratio=3, num_register_tokens=2)),
-        _case("siglip-vision", T.SiglipVisionModel, T.SiglipVisionConfig(**vit)),
-        _case("siglip-cls", T.SiglipForImageClassification,
-              T.SiglipConfig(vision_config=vit, text_config=text, num_labels=5)),
-        _case("siglip2-vision", T.Siglip2VisionModel, T.Siglip2VisionConfig(**siglip2), _siglip2_inputs),
-        _case("clip-vision", T.CLIPVisionModel, T.CLIPVisionConfig(**vit)),
-        _case("clip-cls", T.CLIPForImageClassification,
-              T.CLIPConfig(vision_config=vit, text_config=text, num_labels=5)),
-    ]
-    if hasattr(T, "DINOv3ViTModel"):
-        cases += [
-            _case("dinov3", T.DINOv3ViTModel, T.DINOv3ViTConfig(**vit, num_register_tokens=1)),
-            _case("dinov3-gated", T.DINOv3ViTModel, T.DINOv3ViTConfig(**vit, use_gated_mlp=True)),
-        ]
-    return cases
-
-
-CASES = _cases()
-
-
-def output_of(model: transformers.PreTrainedModel, inputs: dict) -> torch.Tensor:
-    """The tensor a user of this model reads: logits for classifiers, the last hidden state otherwise."""
-    with torch.no_grad():
-        out = model(**inputs)
-    return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+from helpers import CASES, Case  # noqa: E402
 
 
 @pytest.fixture(params=CASES, ids=lambda c: c.name)
 def case(request) -> Case:
     return request.param
-
-
-def requires_shared(*parts: str):
-    path = SHARED.joinpath(*parts)
-    return pytest.mark.skipif(not path.exists(), reason=f"needs {path} (the shared folder beside the repository)")

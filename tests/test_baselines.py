@@ -10,8 +10,7 @@ import torch
 import hf_snapvit as hs
 from hf_snapvit.baselines import _lamp
 from hf_snapvit.scoring import ScoreConfig, gradient_scores
-from conftest import CASES
-from test_scoring import FEW_CROPS, PROCESSOR, images
+from helpers import CASES, FEW_CROPS, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}
 

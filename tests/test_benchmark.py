@@ -18,7 +18,7 @@ from hf_snapvit.benchmark import (
     measure_latency,
     timed_rank,
 )
-from conftest import CASES
+from helpers import CASES
 
 CASE = {c.name: c for c in CASES}
 

@@ -14,8 +14,7 @@ from transformers import AutoModel, AutoModelForImageClassification
 
 import hf_snapvit as hs
 from hf_snapvit.checkpoint import CheckpointReader
-from conftest import CASES, output_of
-from test_slicing import masked_copy
+from helpers import CASES, masked_copy, output_of
 
 CASE = {c.name: c for c in CASES}
 

@@ -22,7 +22,7 @@ import hf_snapvit
 from hf_snapvit.budget import backbone_parameters, estimate_gflops, layer_widths
 from hf_snapvit.cli import COMMANDS, main
 
-from conftest import output_of
+from helpers import output_of
 
 ROOT = Path(__file__).resolve().parents[1]
 

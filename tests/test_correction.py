@@ -21,7 +21,7 @@ from hf_snapvit.correction import (
     reconstruction_error,
 )
 
-from conftest import CASES, output_of
+from helpers import CASES, output_of
 
 FAST = {c.name: c for c in CASES}
 

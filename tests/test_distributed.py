@@ -23,8 +23,7 @@ from hf_snapvit import distributed, fitness, scoring
 from hf_snapvit.data import MultiCropConfig, sample_images
 from hf_snapvit.scoring import ScoreConfig, gradient_scores
 
-from conftest import CASES
-from test_scoring import PROCESSOR, images
+from helpers import CASES, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}
 GRID = np.round(np.arange(0.05, 0.601, 0.05), 2)

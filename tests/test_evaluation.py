@@ -28,7 +28,7 @@ from hf_snapvit.evaluation import (
     top1_accuracy,
     train_linear_probe,
 )
-from conftest import CASES
+from helpers import CASES
 
 CASE = {c.name: c for c in CASES}
 

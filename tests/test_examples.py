@@ -6,12 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import requires_shared
+from helpers import SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, requires_shared
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@requires_shared("models", "vit-tiny-tinyimagenet")
+@requires_shared(SHARED_MODEL, SHARED_VALIDATION)
 def test_load_any_size_example(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "load_any_size.py"), "--sparsities", "0.0", "0.3",
@@ -26,7 +26,7 @@ def test_load_any_size_example(tmp_path):
     assert (tmp_path / "elastic" / "preprocessor_config.json").exists()
 
 
-@requires_shared("models", "vit-tiny-tinyimagenet")
+@requires_shared(SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION)
 def test_prune_and_push_example(tmp_path):
     import hf_snapvit
 

@@ -17,7 +17,7 @@ from hf_snapvit.budget import layer_widths
 from hf_snapvit.hub import HubUploadError, push_to_hub
 from hf_snapvit.model_card import GENERATED_MARKER, HEATMAP_FILENAME
 
-from conftest import output_of
+from helpers import output_of
 
 TOKEN = "hf_test_token"
 

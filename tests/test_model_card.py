@@ -23,7 +23,7 @@ from hf_snapvit.model_card import (
     write_model_card,
 )
 
-from conftest import SHARED, requires_shared
+from helpers import SHARED, SHARED_MODEL, requires_shared
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +231,7 @@ def test_sliced_checkpoint_without_ranking_only_describes_its_size(elastic, tmp_
         make_model_card(tmp_path / "bare", evaluations=[{"sparsity": 0.5, "metric": "a", "value": 1, "dataset": "d"}])
 
 
-@requires_shared("models", "vit-tiny-tinyimagenet")
+@requires_shared(SHARED_MODEL)
 def test_example_card_describes_the_shared_vit_tiny():
     """The checked-in card (benchmarks/make_example_card.py) against the real model, measured independently."""
     example = Path(__file__).resolve().parents[1] / "model_cards" / "vit-tiny-tinyimagenet-elastic"

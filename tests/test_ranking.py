@@ -10,7 +10,7 @@ from transformers import ViTConfig
 
 import hf_snapvit as hs
 from hf_snapvit.budget import model_shape, skeleton
-from conftest import CASES
+from helpers import CASES
 
 CASE = {c.name: c for c in CASES}
 

@@ -10,7 +10,7 @@ from transformers import AutoImageProcessor, AutoModelForImageClassification
 import hf_snapvit as hs
 from hf_snapvit.data import MultiCropConfig
 from hf_snapvit.scoring import ScoreConfig
-from conftest import SHARED, requires_shared
+from helpers import SHARED, SHARED_MODEL, SHARED_TRAIN, requires_shared
 
 MODEL = SHARED / "models" / "vit-tiny-tinyimagenet"
 TRAIN = SHARED / "data" / "tiny-imagenet-200" / "train.parquet"
@@ -30,8 +30,7 @@ def run(seed: int) -> tuple[hs.ElasticRanking, list]:
     return pruner.fit(model, data, processor=processor, show_progress=False), pruner.history_
 
 
-@requires_shared("models", "vit-tiny-tinyimagenet")
-@requires_shared("data", "tiny-imagenet-200", "train.parquet")
+@requires_shared(SHARED_MODEL, SHARED_TRAIN)
 @pytest.mark.slow
 def test_same_seed_same_ranking_on_the_real_model():
     (a, history_a), (b, history_b) = run(0), run(0)

@@ -10,18 +10,11 @@ from transformers import ViTImageProcessor
 
 from hf_snapvit.data import MultiCropConfig, Normalizer, multi_crops
 from hf_snapvit.scoring import ScoreConfig, dino_loss, gradient_scores
-from conftest import CASES
+from helpers import CASES, FEW_CROPS, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}
 # Every architecture: SigLIP2's patch-sequence backbone gets [B, C, H, W] crops patchified (test_siglip2.py).
 PIXEL_CASES = CASES
-PROCESSOR = ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-FEW_CROPS = ScoreConfig(crops=MultiCropConfig(num_global=2, num_local=2))
-
-
-def images(n: int, seed: int = 0) -> list[Image.Image]:
-    rng = np.random.default_rng(seed)
-    return [Image.fromarray(rng.integers(0, 255, (48, 40, 3), dtype=np.uint8)) for _ in range(n)]
 
 
 def test_dino_loss_matches_its_definition():

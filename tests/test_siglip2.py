@@ -12,8 +12,7 @@ from hf_snapvit.architectures import image_embedding, input_size, patchify, unpa
 from hf_snapvit.data import MultiCropConfig, processor_inputs
 from hf_snapvit.errors import SnapViTError
 from hf_snapvit.scoring import ScoreConfig, gradient_scores
-from conftest import CASES
-from test_scoring import images
+from helpers import CASES, images
 
 CASE = {c.name: c for c in CASES}
 

@@ -10,28 +10,10 @@ import torch
 
 import hf_snapvit as hs
 from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
-from conftest import output_of
+from helpers import masked_copy, output_of
 
 # Fractions of each model's maximum sparsity (tiny models have large embeddings, so maxima differ).
 FRACTIONS = [0.25, 0.6, 1.0]
-
-
-def masked_copy(model, keep):
-    """Dense model whose dropped heads (o_proj columns) and neurons (FFN output columns) are zeroed."""
-    masked = copy.deepcopy(model)
-    spec = get_spec(masked)
-    with torch.no_grad():
-        for layer, (heads, neurons) in zip(get_layers(masked, spec), keep):
-            attention = get_attention(layer, spec)
-            hd = head_dim(attention, spec)
-            o_proj = getattr(attention, spec.o_proj)
-            dropped = np.setdiff1d(np.arange(o_proj.in_features // hd), heads)
-            for h in dropped:
-                o_proj.weight[:, h * hd:(h + 1) * hd] = 0
-            mlp, variant = get_mlp(layer, spec)
-            out_proj = getattr(mlp, variant.out_proj)
-            out_proj.weight[:, np.setdiff1d(np.arange(out_proj.in_features), neurons)] = 0
-    return masked
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])

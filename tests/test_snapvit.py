@@ -14,8 +14,7 @@ from hf_snapvit.architectures import image_embedding
 from hf_snapvit.data import MultiCropConfig, split_calibration
 from hf_snapvit.fitness import EmbeddingFitness
 from hf_snapvit.scoring import ScoreConfig
-from conftest import CASES
-from test_scoring import PROCESSOR, images
+from helpers import CASES, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}
 TINY = dict(num_gradient_images=3, num_fitness_images=6, scores=ScoreConfig(crops=MultiCropConfig(num_local=2)),

@@ -12,7 +12,7 @@ import torch
 import hf_snapvit as hs
 from hf_snapvit.evaluation import Evaluator, LinearProbeConfig
 from hf_snapvit.sweep import CSV_COLUMNS, SweepError, run_sweep
-from conftest import CASES
+from helpers import CASES
 
 CASE = {c.name: c for c in CASES}
 

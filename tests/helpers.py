@@ -1,0 +1,144 @@
+"""Shared test helpers: tiny random models of every supported architecture built in code (no downloads), random
+images, the masked-dense reference, and the ../shared paths."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from PIL import Image
+from transformers import ViTImageProcessor
+
+from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from hf_snapvit.data import MultiCropConfig
+from hf_snapvit.scoring import ScoreConfig
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+COMMON = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
+
+
+@dataclass
+class Case:
+    name: str
+    build: Callable[[], transformers.PreTrainedModel]
+    inputs: Callable[[int], dict]
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _pixels(batch: int, seed: int = 0) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    return {"pixel_values": torch.randn(batch, 3, 32, 32, generator=generator)}
+
+
+def _siglip2_inputs(batch: int, seed: int = 0) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "pixel_values": torch.randn(batch, 16, 3 * 8 * 8, generator=generator),
+        "pixel_attention_mask": torch.ones(batch, 16, dtype=torch.long),
+        "spatial_shapes": torch.tensor([[4, 4]] * batch),
+    }
+
+
+def _case(name, cls, config, inputs=_pixels) -> Case:
+    def build():
+        torch.manual_seed(0)
+        model = cls(config)
+        # Random init leaves biases at 0 and some norms at 1; perturb so every parameter matters in comparisons.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.02)
+        return model.eval()
+
+    return Case(name, build, inputs)
+
+
+def _cases() -> list[Case]:
+    T = transformers
+    vit = dict(COMMON, intermediate_size=37)
+    siglip2 = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, patch_size=8,
+                   num_patches=16)
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37)
+    cases = [
+        _case("vit", T.ViTModel, T.ViTConfig(**vit)),
+        _case("vit-cls", T.ViTForImageClassification, T.ViTConfig(**vit, num_labels=5)),
+        _case("deit", T.DeiTModel, T.DeiTConfig(**vit)),
+        _case("deit-cls-teacher", T.DeiTForImageClassificationWithTeacher, T.DeiTConfig(**vit, num_labels=5)),
+        _case("dinov2", T.Dinov2Model, T.Dinov2Config(**COMMON, mlp_ratio=3)),
+        _case("dinov2-swiglu", T.Dinov2Model, T.Dinov2Config(**COMMON, mlp_ratio=3, use_swiglu_ffn=True)),
+        _case("dinov2-cls", T.Dinov2ForImageClassification, T.Dinov2Config(**COMMON, mlp_ratio=3, num_labels=5)),
+        _case("dinov2-registers", T.Dinov2WithRegistersModel,
+              T.Dinov2WithRegistersConfig(**COMMON, mlp_ratio=3, num_register_tokens=2)),
+        _case("siglip-vision", T.SiglipVisionModel, T.SiglipVisionConfig(**vit)),
+        _case("siglip-cls", T.SiglipForImageClassification,
+              T.SiglipConfig(vision_config=vit, text_config=text, num_labels=5)),
+        _case("siglip2-vision", T.Siglip2VisionModel, T.Siglip2VisionConfig(**siglip2), _siglip2_inputs),
+        _case("clip-vision", T.CLIPVisionModel, T.CLIPVisionConfig(**vit)),
+        _case("clip-cls", T.CLIPForImageClassification,
+              T.CLIPConfig(vision_config=vit, text_config=text, num_labels=5)),
+    ]
+    if hasattr(T, "DINOv3ViTModel"):
+        cases += [
+            _case("dinov3", T.DINOv3ViTModel, T.DINOv3ViTConfig(**vit, num_register_tokens=1)),
+            _case("dinov3-gated", T.DINOv3ViTModel, T.DINOv3ViTConfig(**vit, use_gated_mlp=True)),
+        ]
+    return cases
+
+
+CASES = _cases()
+
+
+def output_of(model: transformers.PreTrainedModel, inputs: dict) -> torch.Tensor:
+    """The tensor a user of this model reads: logits for classifiers, the last hidden state otherwise."""
+    with torch.no_grad():
+        out = model(**inputs)
+    return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+
+SHARED_MODEL = ("models", "vit-tiny-tinyimagenet")
+SHARED_TRAIN = ("data", "tiny-imagenet-200", "train.parquet")
+SHARED_VALIDATION = ("data", "tiny-imagenet-200", "validation.parquet")
+
+
+def requires_shared(*paths: tuple[str, ...]):
+    """Skip unless every named file or folder of ../shared exists (each path given as a tuple of parts)."""
+    missing = [SHARED.joinpath(*parts) for parts in paths if not SHARED.joinpath(*parts).exists()]
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(map(str, missing))} (the shared folder "
+                                                    "beside the repository)")
+
+
+def images(n: int, seed: int = 0) -> list[Image.Image]:
+    """n random RGB images of 48 x 40 pixels."""
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 255, (48, 40, 3), dtype=np.uint8)) for _ in range(n)]
+
+
+PROCESSOR = ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+# Two global and two local crops: the scoring path of the default, at a fraction of its cost.
+FEW_CROPS = ScoreConfig(crops=MultiCropConfig(num_global=2, num_local=2))
+
+
+def masked_copy(model, keep):
+    """Dense model whose dropped heads (o_proj columns) and neurons (FFN output columns) are zeroed."""
+    masked = copy.deepcopy(model)
+    spec = get_spec(masked)
+    with torch.no_grad():
+        for layer, (heads, neurons) in zip(get_layers(masked, spec), keep):
+            attention = get_attention(layer, spec)
+            hd = head_dim(attention, spec)
+            o_proj = getattr(attention, spec.o_proj)
+            dropped = np.setdiff1d(np.arange(o_proj.in_features // hd), heads)
+            for h in dropped:
+                o_proj.weight[:, h * hd:(h + 1) * hd] = 0
+            mlp, variant = get_mlp(layer, spec)
+            out_proj = getattr(mlp, variant.out_proj)
+            out_proj.weight[:, np.setdiff1d(np.arange(out_proj.in_features), neurons)] = 0
+    return masked
