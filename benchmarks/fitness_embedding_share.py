@@ -1,7 +1,7 @@
 """Share of the SnapViT fitness forward time spent in the patch embedding (what a block-0 input cache would save)."""
 # Run from the repository root: python <this file> (defaults: the shared ViT-Tiny, 128 validation images).
 import argparse, time
-import datasets, numpy as np, torch
+import datasets, torch
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 import hf_snapvit as hs
 from hf_snapvit.architectures import get_backbone

@@ -53,6 +53,7 @@ import transformers
 from huggingface_hub.utils import tqdm
 
 import hf_snapvit
+from hf_snapvit.budget import ModelShape, layer_widths
 from hf_snapvit.budget import ModelShape, backbone_parameters, estimate_gflops, model_shape
 from hf_snapvit.errors import BudgetError
 from hf_snapvit.evaluation import extract_features, knn_accuracy, representation_retention, top1_accuracy
@@ -111,7 +112,7 @@ def plan_removals(shape: ModelShape, sparsity: float, head_rule: str = "proporti
     """How many heads and FFN neurons to remove for a backbone ``sparsity``.
 
     Args:
-        shape: The dense model's :class:`~hf_snapvit.ModelShape` (unit parameter costs).
+        shape: The dense model's :class:`~ModelShape` (unit parameter costs).
         sparsity: Fraction of backbone parameters to remove, hf_snapvit's definition.
         head_rule: ``"proportional"`` (same fraction of head and of FFN parameters) or ``"paired"`` (head ratio =
             neuron ratio - 0.15, the SnapViT reference).
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
             if name == "snapvit":
                 t0 = time.perf_counter()
                 pruned = hf_snapvit.ElasticViTModel.from_pretrained(args.elastic, sparsity=sparsity).eval()
-                heads, neurons = hf_snapvit.layer_widths(pruned)
+                heads, neurons = layer_widths(pruned)
                 params = backbone_parameters(pruned)
                 record = {"target_sparsity": sparsity, "sparsity": 1.0 - params / dense["params"],
                           "target_params": round((1 - sparsity) * dense["params"]), "params": params,

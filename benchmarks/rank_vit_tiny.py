@@ -26,6 +26,7 @@ from datasets import load_dataset
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit
+from hf_snapvit.slicing import slice_model_
 from hf_snapvit.evaluation import extract_features, knn_accuracy
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -100,7 +101,7 @@ def main() -> None:
         rows = []
         for sparsity in args.sparsities:
             counts = ranking.keep_counts(min(sparsity, ranking.max_sparsity))
-            sliced = hf_snapvit.slice_model_(copy.deepcopy(model), ranking.keep_indices(counts))
+            sliced = slice_model_(copy.deepcopy(model), ranking.keep_indices(counts))
             f, lg = features_and_logits(sliced, val_pixels)
             b, _ = features_and_logits(sliced, bank_pixels)
             row = {"sparsity": counts.sparsity, "gflops": counts.gflops,

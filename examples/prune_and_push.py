@@ -24,6 +24,7 @@ from datasets import load_dataset
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit
+from hf_snapvit.budget import layer_widths
 from hf_snapvit.data import load_image_dataset
 from hf_snapvit.distributed import process_state
 
@@ -100,7 +101,7 @@ def main() -> None:
         labels = torch.tensor([e["label"] for e in examples])
     for sparsity in args.sparsities:
         small = hf_snapvit.ElasticViTModel.from_pretrained(output, sparsity=sparsity)
-        heads, neurons = hf_snapvit.layer_widths(small)
+        heads, neurons = layer_widths(small)
         line = (f"sparsity {sparsity:.2f}: {hf_snapvit.backbone_parameters(small) / 1e6:.2f} M backbone params, "
                 f"{hf_snapvit.estimate_gflops(small):.3f} GFLOPs, heads per block {heads}")
         if labels is not None:

@@ -16,7 +16,7 @@ from PIL import Image
 from transformers import ViTImageProcessor
 
 from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
-from hf_snapvit.data import MultiCropConfig
+from hf_snapvit.views import MultiCropConfig
 from hf_snapvit.scoring import ScoreConfig
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

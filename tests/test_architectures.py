@@ -8,6 +8,9 @@ import pytest
 from transformers import BertConfig, ViTConfig, ViTModel
 
 import hf_snapvit as hs
+from hf_snapvit.architectures import get_spec, register_architecture
+from hf_snapvit.budget import layer_widths
+from hf_snapvit.slicing import slice_model_
 from hf_snapvit.architectures import _REGISTRY, get_backbone, get_layers
 
 
@@ -18,7 +21,7 @@ def test_supported_types_cover_the_issue_list():
 
 def test_unsupported_architecture_names_type_list_and_fix():
     with pytest.raises(hs.UnsupportedArchitectureError) as info:
-        hs.get_spec(BertConfig())
+        get_spec(BertConfig())
     message = str(info.value)
     assert "model_type='bert'" in message and "dinov2" in message and "register_architecture" in message
     assert isinstance(info.value, ValueError)
@@ -31,12 +34,12 @@ def test_register_a_new_architecture(monkeypatch):
         model_type = "my_vit"
 
     with pytest.raises(ValueError, match="already registered"):
-        hs.register_architecture(dataclasses.replace(hs.get_spec("vit")))
-    hs.register_architecture(dataclasses.replace(hs.get_spec("vit"), model_type="my_vit"))
+        register_architecture(dataclasses.replace(get_spec("vit")))
+    register_architecture(dataclasses.replace(get_spec("vit"), model_type="my_vit"))
     config = MyViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
                          image_size=32, patch_size=8)
     model = ViTModel(config)
     assert get_backbone(model) is model and len(get_layers(model)) == 2
     counts = hs.rank(model).keep_counts(0.2)
-    hs.slice_model_(model, hs.rank(model).keep_indices(counts))
-    assert hs.layer_widths(model) == (counts.heads, counts.neurons)
+    slice_model_(model, hs.rank(model).keep_indices(counts))
+    assert layer_widths(model) == (counts.heads, counts.neurons)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import hf_snapvit as hs
+from hf_snapvit.budget import layer_widths
 from hf_snapvit.benchmark import (
     BenchmarkError,
     add_load_ratios,
@@ -68,7 +69,7 @@ def test_latency_vs_sparsity_reports_realised_and_theoretical_speedups():
 
 
 def test_timed_rank_records_wall_time_and_snapvit_phases():
-    from hf_snapvit.data import MultiCropConfig
+    from hf_snapvit.views import MultiCropConfig
     from hf_snapvit.scoring import ScoreConfig
 
     model = CASE["vit"].build()
@@ -96,7 +97,7 @@ def test_load_child_measures_one_configuration(tmp_path):
     result = json.loads((tmp_path / "result.json").read_text())
     loaded = hs.ElasticViTModel.from_pretrained(tmp_path / "elastic", sparsity=0.4)
     assert result["model"]["backbone_params"] == hs.backbone_parameters(loaded)
-    assert result["model"]["heads_per_block"] == hs.layer_widths(loaded)[0]
+    assert result["model"]["heads_per_block"] == layer_widths(loaded)[0]
     assert result["load_s"] > 0 and len(result["warm_load_s_runs"]) == 1
     assert set(result["latency"]) == {"1", "2"} and "anon_growth" in result["memory"]
     dense = {**result, "model": {**result["model"], "backbone_params": 2 * result["model"]["backbone_params"]}}

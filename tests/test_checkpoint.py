@@ -13,6 +13,8 @@ import transformers
 from transformers import AutoModel, AutoModelForImageClassification
 
 import hf_snapvit as hs
+from hf_snapvit.budget import layer_widths
+from hf_snapvit.ranking import FORMAT_VERSION
 from hf_snapvit.checkpoint import CheckpointReader
 from helpers import CASES, masked_copy, output_of
 
@@ -65,7 +67,7 @@ def test_sliced_load_equals_masked_original(elastic, attn):
     sparsity = 0.7 * stored.max_sparsity
     loaded = hs.ElasticViTModel.from_pretrained(path, sparsity=sparsity, attn_implementation=attn)
     counts = stored.keep_counts(sparsity)
-    assert hs.layer_widths(loaded) == (counts.heads, counts.neurons)
+    assert layer_widths(loaded) == (counts.heads, counts.neurons)
     # The stored ranking orders units like the in-memory one (up to the compact encoding of neuron scores).
     reference = masked_copy(model, ranking.keep_indices(counts))
     torch.testing.assert_close(output_of(loaded, inputs), output_of(reference, inputs), atol=1e-5, rtol=1e-4)
@@ -79,15 +81,15 @@ def test_round_trip_through_save_pretrained(elastic, tmp_path):
     sliced = hs.ElasticViTModel.from_pretrained(path, sparsity=sparsity)
     sliced.save_pretrained(tmp_path / "sliced")
     config = json.loads((tmp_path / "sliced" / "config.json").read_text())
-    assert config["elastic_layout"]["num_heads"] == hs.layer_widths(sliced)[0]
-    assert config["elastic_layout"]["intermediate_size"] == hs.layer_widths(sliced)[1]
+    assert config["elastic_layout"]["num_heads"] == layer_widths(sliced)[0]
+    assert config["elastic_layout"]["intermediate_size"] == layer_widths(sliced)[1]
     shutil.rmtree(path)  # the reload must not need the dense weights
     again = hs.ElasticViTModel.from_pretrained(tmp_path / "sliced")
-    assert hs.layer_widths(again) == hs.layer_widths(sliced)
+    assert layer_widths(again) == layer_widths(sliced)
     torch.testing.assert_close(output_of(again, inputs), output_of(sliced, inputs), atol=0, rtol=0)
     # A sliced checkpoint can be sliced further, but cannot grow back.
     smaller = hs.ElasticViTModel.from_pretrained(tmp_path / "sliced", sparsity=stored.max_sparsity)
-    assert sum(hs.layer_widths(smaller)[1]) < sum(hs.layer_widths(sliced)[1])
+    assert sum(layer_widths(smaller)[1]) < sum(layer_widths(sliced)[1])
     with pytest.raises(hs.BudgetError, match="cannot grow back"):
         hs.ElasticViTModel.from_pretrained(tmp_path / "sliced", sparsity=0.0)
 
@@ -102,7 +104,7 @@ def test_sharded_checkpoint_is_read_slice_by_slice(tmp_path):
     dense = hs.ElasticViTModel.from_pretrained(tmp_path / "sharded")
     torch.testing.assert_close(output_of(dense, inputs), output_of(model, inputs), atol=1e-5, rtol=0)
     sliced = hs.ElasticViTModel.from_pretrained(tmp_path / "sharded", sparsity=0.3)
-    assert sum(hs.layer_widths(sliced)[1]) < 2 * 37
+    assert sum(layer_widths(sliced)[1]) < 2 * 37
 
 
 def test_reader_reads_only_prefixes(tmp_path):
@@ -135,7 +137,7 @@ def test_hub_kwargs_resolve_through_the_hub_cache(tmp_path):
     loaded = hs.ElasticViTModel.from_pretrained(
         "org/tiny-elastic", sparsity=0.3, cache_dir=tmp_path / "cache", revision="main", local_files_only=True
     )
-    assert sum(hs.layer_widths(loaded)[1]) < 2 * 37
+    assert sum(layer_widths(loaded)[1]) < 2 * 37
     with pytest.raises(OSError):
         hs.ElasticViTModel.from_pretrained("org/tiny-elastic", sparsity=0.3, cache_dir=tmp_path / "cache",
                                            revision="v9", local_files_only=True)
@@ -209,7 +211,7 @@ def _edit_ranking(path, edit):
 def test_newer_format_version(tmp_path):
     model = CASE["vit"].build()
     hs.save_elastic(model, hs.rank(model), tmp_path / "e")
-    _edit_ranking(tmp_path / "e", lambda r: r.update(format_version=hs.FORMAT_VERSION + 1))
+    _edit_ranking(tmp_path / "e", lambda r: r.update(format_version=FORMAT_VERSION + 1))
     with pytest.raises(hs.RankingFormatError, match=r"newer hf_snapvit.*upgrade hf_snapvit"):
         hs.ElasticViTModel.from_pretrained(tmp_path / "e", sparsity=0.3)
 
@@ -284,5 +286,5 @@ def test_returned_ranking_is_what_from_pretrained_resolves(elastic):
         sparsity = fraction * stored.max_sparsity
         counts = stored.keep_counts(sparsity)
         loaded = hs.ElasticViTModel.from_pretrained(path, sparsity=sparsity)
-        assert hs.layer_widths(loaded) == (counts.heads, counts.neurons)
+        assert layer_widths(loaded) == (counts.heads, counts.neurons)
         assert loaded.config.elastic_layout["num_params"] == counts.num_params

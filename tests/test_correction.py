@@ -12,6 +12,8 @@ import transformers
 from PIL import Image
 
 import hf_snapvit
+from hf_snapvit.errors import DataError
+from hf_snapvit.slicing import slice_model_
 from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
 from hf_snapvit.correction import (
     CorrectionConfig,
@@ -244,7 +246,7 @@ def test_no_removed_units_is_identity(name):
     inputs, data = calibration(case, 6)
     summary = correct_model_(model, keep, data, config=CorrectionConfig(num_samples=None), show_progress=False)
     assert summary.num_removed == 0 and all(layer.error_after == 0 for layer in summary.layers)
-    reordered = hf_snapvit.slice_model_(copy.deepcopy(dense), keep)
+    reordered = slice_model_(copy.deepcopy(dense), keep)
     for a, b in zip(model.state_dict().values(), reordered.state_dict().values()):
         assert torch.equal(a, b)
     torch.testing.assert_close(output_of(model, inputs), output_of(dense, inputs), rtol=1e-5, atol=1e-5)
@@ -284,7 +286,7 @@ def test_bad_keep_and_missing_processor_raise():
     with pytest.raises(CorrectionError, match=r"\[0, 4\)"):
         correct_model_(model, bad, pixels, show_progress=False)
     images = [Image.new("RGB", (32, 32), (i, 2 * i, 3 * i)) for i in range(4)]
-    with pytest.raises(CorrectionError, match="processor"):
+    with pytest.raises(DataError, match="processor"):
         correct_model_(model, keep, images, show_progress=False)
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hf_snapvit.data import load_image_dataset, sample_images, split_calibration
+from hf_snapvit.calibration import sample_images, split_calibration
+from hf_snapvit.data import load_image_dataset
 from hf_snapvit.errors import SnapViTError
 
 

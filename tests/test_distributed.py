@@ -19,8 +19,9 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit import distributed, fitness, scoring
-from hf_snapvit.data import MultiCropConfig, sample_images
+from hf_snapvit import calibration, distributed, fitness, scoring
+from hf_snapvit.calibration import sample_images
+from hf_snapvit.views import MultiCropConfig
 from hf_snapvit.scoring import ScoreConfig, gradient_scores
 
 from helpers import CASES, PROCESSOR, images
@@ -180,7 +181,7 @@ def test_stream_shares_add_up_to_the_one_process_sample(num_shards, world_size, 
         stream = stream.cast_column("image", datasets.Image(decode=False))
     expected = [example["label"] for example in stream]
     steps = [s for rank in range(world_size)
-             for s in distributed.stream_steps(stream, "image", step_size, label_column="label", rank=rank,
+             for s in calibration.stream_steps(stream, "image", step_size, label_column="label", rank=rank,
                                                world_size=world_size)]
     steps.sort(key=lambda s: s[0])
     assert [first for first, _, _ in steps] == list(range(0, 22, step_size))
@@ -192,7 +193,7 @@ def test_stream_shares_add_up_to_the_one_process_sample(num_shards, world_size, 
 
 def test_one_process_draws_the_whole_sample():
     table = labelled_table(12)
-    gradient, fitness_images, description, _ = distributed.draw_calibration(
+    gradient, fitness_images, description, _ = calibration.draw_calibration(
         table.to_iterable_dataset(), 4, 5, step_size=1, seed=2)
     reference, _ = sample_images(table.to_iterable_dataset(), 9, seed=2)
     assert [x.tobytes() for x in gradient + fitness_images] == [x.tobytes() for x in reference]
@@ -208,7 +209,7 @@ def test_scores_of_disjoint_step_shares_add_up_to_the_whole():
     whole = gradient_scores(model, pictures, PROCESSOR, config, seed=4, show_progress=False)
     steps = [(i, pictures[i:i + 1], None) for i in range(5)]
     shares = (steps[1::2][::-1], steps[0::2])
-    parts = [gradient_scores(model, distributed.GradientSteps(share, 5, 1), PROCESSOR, config, seed=4,
+    parts = [gradient_scores(model, calibration.GradientSteps(share, 5, 1), PROCESSOR, config, seed=4,
                              show_progress=False) for share in shares]
     for unit in (0, 1):
         np.testing.assert_allclose(parts[0][unit] + parts[1][unit], whole[unit], rtol=1e-12, atol=0)
@@ -216,7 +217,7 @@ def test_scores_of_disjoint_step_shares_add_up_to_the_whole():
     other_seed = gradient_scores(model, pictures, PROCESSOR, config, seed=5, show_progress=False)
     assert not np.allclose(other_seed[1], whole[1], rtol=1e-6)
     with pytest.raises(hs.SnapViTError, match="drawn with 1 images per step"):
-        gradient_scores(model, distributed.GradientSteps(steps, 5, 1), PROCESSOR,
+        gradient_scores(model, calibration.GradientSteps(steps, 5, 1), PROCESSOR,
                         ScoreConfig(definition="accumulated", batch_size=2), show_progress=False)
 
 

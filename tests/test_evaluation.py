@@ -13,6 +13,7 @@ from PIL import Image
 from transformers import ViTImageProcessor
 
 import hf_snapvit as hs
+from hf_snapvit.slicing import slice_model_
 from hf_snapvit.architectures import image_embedding
 from hf_snapvit.evaluation import (
     EvaluationError,
@@ -184,7 +185,7 @@ def test_evaluator_dense_retention_is_one_and_pruned_less(tmp_path):
     assert dense.knn_top1 == pytest.approx(knn_accuracy(dense_bank.embeddings, bank_labels, dense_eval.embeddings,
                                                         eval_labels, 5))
     ranking = hs.rank(model, method="magnitude")
-    pruned = hs.slice_model_(CASE["vit-cls"].build(), ranking.keep_indices(ranking.keep_counts(0.4)))
+    pruned = slice_model_(CASE["vit-cls"].build(), ranking.keep_indices(ranking.keep_counts(0.4)))
     result = evaluator.evaluate(pruned, name="pruned")
     assert result.retention < 1.0 - 1e-4
     assert result.sparsity == pytest.approx(ranking.keep_counts(0.4).sparsity)

@@ -11,6 +11,7 @@ import torch
 import transformers
 
 import hf_snapvit
+from hf_snapvit.budget import layer_widths
 from hf_snapvit.budget import backbone_parameters, model_shape
 
 pytest.importorskip("torch_pruning", reason="torch-pruning (the peer under comparison) is not installed; "
@@ -94,7 +95,7 @@ def test_prunes_to_the_budget_and_runs(dense, gradients, importance, sparsity):
     target = (1 - sparsity) * backbone_parameters(dense)
     assert abs(backbone_parameters(pruned) - target) <= shape.params_per_neuron  # within one neuron
     assert record["params"] == backbone_parameters(pruned)
-    heads, neurons = hf_snapvit.layer_widths(pruned)
+    heads, neurons = layer_widths(pruned)
     assert record["heads"] == heads and record["neurons"] == neurons
     assert sum(heads) < shape.num_layers * shape.num_heads and sum(neurons) < shape.num_layers * shape.intermediate_size
     min_heads, min_neurons = peer.floors(shape)

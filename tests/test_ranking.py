@@ -9,13 +9,15 @@ import pytest
 from transformers import ViTConfig
 
 import hf_snapvit as hs
+from hf_snapvit.budget import ModelShape
+from hf_snapvit.slicing import slice_model_
 from hf_snapvit.budget import model_shape, skeleton
 from helpers import CASES
 
 CASE = {c.name: c for c in CASES}
 
 
-def vit_shape(hidden: int, layers: int, heads: int, num_labels: int | None = None) -> hs.ModelShape:
+def vit_shape(hidden: int, layers: int, heads: int, num_labels: int | None = None) -> ModelShape:
     kwargs = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=4 * hidden)
     if num_labels:
         kwargs.update(num_labels=num_labels, architectures=["ViTForImageClassification"])
@@ -26,7 +28,7 @@ VIT_B = vit_shape(768, 12, 12)
 VIT_L = vit_shape(1024, 24, 16)
 
 
-def random_ranking(shape: hs.ModelShape, seed: int = 0, **kwargs) -> hs.ElasticRanking:
+def random_ranking(shape: ModelShape, seed: int = 0, **kwargs) -> hs.ElasticRanking:
     rng = np.random.default_rng(seed)
     # Log-normal scores spanning many decades, with a per-block scale, as real gradient scores do.
     scale = 10.0 ** rng.uniform(-12, -6, size=(shape.num_layers, 1))
@@ -231,6 +233,6 @@ def test_unknown_method_and_sliced_model_are_rejected():
     model = CASE["vit"].build()
     with pytest.raises(hs.SnapViTError, match="Unknown ranking method 'snip2'.*magnitude"):
         hs.rank(model, method="snip2")
-    hs.slice_model_(model, [([0, 1], list(range(10))), ([0], list(range(20)))])
+    slice_model_(model, [([0, 1], list(range(10))), ([0], list(range(20)))])
     with pytest.raises(hs.SnapViTError, match="already sliced"):
         hs.rank(model)

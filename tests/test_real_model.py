@@ -8,7 +8,7 @@ from datasets import load_dataset
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit as hs
-from hf_snapvit.data import MultiCropConfig
+from hf_snapvit.views import MultiCropConfig
 from hf_snapvit.scoring import ScoreConfig
 from helpers import SHARED, SHARED_MODEL, SHARED_TRAIN, requires_shared
 

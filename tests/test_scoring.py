@@ -5,10 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from transformers import ViTImageProcessor
 
-from hf_snapvit.data import MultiCropConfig, Normalizer, multi_crops
+from hf_snapvit.views import MultiCropConfig, Normalizer, multi_crops
 from hf_snapvit.scoring import ScoreConfig, dino_loss, gradient_scores
 from helpers import CASES, FEW_CROPS, PROCESSOR, images
 

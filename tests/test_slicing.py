@@ -9,7 +9,9 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from hf_snapvit.budget import layer_widths
+from hf_snapvit.slicing import slice_model_
+from hf_snapvit.architectures import get_attention, get_layers, get_spec, head_dim
 from helpers import masked_copy, output_of
 
 # Fractions of each model's maximum sparsity (tiny models have large embeddings, so maxima differ).
@@ -27,8 +29,8 @@ def test_masked_dense_equals_sliced(case, attn, fraction):
     inputs = case.inputs(2)
 
     expected = output_of(masked_copy(model, keep), inputs)
-    sliced = hs.slice_model_(copy.deepcopy(model), keep)
-    assert hs.layer_widths(sliced) == (counts.heads, counts.neurons)
+    sliced = slice_model_(copy.deepcopy(model), keep)
+    assert layer_widths(sliced) == (counts.heads, counts.neurons)
     assert sum(counts.heads) < ranking.shape.num_layers * ranking.shape.num_heads or \
         sum(counts.neurons) < ranking.shape.num_layers * ranking.shape.intermediate_size
     torch.testing.assert_close(output_of(sliced, inputs), expected, atol=1e-5, rtol=1e-4)
@@ -39,7 +41,7 @@ def test_permutation_preserves_function(case):
     ranking = hs.rank(model, method="random", seed=3)
     inputs = case.inputs(2)
     expected = output_of(model, inputs)
-    permuted = hs.slice_model_(copy.deepcopy(model), ranking.orders())
+    permuted = slice_model_(copy.deepcopy(model), ranking.orders())
     assert any(not np.array_equal(h, np.arange(len(h))) for h, _ in ranking.orders())
     torch.testing.assert_close(output_of(permuted, inputs), expected, atol=1e-5, rtol=1e-4)
 
@@ -47,7 +49,7 @@ def test_permutation_preserves_function(case):
 def test_sliced_heads_update_module_attributes(case):
     model = case.build()
     spec = get_spec(model)
-    hs.slice_model_(model, [([2, 0], list(range(5)))] * len(get_layers(model, spec)))
+    slice_model_(model, [([2, 0], list(range(5)))] * len(get_layers(model, spec)))
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
         for name in spec.head_count_attrs:
@@ -60,7 +62,7 @@ def test_sliced_heads_update_module_attributes(case):
 def test_slice_count_mismatch_is_rejected(case):
     model = case.build()
     with pytest.raises(ValueError, match="entries but the model has"):
-        hs.slice_model_(model, [([0], [0])])
+        slice_model_(model, [([0], [0])])
 
 
 def test_reslicing_from_a_dense_source_does_not_accumulate(case):
@@ -70,6 +72,6 @@ def test_reslicing_from_a_dense_source_does_not_accumulate(case):
     work = copy.deepcopy(model)
     for fraction in (1.0, 0.3, 0.8):  # shrink, then grow back: every slice starts from the dense source
         keep = ranking.keep_indices(ranking.keep_counts(fraction * ranking.max_sparsity))
-        hs.slice_model_(work, keep, source=model)
-        expected = output_of(hs.slice_model_(copy.deepcopy(model), keep), inputs)
+        slice_model_(work, keep, source=model)
+        expected = output_of(slice_model_(copy.deepcopy(model), keep), inputs)
         torch.testing.assert_close(output_of(work, inputs), expected, atol=1e-6, rtol=1e-5)

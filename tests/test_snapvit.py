@@ -10,8 +10,11 @@ import pytest
 import torch
 
 import hf_snapvit as hs
+from hf_snapvit.budget import layer_widths
+from hf_snapvit.slicing import slice_model_
 from hf_snapvit.architectures import image_embedding
-from hf_snapvit.data import MultiCropConfig, split_calibration
+from hf_snapvit.calibration import split_calibration
+from hf_snapvit.views import MultiCropConfig
 from hf_snapvit.fitness import EmbeddingFitness
 from hf_snapvit.scoring import ScoreConfig
 from helpers import CASES, PROCESSOR, images
@@ -36,7 +39,7 @@ def test_fit_returns_a_usable_ranking(name, tmp_path):
     assert len(pruner.history_) == 2 and {"gradients", "search"} <= set(pruner.timings_)
     stored = hs.save_elastic(model, ranking, tmp_path / "e")
     loaded = hs.ElasticViTModel.from_pretrained(tmp_path / "e", sparsity=0.5 * stored.max_sparsity)
-    assert sum(hs.layer_widths(loaded)[1]) < ranking.shape.num_layers * ranking.shape.intermediate_size
+    assert sum(layer_widths(loaded)[1]) < ranking.shape.num_layers * ranking.shape.intermediate_size
 
 
 def test_same_seed_same_ranking_bit_for_bit():
@@ -109,7 +112,7 @@ def test_masked_fitness_embeddings_equal_the_sliced_model():
     fitness = EmbeddingFitness(model, pixels, sparsities=(0.3,), pca_components=4)
     ranking = hs.rank(model, method="random", seed=2)
     keep = ranking.keep_indices(ranking.keep_counts(0.3))
-    sliced = hs.slice_model_(copy.deepcopy(model), keep)
+    sliced = slice_model_(copy.deepcopy(model), keep)
     with torch.no_grad():
         expected = image_embedding(sliced, {"pixel_values": pixels})
     torch.testing.assert_close(fitness.embed(keep), expected, atol=1e-5, rtol=1e-4)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import hf_snapvit as hs
+from hf_snapvit.slicing import slice_model_
 from hf_snapvit.evaluation import Evaluator, LinearProbeConfig
 from hf_snapvit.sweep import CSV_COLUMNS, SweepError, run_sweep
 from helpers import CASES
@@ -78,7 +79,7 @@ def test_sweep_rows_equal_direct_evaluation(sweep):
                           bank_labels=data["bank_labels"], dense_model=model, k=5, probe=LinearProbeConfig(epochs=2),
                           show_progress=False)
     ranking = rankings["random"]
-    sliced = hs.slice_model_(CASE["vit-cls"].build(), ranking.keep_indices(ranking.keep_counts(0.5)))
+    sliced = slice_model_(CASE["vit-cls"].build(), ranking.keep_indices(ranking.keep_counts(0.5)))
     direct = evaluator.evaluate(sliced)
     row = next(r for r in result.rows if r["method"] == "random" and r["requested_sparsity"] == 0.5)
     for key in ("top1", "knn_top1", "linear_top1", "retention", "num_params", "gflops"):

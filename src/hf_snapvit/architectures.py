@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .errors import SnapViTError, UnsupportedArchitectureError
+from .errors import DataError, UnsupportedArchitectureError
 
 EmbeddingKind = Literal["cls", "pooled", "cls_dist_mean"]
 
@@ -188,9 +188,26 @@ def _clip_like(model_type: str, **overrides) -> ArchitectureSpec:
     return _spec(model_type, "encoder.layers", "self_attn", "out_proj", **overrides)
 
 
-def _vision_tower(config: PretrainedConfig) -> PretrainedConfig:
-    # Dual-tower configs (SigLIP, CLIP) keep the vision settings in a sub-config.
+def vision_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The config of the vision backbone: ``config.vision_config`` of dual-tower models (SigLIP, CLIP), else
+    ``config`` itself."""
     return getattr(config, "vision_config", None) or config
+
+
+def model_class(config: PretrainedConfig) -> type:
+    """The transformers class a checkpoint's config names: the first of ``config.architectures`` that transformers
+    exports (``ViTForImageClassification``, ``Dinov2Model``, ...); else ``AutoModelForImageClassification`` for a
+    classifier of a class transformers lacks, else ``AutoModel``."""
+    import transformers
+
+    names = list(getattr(config, "architectures", None) or [])
+    for name in names:
+        cls = getattr(transformers, name, None)
+        if isinstance(cls, type):
+            return cls
+    if any("ForImageClassification" in name for name in names):
+        return transformers.AutoModelForImageClassification
+    return transformers.AutoModel
 
 
 _GATED_OR_PLAIN = (MlpSpec(("gate_proj", "up_proj"), "down_proj"), MlpSpec(("fc1",), "fc2"))
@@ -236,21 +253,21 @@ for _spec in (
         backbone="vision_model",
         embedding="pooled",
         extra_tokens=lambda config: 0,
-        num_patches=lambda c: (_vision_tower(c).image_size // _vision_tower(c).patch_size) ** 2,
+        num_patches=lambda c: (vision_config(c).image_size // vision_config(c).patch_size) ** 2,
     ),
     _clip_like(
         "siglip2",
         backbone="vision_model",
         embedding="pooled",
         extra_tokens=lambda config: 0,
-        num_patches=lambda c: _vision_tower(c).num_patches,
+        num_patches=lambda c: vision_config(c).num_patches,
         patch_inputs=True,
     ),
     _clip_like(
         "clip",
         backbone="vision_model",
         embedding="pooled",
-        num_patches=lambda c: (_vision_tower(c).image_size // _vision_tower(c).patch_size) ** 2,
+        num_patches=lambda c: (vision_config(c).image_size // vision_config(c).patch_size) ** 2,
     ),
 ):
     register_architecture(_spec)
@@ -258,7 +275,7 @@ for _spec in (
 
 def input_size(config: PretrainedConfig) -> int:
     """Side in pixels of the square images the model was configured for (SigLIP2: its default patch grid)."""
-    vision = _vision_tower(config)
+    vision = vision_config(config)
     size = getattr(vision, "image_size", None)
     if size is None:
         size = math.isqrt(int(vision.num_patches)) * int(vision.patch_size)
@@ -270,7 +287,7 @@ def patchify(pixel_values: torch.Tensor, patch_size: int) -> dict[str, torch.Ten
     of ``Siglip2ImageProcessor``), with an all-ones mask and the patch grid."""
     b, c, h, w = pixel_values.shape
     if h % patch_size or w % patch_size:
-        raise SnapViTError(
+        raise DataError(
             f"Images of {h}x{w} px cannot be cut into {patch_size}-px patches; use a crop size that is a multiple of "
             f"{patch_size}."
         )
@@ -289,7 +306,7 @@ def unpatchify(patches: torch.Tensor, patch_size: int, spatial_shapes: torch.Ten
     b, n, d = patches.shape
     rows, cols = (math.isqrt(n), math.isqrt(n)) if spatial_shapes is None else map(int, spatial_shapes[0])
     if rows * cols != n or (spatial_shapes is not None and bool((spatial_shapes != spatial_shapes[0]).any())):
-        raise SnapViTError(
+        raise DataError(
             f"Cannot turn {n} patches into one image grid; give images of one square size (got grids "
             f"{None if spatial_shapes is None else spatial_shapes.tolist()})."
         )
@@ -310,7 +327,7 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
     backbone = get_backbone(model, spec)
     kwargs = dict(inputs)
     pixels = kwargs.get("pixel_values")
-    vision = _vision_tower(model.config)
+    vision = vision_config(model.config)
     if spec.patch_inputs and pixels is not None and pixels.ndim == 4:
         kwargs.update(patchify(pixels, int(vision.patch_size)))
     size = getattr(vision, "image_size", None)

@@ -37,15 +37,12 @@ import torch.nn as nn
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from .errors import SnapViTError
+from .errors import BenchmarkError
 from .ranking import ElasticRanking
 
 MIB = 1024 * 1024
 STATUS_FIELDS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
 
-
-class BenchmarkError(SnapViTError, ValueError):
-    """Benchmark settings are out of range."""
 
 
 # --------------------------------------------------------------------------------------------------- environment
@@ -305,12 +302,12 @@ def timed_rank(
         ``(ranking, {"method", "wall_seconds", "phases"})``; ``phases`` is ``SnapViTPruner.timings_`` (``data``,
         ``gradients``, ``search`` and its forward share ``search_forward``) for SnapViT, empty otherwise.
     """
-    from .rank import rank
+    from .methods import rank
 
     start = time.perf_counter()
     phases: dict[str, float] = {}
     if method == "snapvit":
-        from .snapvit import SnapViTConfig, SnapViTPruner
+        from .methods.snapvit import SnapViTConfig, SnapViTPruner
 
         if data is None:
             raise BenchmarkError("method='snapvit' needs calibration images: pass data=...")

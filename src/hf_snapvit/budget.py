@@ -15,7 +15,8 @@ from typing import Sequence
 import torch.nn as nn
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-from .architectures import get_attention, get_backbone, get_layers, get_mlp, get_spec, head_dim, num_heads
+from .architectures import (get_attention, get_backbone, get_layers, get_mlp, get_spec, head_dim, model_class, num_heads,
+                            vision_config)
 
 
 @dataclass(frozen=True)
@@ -143,10 +144,6 @@ def _has(module: nn.Module, path: str) -> bool:
         return False
 
 
-def _vision_config(config: PretrainedConfig) -> PretrainedConfig:
-    return getattr(config, "vision_config", None) or config
-
-
 def layer_widths(model: PreTrainedModel) -> tuple[list[int], list[int]]:
     """Current ``(heads per block, FFN neurons per block)`` of a model, sliced or not."""
     spec = get_spec(model)
@@ -168,7 +165,7 @@ def model_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[int
     """
     spec = get_spec(model)
     config = model.config
-    vision = _vision_config(config)
+    vision = vision_config(config)
     layers = get_layers(model, spec)
     costs = [_unit_costs(layer, spec) for layer in layers]
     per_head, per_neuron = costs[0][0], costs[0][1]
@@ -212,16 +209,10 @@ def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
     The class is taken from ``config.architectures`` (falling back to ``AutoModel``), so a checkpoint of a
     ``ViTForImageClassification`` gives a ``ViTForImageClassification``.
     """
-    import transformers
     from accelerate import init_empty_weights
 
-    cls = None
-    for name in getattr(config, "architectures", None) or []:
-        cls = getattr(transformers, name, None)
-        if cls is not None:
-            break
-    if cls is None:
-        cls = transformers.AutoModel
+    cls = model_class(config)
+    if cls.__module__.startswith("transformers.models.auto"):
         build = lambda: cls.from_config(config, **kwargs)  # noqa: E731
     else:
         build = lambda: cls._from_config(config, **kwargs)  # noqa: E731

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,47 +20,12 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from transformers.utils.hub import cached_file
 
 from .budget import model_shape
-from .errors import RankingFormatError, SnapViTError
+from .errors import CheckpointError, RankingFormatError
+from .files import atomic_directory
 from .ranking import ElasticRanking
 from .slicing import slice_model_
 
 HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
-
-# Files that make up the weights and config of a checkpoint; a save replaces all of them together.
-_CHECKPOINT_FILES = ("config.json", SAFE_WEIGHTS_INDEX_NAME, "pytorch_model.bin.index.json")
-
-
-def _is_checkpoint_file(name: str) -> bool:
-    return name in _CHECKPOINT_FILES or (name.startswith(("model", "pytorch_model")) and
-                                         name.endswith((".safetensors", ".bin")))
-
-
-@contextmanager
-def atomic_directory(save_directory: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty staging folder; on success it replaces ``save_directory`` in one rename.
-
-    If the body raises (or the process dies), ``save_directory`` is untouched. Files already in ``save_directory``
-    that are not part of a checkpoint (a README, a preprocessor config not re-written) are carried over.
-    """
-    target = Path(save_directory).absolute()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        yield staging
-        if target.exists():
-            for item in target.iterdir():
-                if not _is_checkpoint_file(item.name) and not (staging / item.name).exists():
-                    (shutil.copytree if item.is_dir() else shutil.copy2)(item, staging / item.name)
-            backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            os.rename(target, backup / "old")
-            os.rename(staging, target)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.rename(staging, target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-
 
 def save_elastic(
     model: PreTrainedModel,
@@ -72,8 +33,6 @@ def save_elastic(
     save_directory: str | os.PathLike,
     *,
     image_processor: Any = None,
-    push_to_hub: bool = False,
-    repo_id: str | None = None,
     **save_kwargs: Any,
 ) -> ElasticRanking:
     """Write the elastic checkpoint of ``model``: its weights permuted into rank order plus the ranking.
@@ -87,26 +46,15 @@ def save_elastic(
         save_directory: Destination folder (created if needed).
         image_processor: Saved alongside when given (e.g. ``AutoImageProcessor.from_pretrained(base)``), so
             pipelines can load the checkpoint by path alone.
-        push_to_hub: Then upload the folder, with a generated model card, in one commit
-            (:func:`hf_snapvit.push_to_hub`). A missing token fails before anything is written.
-        repo_id: The Hub repository to upload to; default: the name of ``save_directory``.
-        **save_kwargs: ``private``, ``token``, ``revision``, ``create_pr``, ``commit_message``, ``model_card``,
-            ``base_model``, ``evaluations``, ... go to :func:`hf_snapvit.push_to_hub`; the rest to
-            ``model.save_pretrained`` (``max_shard_size``, ...).
+        **save_kwargs: Passed to ``model.save_pretrained`` (``max_shard_size``, ...). To publish the folder, call
+            :func:`hf_snapvit.push_to_hub` on it (or :func:`hf_snapvit.hub.save_and_push` for both in one call).
 
     Returns:
         The ranking as stored (in rank order), i.e. what ``ElasticViTModel.from_pretrained`` will resolve budgets with.
     """
-    from .hub import HUB_UPLOAD_KWARGS, resolve_token  # lazy: the Hub module imports the card and plotting
-
-    hub_kwargs = {k: save_kwargs.pop(k) for k in HUB_UPLOAD_KWARGS if k in save_kwargs}
-    if hub_kwargs and not push_to_hub:
-        raise TypeError(f"save_elastic got {sorted(hub_kwargs)}, which are only used with push_to_hub=True.")
-    if push_to_hub:
-        hub_kwargs["token"] = resolve_token(hub_kwargs.get("token"))
     ranking.check_matches(model_shape(model))
     if getattr(model.config, "elastic_layout", None):
-        raise SnapViTError(
+        raise CheckpointError(
             "save_elastic needs the dense model, but this one is sliced (config.elastic_layout is set). Load the dense "
             "elastic checkpoint or the original model instead."
         )
@@ -127,10 +75,6 @@ def save_elastic(
             del model.config.elastic_ranking
         else:
             model.config.elastic_ranking = previous
-    if push_to_hub:
-        from .hub import push_to_hub as upload
-
-        upload(save_directory, repo_id or Path(save_directory).absolute().name, **hub_kwargs)
     return ElasticRanking.from_dict(data)
 
 
@@ -152,7 +96,7 @@ class CheckpointReader:
         else:
             single = cached_file(path_or_repo_id, SAFE_WEIGHTS_NAME, **hub_kwargs, **common)
             if single is None:
-                raise SnapViTError(
+                raise CheckpointError(
                     f"No {SAFE_WEIGHTS_NAME} or {SAFE_WEIGHTS_INDEX_NAME} found in {str(path_or_repo_id)!r}. "
                     "Elastic checkpoints are stored as safetensors; re-save the model with save_pretrained()."
                 )
@@ -234,7 +178,7 @@ def load_sliced_state_dict(
     for name, target in model.state_dict().items():
         if name not in mapping:
             if name in sliceable:
-                raise SnapViTError(
+                raise CheckpointError(
                     f"The checkpoint has no tensor for the prunable {name!r}. Is this checkpoint of the architecture "
                     "its config.json names?"
                 )
@@ -250,7 +194,7 @@ def load_sliced_state_dict(
                 "not match its config.json (elastic_layout / architecture); re-export it with hf_snapvit."
             )
         if len(stored) != len(expected) or any(e > s for e, s in zip(expected, stored)):
-            raise SnapViTError(
+            raise CheckpointError(
                 f"Checkpoint tensor {key!r} has shape {stored}, smaller than the {expected} this budget needs. A sliced "
                 "checkpoint cannot grow back: load the dense elastic checkpoint for larger models."
             )

@@ -137,9 +137,9 @@ def _process_state() -> Any:
 
 def _check_checkpoint_source(name_or_path: str, option: str) -> None:
     """A path that does not exist fails here, naming the option, instead of as an invalid Hub repo id."""
-    from .data import _looks_like_path
+    from .data import looks_like_path
 
-    if not Path(name_or_path).expanduser().exists() and _looks_like_path(name_or_path):
+    if not Path(name_or_path).expanduser().exists() and looks_like_path(name_or_path):
         raise SnapViTError(f"{option} {name_or_path!r}: no such folder. Give a checkpoint folder or a Hub model id.")
 
 
@@ -206,7 +206,7 @@ def _widths(values: Sequence[int]) -> str:
 
 
 def _prune_arguments(parser: argparse.ArgumentParser) -> None:
-    from .rank import available_methods
+    from .methods import available_methods
 
     parser.add_argument("--model", required=True, metavar="ID_OR_PATH",
                         help="dense model: a Hub id or a local folder of a supported architecture")
@@ -227,7 +227,7 @@ def _prune_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _images_needed(method: str, preset: str | None) -> int:
-    from .snapvit import SnapViTConfig
+    from .methods.snapvit import SnapViTConfig
 
     config = SnapViTConfig.preset(preset or "default")
     return config.num_gradient_images + (config.num_fitness_images if method == "snapvit" else 0)
@@ -235,7 +235,7 @@ def _images_needed(method: str, preset: str | None) -> int:
 
 def _run_prune(args: argparse.Namespace) -> dict[str, Any] | None:
     from .checkpoint import save_elastic
-    from .rank import rank
+    from .methods import rank
 
     needs_data = args.method in _DATA_METHODS
     if needs_data and not args.data:
@@ -329,7 +329,7 @@ def _run_export(args: argparse.Namespace) -> dict[str, Any]:
     from inspect import signature
 
     from .budget import backbone_parameters, estimate_gflops, layer_widths
-    from .checkpoint import atomic_directory
+    from .files import atomic_directory
     from .modeling import ElasticViTModel
 
     output = Path(args.output)

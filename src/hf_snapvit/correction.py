@@ -38,8 +38,9 @@ from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
 from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding
-from .data import processor_inputs, sample_images
-from .errors import SnapViTError
+from .calibration import calibration_batches
+from .views import model_inputs, processor_inputs
+from .errors import CorrectionError
 from .slicing import slice_model_
 
 DampingStrategy = Literal["mean", "max", "percentile"]
@@ -50,9 +51,6 @@ _PROPAGATIONS = ("dense", "sequential")
 # If the damped Hessian still fails to factorise (numerically singular), the damping grows 10x, at most this often.
 _MAX_DAMPING_RETRIES = 6
 
-
-class CorrectionError(SnapViTError, ValueError):
-    """Bad correction settings or calibration data, or a Hessian that cannot be factorised."""
 
 
 @dataclass(frozen=True)
@@ -292,72 +290,14 @@ def _reconstruction_errors(original: torch.Tensor, candidates: Sequence[torch.Te
     return errors
 
 
-# ------------------------------------------------------------------------------------------------ calibration data
-def calibration_batches(
-    data: Any,
-    processor: Any = None,
-    *,
-    num_samples: int | None = 1000,
-    batch_size: int = 16,
-    seed: int = 0,
-) -> tuple[list[Any], int]:
-    """Draw calibration images and split them into model-input batches.
-
-    Args:
-        data: PIL images, a ``datasets`` (Iterable)Dataset with an image column, a ``[N, C, H, W]`` tensor of
-            preprocessed pixel values, or a dict of such tensors sharing their first dimension (e.g. a processor's
-            output for SigLIP2: ``pixel_values``, ``pixel_attention_mask``, ``spatial_shapes``).
-        processor: The model's image processor; needed unless ``data`` is already preprocessed.
-        num_samples: Images to draw (seeded); ``None`` for all.
-        batch_size: Images per batch.
-        seed: Seed of the draw.
-
-    Returns:
-        ``(batches, num_images)``. Image batches are preprocessed lazily, so each entry is either a dict of tensors or
-        a list of PIL images still to be passed through ``processor``.
-    """
-    if isinstance(data, Mapping):
-        tensors = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
-        sizes = {v.shape[0] for v in tensors.values()}
-        if "pixel_values" not in tensors or len(sizes) != 1:
-            raise CorrectionError(
-                f"A dict of calibration inputs needs a 'pixel_values' tensor and tensors of one batch size; got "
-                f"keys {sorted(data)} with batch sizes {sorted(sizes)}."
-            )
-        total = sizes.pop()
-        count = total if num_samples is None else min(num_samples, total)
-        index = torch.as_tensor(np.random.default_rng(seed).permutation(total)[:count])
-        chosen = {k: v[index] for k, v in tensors.items()}
-        return [{k: v[i:i + batch_size] for k, v in chosen.items()} for i in range(0, count, batch_size)], count
-    if num_samples is None:
-        if isinstance(data, torch.Tensor):
-            num_samples = data.shape[0]
-        else:
-            try:
-                num_samples = len(data)
-            except TypeError:
-                raise CorrectionError(
-                    "num_samples=None (use every image) needs data with a length; give CorrectionConfig(num_samples=N) "
-                    "for a stream."
-                ) from None
-    images, _ = sample_images(data, num_samples, seed=seed)
-    if isinstance(images, torch.Tensor):
-        return [{"pixel_values": images[i:i + batch_size]} for i in range(0, len(images), batch_size)], len(images)
-    if processor is None:
-        raise CorrectionError(
-            "The calibration data are images, so an image processor is needed to preprocess them: pass processor="
-            "AutoImageProcessor.from_pretrained(<model>), or give preprocessed pixel values as a [N, C, H, W] tensor."
-        )
-    return [images[i:i + batch_size] for i in range(0, len(images), batch_size)], len(images)
-
-
-def _to_inputs(batch: Any, processor: Any, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    if not isinstance(batch, dict):
-        batch = {"pixel_values": processor_inputs(batch, processor, batch_size=len(batch))}
-    return {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype) for k, v in batch.items()}
-
-
 # ------------------------------------------------------------------------------------------------ the model pass
+def _model_inputs(batch: Any, processor: Any, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    # Images become [B, C, H, W] pixels as the scorer sees them (SigLIP2 grids made square), not the processor's dict.
+    if not isinstance(batch, dict):
+        batch = processor_inputs(batch, processor, batch_size=len(batch))
+    return model_inputs(batch, None, device, dtype)
+
+
 class _StopForward(Exception):
     """Raised by the hook that captures the first block's inputs, so the rest of the network is not run."""
 
@@ -397,7 +337,7 @@ def _capture_first_block_inputs(model: nn.Module, spec, batches: Sequence[Any], 
         for batch in tqdm(batches, desc="correction: embed calibration images", disable=not show_progress):
             try:
                 # The backbone's own embedding path (patchifying, position-embedding interpolation) up to block 0.
-                image_embedding(model, _to_inputs(batch, processor, parameter.device, parameter.dtype), spec)
+                image_embedding(model, _model_inputs(batch, processor, parameter.device, parameter.dtype), spec)
             except _StopForward:
                 pass
     finally:

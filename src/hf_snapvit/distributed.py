@@ -26,14 +26,13 @@ Without a launcher there is one process and every function here reduces to the s
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object, reduce
 
-from .errors import SnapViTError
+from .errors import ProcessFailedError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -156,7 +155,7 @@ def raise_if_failed_anywhere(error: BaseException | None, state: PartialState | 
         raise error
     for rank, message in enumerate(messages):
         if message is not None:
-            raise SnapViTError(f"Process {rank} of {state.num_processes} failed: {message}")
+            raise ProcessFailedError(f"Process {rank} of {state.num_processes} failed: {message}")
 
 
 def map_across_processes(fn: Callable[[T], R], items: Sequence[T], state: PartialState | None = None) -> list[R]:
@@ -189,155 +188,8 @@ def map_across_processes(fn: Callable[[T], R], items: Sequence[T], state: Partia
     return [results[i] for i in range(len(items))]
 
 
-@dataclass(frozen=True)
-class GradientSteps:
-    """This process's share of the gradient steps of a calibration sample.
-
-    Args:
-        steps: ``(index of the step's first image in the whole sample, its images, its labels or None)``, in order.
-        num_images: Images in the whole sample, over all processes.
-        step_size: Images per gradient step (the last step of the sample may hold fewer).
-    """
-
-    steps: list[tuple[int, Any, torch.Tensor | None]]
-    num_images: int
-    step_size: int
-
-    def __len__(self) -> int:
-        return self.num_images
-
-
-def stream_steps(
-    stream: Any,
-    column: str,
-    step_size: int,
-    *,
-    label_column: str | None = None,
-    rank: int,
-    world_size: int,
-) -> list[tuple[int, list, torch.Tensor | None]]:
-    """The gradient steps of process ``rank`` from a stream of the whole sample, reading only that process's images.
-
-    The stream is grouped into steps (``IterableDataset.batch``) and split with ``split_dataset_by_node(...,
-    strategy="examples")``, so process ``rank`` gets steps ``rank, rank + world_size, ...`` of exactly the stream one
-    process reads. Image columns are read undecoded and only this process's images are decoded.
-
-    Args:
-        stream: A ``datasets.IterableDataset`` yielding the sample in order.
-        column: The image column.
-        step_size: Images per gradient step.
-        label_column: A label column to return with the images.
-        rank, world_size: This process and the number of processes.
-
-    Returns:
-        ``(index of the step's first image, RGB images, labels or None)`` per step, in order.
-    """
-    import datasets
-    from datasets.distributed import split_dataset_by_node
-
-    from .data import _to_rgb
-
-    feature = (stream.features or {}).get(column)
-    decode = isinstance(feature, datasets.Image) and feature.decode
-    if decode:  # decoding is the expensive part of reading; skip it for the other processes' images
-        stream = stream.cast_column(column, datasets.Image(mode=feature.mode, decode=False))
-    mine = split_dataset_by_node(stream.batch(step_size), rank=rank, world_size=world_size, strategy="examples")
-    steps = []
-    for j, batch in enumerate(mine):
-        if label_column is not None and label_column not in batch:
-            raise SnapViTError(
-                f"label_column={label_column!r} is not among the dataset's columns {sorted(batch)}."
-            )
-        images = [_to_rgb(feature.decode_example(x) if decode else x) for x in batch[column]]
-        labels = None if label_column is None else torch.tensor(batch[label_column])
-        steps.append(((rank + j * world_size) * step_size, images, labels))
-    return steps
-
-
-def draw_calibration(
-    data: Any,
-    num_gradient: int,
-    num_fitness: int,
-    *,
-    step_size: int,
-    seed: int = 0,
-    image_column: str | None = None,
-    label_column: str | None = None,
-    state: PartialState | None = None,
-) -> tuple[Any, Any, dict[str, Any], torch.Tensor | None]:
-    """One process's calibration sample: the gradient images (all, or this process's steps) and the fitness images.
-
-    With one process, or any source but a streaming ``IterableDataset``, every process draws the one-process sample
-    (:func:`~hf_snapvit.data.split_calibration`, or :func:`~hf_snapvit.data.sample_images` when ``num_fitness`` is
-    0) and :func:`~hf_snapvit.scoring.gradient_scores` takes its share of the steps. A stream on several processes is
-    read as :func:`stream_steps` describes; the fitness images are the same on every process. A stream too short for
-    both sets falls back to the full draw, so the sets overlap exactly as with one process.
-
-    Args:
-        data: The calibration source (see :mod:`hf_snapvit.data`).
-        num_gradient, num_fitness: Sizes of the two sets.
-        step_size: Images per gradient step (``ScoreConfig.step_size``).
-        seed: Seeds the draw.
-        image_column, label_column: As in :func:`~hf_snapvit.data.sample_images`.
-        state: The process state (default: :func:`process_state`).
-
-    Returns:
-        ``(gradient images or GradientSteps, fitness images (empty list if num_fitness is 0), description,
-        gradient labels or None)``.
-    """
-    import datasets
-
-    from .data import _to_rgb, find_image_column, sample_images, seeded_stream, split_calibration
-
-    state = state or process_state()
-    streaming = isinstance(data, datasets.IterableDataset) and state.num_processes > 1
-
-    def description(num_gradient_drawn: int, num_fitness_drawn: int) -> dict[str, Any]:
-        return {
-            "source": type(data).__name__,
-            "name": getattr(getattr(data, "info", None), "dataset_name", None),
-            "num_gradient": num_gradient_drawn,
-            "num_fitness": num_fitness_drawn,
-            "seed": seed,
-            "image_column": image_column,
-            "label_column": label_column,
-        }
-
-    def full_draw() -> tuple[Any, Any, dict[str, Any], torch.Tensor | None]:
-        if num_fitness == 0:
-            images, labels = sample_images(data, num_gradient, seed=seed, image_column=image_column,
-                                           label_column=label_column)
-            return images, [], description(len(images), 0), labels
-        split = split_calibration(data, num_gradient, num_fitness, seed=seed, image_column=image_column,
-                                  label_column=label_column)
-        return split.gradient, split.fitness, split.description, split.gradient_labels
-
-    if not streaming:
-        return full_draw()
-
-    column = image_column or find_image_column(list(data.features or {}) or data.column_names or [], data.features)
-    stream = seeded_stream(data, num_gradient + num_fitness, seed)
-    fitness = [_to_rgb(example[column]) for example in stream.skip(num_gradient)] if num_fitness else []
-    if len(fitness) < num_fitness:  # a small source: the sets overlap, as one process draws them
-        return full_draw()
-    steps, error = [], None
-    try:  # a bad label column or a corrupt image may show up in one process's share only
-        steps = stream_steps(stream.take(num_gradient), column, step_size, label_column=label_column,
-                             rank=state.process_index, world_size=state.num_processes)
-    except Exception as exc:
-        error = exc
-    raise_if_failed_anywhere(error, state)
-    total = sum(gather_object([sum(len(images) for _, images, _ in steps)]))
-    if total == 0:
-        raise SnapViTError("The calibration data is empty; give at least one image.")
-    gradient = GradientSteps(steps, total, step_size)
-    return gradient, fitness, description(total, len(fitness)), None
-
-
 __all__ = [
-    "GradientSteps",
     "autocast",
-    "draw_calibration",
     "local_share",
     "map_across_processes",
     "mixed_precision",
@@ -345,5 +197,4 @@ __all__ = [
     "process_state",
     "raise_if_failed_anywhere",
     "reduce_sum",
-    "stream_steps",
 ]

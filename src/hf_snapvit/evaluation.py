@@ -37,16 +37,13 @@ from transformers import PreTrainedModel
 
 from .architectures import ArchitectureSpec, get_backbone, get_spec, image_embedding
 from .budget import backbone_parameters, estimate_gflops, layer_widths
-from .data import _to_rgb, find_image_column
-from .errors import SnapViTError
+from .data import find_image_column, to_rgb
+from .errors import EvaluationError
 from .files import write_text_atomic
 from .ranking import ElasticRanking
 
 METRICS: tuple[str, ...] = ("top1", "knn", "linear", "retention")
 
-
-class EvaluationError(SnapViTError, ValueError):
-    """Evaluation data or settings are unusable (wrong shapes, missing labels, impossible metric)."""
 
 
 # --------------------------------------------------------------------------------------------------- data
@@ -107,7 +104,7 @@ class ImageSet:
             examples = list(data)
             if label_column is not None and examples and label_column in examples[0] and labels is None:
                 found = [example[label_column] for example in examples]
-            data = [_to_rgb(example[column]) for example in examples]
+            data = [to_rgb(example[column]) for example in examples]
             column = None
         if isinstance(data, datasets.Dataset):
             column = image_column or find_image_column(data.column_names, data.features)
@@ -136,7 +133,7 @@ class ImageSet:
                 "image and label columns, or a [N, C, H, W] tensor of pixel values (use load_split for a path)."
             )
         else:
-            source, kind = [_to_rgb(image) for image in data], "images"
+            source, kind = [to_rgb(image) for image in data], "images"
         name = getattr(getattr(source, "info", None), "dataset_name", None)
         result = cls(source=source, image_column=column, description={"source": kind, "name": name})
         given = labels if labels is not None else found
@@ -159,7 +156,7 @@ class ImageSet:
             elif isinstance(self.source, torch.Tensor):
                 yield self.source[start:stop]
             elif self.image_column is not None:
-                yield [_to_rgb(image) for image in self.source[start:stop][self.image_column]]
+                yield [to_rgb(image) for image in self.source[start:stop][self.image_column]]
             else:
                 yield self.source[start:stop]
 

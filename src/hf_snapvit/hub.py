@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ._version import __version__
-from .errors import SnapViTError
+from .errors import HubUploadError
 from .model_card import (
     CARD_TAGS,
     GENERATED_MARKER,
@@ -42,9 +42,6 @@ HUB_UPLOAD_KWARGS = (
     "base_model_description",
 )
 
-
-class HubUploadError(SnapViTError, ValueError):
-    """An upload cannot start: no token, an invalid repo id, or a folder that is not an elastic/sliced checkpoint."""
 
 
 def resolve_token(token: str | None = None) -> str:

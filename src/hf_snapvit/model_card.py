@@ -32,7 +32,7 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from ._version import __version__
-from .errors import BudgetError, SnapViTError
+from .errors import BudgetError, ModelCardError
 from .files import atomic_file
 from .plotting import DEFAULT_SPARSITIES, plot_allocation
 from .ranking import ElasticRanking
@@ -53,9 +53,6 @@ CITATION = """@inproceedings{simoncini2025elastic,
   year      = {2025}
 }"""
 
-
-class ModelCardError(SnapViTError, ValueError):
-    """The input of a model card (source, evaluations, sparsities) is invalid."""
 
 
 @dataclass(frozen=True)
@@ -256,7 +253,7 @@ def _format_value(metric: str, value: float) -> str:
 
 def _preset_name(settings: Mapping[str, Any]) -> str | None:
     """The SnapViT preset whose settings these are (seed and floors aside), if any."""
-    from .snapvit import SnapViTConfig
+    from .methods.snapvit import SnapViTConfig
 
     ignored = {"seed", "min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset", "mode"}
 

@@ -14,10 +14,11 @@ from transformers import AutoConfig, PreTrainedModel
 from .architectures import get_spec
 from .budget import model_shape, skeleton
 from .checkpoint import HUB_KWARGS, CheckpointReader, load_sliced_state_dict
-from .correction import CorrectionConfig, CorrectionError, correct_model_
-from .errors import BudgetError, RankingFormatError, SnapViTError
+from .correction import CorrectionConfig, correct_model_
+from .errors import BudgetError, CheckpointError, CorrectionError, RankingFormatError
 from .ranking import ElasticRanking, KeepCounts
 from .slicing import slice_model_
+from .views import load_processor
 
 
 class ElasticViTModel:
@@ -75,30 +76,14 @@ class ElasticViTModel:
             >>> model = ElasticViTModel.from_pretrained("my-org/vit-elastic", sparsity=0.3)  # doctest: +SKIP
         """
         hub_kwargs = {k: kwargs.pop(k) for k in HUB_KWARGS if k in kwargs}
-        dtype = kwargs.pop("dtype", None)
-        torch_dtype = kwargs.pop("torch_dtype", None)
-        dtype = dtype if dtype is not None else torch_dtype
-        attn_implementation = kwargs.pop("attn_implementation", None)
-        device = kwargs.pop("device_map", None)
-        if isinstance(device, dict):
-            raise TypeError("device_map must be one device (e.g. 'cuda:0'); multi-device maps are not supported yet.")
-
+        build_kwargs, device = _build_options(kwargs)
         config, unused = AutoConfig.from_pretrained(
             pretrained_model_name_or_path, return_unused_kwargs=True, **hub_kwargs, **kwargs
         )
         if unused:
             raise TypeError(f"ElasticViTModel.from_pretrained got unexpected keyword arguments {sorted(unused)}.")
         get_spec(config)  # unsupported architectures fail before any weight is touched
-        stored = getattr(config, "elastic_ranking", None)
-        layout = getattr(config, "elastic_layout", None)
-        if stored is None and layout is None:
-            raise RankingFormatError(
-                f"{str(pretrained_model_name_or_path)!r} is not an elastic checkpoint: its config.json has no "
-                "'elastic_ranking'. Create one with ranking = hf_snapvit.rank(model) and "
-                "hf_snapvit.save_elastic(model, ranking, save_directory)."
-            )
-        ranking = ElasticRanking.from_dict(stored) if stored is not None else None
-        corrected = getattr(config, "elastic_correction", None)
+        ranking, layout = _stored_ranking_and_layout(config, pretrained_model_name_or_path)
         if correction is not None and correction_data is None:
             raise CorrectionError("correction= was given without correction_data=; pass the calibration images too.")
         if correction_data is not None and layout is not None:
@@ -106,94 +91,30 @@ class ElasticViTModel:
                 "Correction needs the dense weights, but this checkpoint is already sliced (config.elastic_layout is "
                 "set). Load the dense elastic checkpoint with correction_data= instead."
             )
-
-        if dtype is None or dtype == "auto":
-            dtype = getattr(config, "dtype", None) or torch.float32
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
-        build_kwargs: dict[str, Any] = {"dtype": dtype}
-        if attn_implementation is not None:
-            build_kwargs["attn_implementation"] = attn_implementation
+        if build_kwargs["dtype"] is None:
+            build_kwargs["dtype"] = getattr(config, "dtype", None) or torch.float32
+        if isinstance(build_kwargs["dtype"], str):
+            build_kwargs["dtype"] = getattr(torch, build_kwargs["dtype"])
         if layout is not None:
             del config.elastic_layout  # the skeleton is built dense, then sliced
         model = skeleton(config, **build_kwargs)
         dense_shape = model_shape(model)
         if ranking is not None:
             ranking.check_matches(dense_shape)
-
-        stored_heads = layout["num_heads"] if layout else dense_shape.dense_heads
-        stored_neurons = layout["intermediate_size"] if layout else dense_shape.dense_neurons
-        if len(stored_heads) != dense_shape.num_layers or len(stored_neurons) != dense_shape.num_layers:
-            raise RankingFormatError(
-                f"config.elastic_layout lists {len(stored_heads)} head counts and {len(stored_neurons)} FFN widths for "
-                f"a model with {dense_shape.num_layers} blocks; the checkpoint is corrupt, re-export it."
-            )
-        budget_given = any(v is not None for v in (sparsity, target_params, target_gflops))
-        if budget_given:
-            if ranking is None:
-                raise RankingFormatError(
-                    "This sliced checkpoint has no elastic_ranking, so it can only be loaded at its saved size; "
-                    "call from_pretrained without sparsity/target_params/target_gflops."
-                )
-            counts = ranking.keep_counts(sparsity, target_params=target_params, target_gflops=target_gflops)
-            if corrected is not None and (counts.heads != list(stored_heads) or counts.neurons != list(stored_neurons)):
-                raise BudgetError(
-                    "This checkpoint was weight-corrected for its saved size, so it cannot be sliced further (the "
-                    "correction would no longer match the units kept). Load it without a budget, or correct the "
-                    "dense elastic checkpoint at the new budget: from_pretrained(dense, sparsity=..., "
-                    "correction_data=images)."
-                )
-            too_big = [l for l, (h, f, sh, sf) in enumerate(zip(counts.heads, counts.neurons, stored_heads,
-                                                               stored_neurons)) if h > sh or f > sf]
-            if too_big:
-                saved_sparsity = 1.0 - dense_shape.num_params(stored_heads, stored_neurons) / dense_shape.num_params()
-                raise BudgetError(
-                    f"This checkpoint was saved sliced (sparsity {saved_sparsity:.4f}) and cannot grow back: the "
-                    f"requested budget needs more units than it holds in blocks {too_big}. Ask for a sparsity >= "
-                    f"{saved_sparsity:.4f}, or load the dense elastic checkpoint."
-                )
-        else:
-            params = dense_shape.num_params(stored_heads, stored_neurons)
-            counts = KeepCounts(
-                heads=list(stored_heads),
-                neurons=list(stored_neurons),
-                num_params=params,
-                gflops=dense_shape.gflops(stored_heads, stored_neurons),
-                sparsity=1.0 - params / dense_shape.num_params(),
-            )
-
-        dense_state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        stored = _stored_widths(layout, dense_shape)
+        counts = _resolve_budget(ranking, dense_shape, stored, sparsity, target_params, target_gflops,
+                                 corrected=getattr(config, "elastic_correction", None) is not None)
         keep = [(np.arange(h), np.arange(f)) for h, f in zip(counts.heads, counts.neurons)]
         # Correction works on the dense weights and slices afterwards.
-        loaded = keep if correction_data is None else [(np.arange(h), np.arange(f)) for h, f in
-                                                       zip(stored_heads, stored_neurons)]
-        slice_model_(model, loaded)
-        sliceable = {k for k, v in model.state_dict().items() if tuple(v.shape) != dense_state[k]}
-        reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
-        state = load_sliced_state_dict(model, reader, sliceable)
-        missing = [name for name in model.state_dict() if name not in state]
-        if missing:
-            _initialise_missing(model, missing)
-        model.load_state_dict(state, strict=False, assign=True)
-        left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
-        if left:
-            raise SnapViTError(f"These tensors were neither in the checkpoint nor initialised: {left}.")
-        model.eval()
+        loaded = keep if correction_data is None else [(np.arange(h), np.arange(f)) for h, f in zip(*stored)]
+        _load_weights(model, loaded, CheckpointReader(pretrained_model_name_or_path, **hub_kwargs))
         if device is not None:
             model.to(device)
         if correction_data is not None:
             if processor is None and not isinstance(correction_data, (torch.Tensor, Mapping)):
-                processor = _load_processor(pretrained_model_name_or_path, hub_kwargs)
-            summary = correct_model_(model, keep, correction_data, processor, correction or CorrectionConfig())
-            if summary.num_removed:
-                model.config.elastic_correction = {
-                    "settings": summary.config.to_dict(),
-                    "num_images": summary.num_images,
-                    "num_tokens": summary.num_tokens,
-                    "mean_error_before": round(summary.mean_error("before"), 6),
-                    "mean_error_after": round(summary.mean_error("after"), 6),
-                }
-
+                processor = load_processor(pretrained_model_name_or_path, purpose="preprocess the correction images",
+                                           **hub_kwargs)
+            _correct(model, keep, correction_data, processor, correction)
         model.config._name_or_path = str(pretrained_model_name_or_path)
         if counts.heads != dense_shape.dense_heads or counts.neurons != dense_shape.dense_neurons:
             model.config.elastic_layout = {
@@ -205,31 +126,109 @@ class ElasticViTModel:
             }
         return model
 
-    @staticmethod
-    def push_to_hub(folder_or_model: Any, repo_id: str, **kwargs: Any) -> Any:
-        """Upload an elastic or sliced checkpoint (a folder or a model) with a generated model card, in one commit.
 
-        Same as :func:`hf_snapvit.push_to_hub` (see there for ``private``, ``token``, ``revision``, ``create_pr``,
-        ``commit_message`` and the card's arguments); returns the ``huggingface_hub.CommitInfo``.
-        """
-        from .hub import push_to_hub
+def _build_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """Pop the options that shape the model (``dtype``/``torch_dtype``, ``attn_implementation``, ``device_map``)."""
+    dtype = kwargs.pop("dtype", None)
+    torch_dtype = kwargs.pop("torch_dtype", None)
+    dtype = dtype if dtype is not None else torch_dtype
+    build_kwargs: dict[str, Any] = {"dtype": None if dtype == "auto" else dtype}
+    attn_implementation = kwargs.pop("attn_implementation", None)
+    if attn_implementation is not None:
+        build_kwargs["attn_implementation"] = attn_implementation
+    device = kwargs.pop("device_map", None)
+    if isinstance(device, dict):
+        raise TypeError("device_map must be one device (e.g. 'cuda:0'); multi-device maps are not supported yet.")
+    return build_kwargs, device
 
-        return push_to_hub(folder_or_model, repo_id, **kwargs)
+
+def _stored_ranking_and_layout(config: Any, source: Any) -> tuple[ElasticRanking | None, dict | None]:
+    stored = getattr(config, "elastic_ranking", None)
+    layout = getattr(config, "elastic_layout", None)
+    if stored is None and layout is None:
+        raise RankingFormatError(
+            f"{str(source)!r} is not an elastic checkpoint: its config.json has no "
+            "'elastic_ranking'. Create one with ranking = hf_snapvit.rank(model) and "
+            "hf_snapvit.save_elastic(model, ranking, save_directory)."
+        )
+    return (ElasticRanking.from_dict(stored) if stored is not None else None), layout
 
 
-def _load_processor(path: str | os.PathLike, hub_kwargs: dict[str, Any]) -> Any:
-    """The checkpoint's own image processor, for correction images given as PIL images or a dataset."""
-    from transformers import AutoImageProcessor
+def _stored_widths(layout: dict | None, dense_shape: Any) -> tuple[list[int], list[int]]:
+    """``(heads, neurons)`` per block as stored: the dense widths, or a sliced checkpoint's layout."""
+    heads = layout["num_heads"] if layout else dense_shape.dense_heads
+    neurons = layout["intermediate_size"] if layout else dense_shape.dense_neurons
+    if len(heads) != dense_shape.num_layers or len(neurons) != dense_shape.num_layers:
+        raise RankingFormatError(
+            f"config.elastic_layout lists {len(heads)} head counts and {len(neurons)} FFN widths for "
+            f"a model with {dense_shape.num_layers} blocks; the checkpoint is corrupt, re-export it."
+        )
+    return list(heads), list(neurons)
 
-    try:
-        return AutoImageProcessor.from_pretrained(path, **hub_kwargs)
-    except (OSError, ValueError) as error:
-        raise CorrectionError(
-            f"{str(path)!r} has no image processor to preprocess the correction images ({error}). Pass processor="
-            "AutoImageProcessor.from_pretrained(<base model>), or give correction_data as a [N, C, H, W] tensor of "
-            "preprocessed pixel values."
-        ) from error
 
+def _resolve_budget(ranking: ElasticRanking | None, dense_shape: Any, stored: tuple[list[int], list[int]],
+                    sparsity: float | None, target_params: int | None, target_gflops: float | None, *,
+                    corrected: bool) -> KeepCounts:
+    """The widths to load: the budget's (checked against what the checkpoint holds), else the stored ones."""
+    stored_heads, stored_neurons = stored
+    if all(v is None for v in (sparsity, target_params, target_gflops)):
+        params = dense_shape.num_params(stored_heads, stored_neurons)
+        return KeepCounts(heads=stored_heads, neurons=stored_neurons, num_params=params,
+                          gflops=dense_shape.gflops(stored_heads, stored_neurons),
+                          sparsity=1.0 - params / dense_shape.num_params())
+    if ranking is None:
+        raise RankingFormatError(
+            "This sliced checkpoint has no elastic_ranking, so it can only be loaded at its saved size; "
+            "call from_pretrained without sparsity/target_params/target_gflops."
+        )
+    counts = ranking.keep_counts(sparsity, target_params=target_params, target_gflops=target_gflops)
+    if corrected and (counts.heads != stored_heads or counts.neurons != stored_neurons):
+        raise BudgetError(
+            "This checkpoint was weight-corrected for its saved size, so it cannot be sliced further (the "
+            "correction would no longer match the units kept). Load it without a budget, or correct the "
+            "dense elastic checkpoint at the new budget: from_pretrained(dense, sparsity=..., "
+            "correction_data=images)."
+        )
+    too_big = [l for l, (h, f, sh, sf) in enumerate(zip(counts.heads, counts.neurons, stored_heads,
+                                                       stored_neurons)) if h > sh or f > sf]
+    if too_big:
+        saved_sparsity = 1.0 - dense_shape.num_params(stored_heads, stored_neurons) / dense_shape.num_params()
+        raise BudgetError(
+            f"This checkpoint was saved sliced (sparsity {saved_sparsity:.4f}) and cannot grow back: the "
+            f"requested budget needs more units than it holds in blocks {too_big}. Ask for a sparsity >= "
+            f"{saved_sparsity:.4f}, or load the dense elastic checkpoint."
+        )
+    return counts
+
+
+def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], reader: CheckpointReader
+                  ) -> None:
+    """Slice the meta-device skeleton to ``keep`` and fill it with exactly those slices of the checkpoint."""
+    dense_state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    slice_model_(model, keep)
+    sliceable = {k for k, v in model.state_dict().items() if tuple(v.shape) != dense_state[k]}
+    state = load_sliced_state_dict(model, reader, sliceable)
+    missing = [name for name in model.state_dict() if name not in state]
+    if missing:
+        _initialise_missing(model, missing)
+    model.load_state_dict(state, strict=False, assign=True)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    if left:
+        raise CheckpointError(f"These tensors were neither in the checkpoint nor initialised: {left}.")
+    model.eval()
+
+
+def _correct(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], data: Any, processor: Any,
+             correction: CorrectionConfig | None) -> None:
+    summary = correct_model_(model, keep, data, processor, correction or CorrectionConfig())
+    if summary.num_removed:
+        model.config.elastic_correction = {
+            "settings": summary.config.to_dict(),
+            "num_images": summary.num_images,
+            "num_tokens": summary.num_tokens,
+            "mean_error_before": round(summary.mean_error("before"), 6),
+            "mean_error_after": round(summary.mean_error("after"), 6),
+        }
 
 
 def _initialise_missing(model: PreTrainedModel, names: list[str]) -> None:

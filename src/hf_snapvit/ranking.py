@@ -17,24 +17,35 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
 from ._version import __version__
 from .budget import ModelShape
+from .score_curves import decode_scores, encode_scores, log10_scores
 from .errors import BudgetError, RankingFormatError
 
 FORMAT_VERSION = 1
 RankingMode = Literal["global", "paired"]
 
-# log10 of the smallest score kept; a score of 0 (e.g. a dead neuron) ranks last instead of becoming -inf.
-_LOG10_FLOOR = -300.0
-# Neuron curves are stored as knots of a piecewise-linear log10 curve within this error (about 0.1 % of a score).
-_KNOT_TOLERANCE = 0.0005
-_DECIMALS = 4
-# At most this many knots in all (about 150 kB of JSON); beyond it the tolerance doubles until the curves fit.
-_MAX_KNOTS = 12_000
+@dataclass(frozen=True)
+class Floors:
+    """The least every block keeps, whatever the budget, and the paired mode's head offset.
+
+    Args:
+        min_head_keep_ratio: Each block keeps at least ``max(1, int(num_heads * ratio))`` heads.
+        min_neuron_keep_ratio: Each block keeps at least ``max(1, int(intermediate_size * ratio))`` neurons.
+        paired_head_offset: In ``"paired"`` mode, head ratio = ``max(0, neuron ratio - offset)``.
+    """
+
+    min_head_keep_ratio: float = 0.2
+    min_neuron_keep_ratio: float = 0.05
+    paired_head_offset: float = 0.15
+
+    def to_dict(self) -> dict[str, float]:
+        return {"min_head_keep_ratio": self.min_head_keep_ratio, "min_neuron_keep_ratio": self.min_neuron_keep_ratio,
+                "paired_head_offset": self.paired_head_offset}
 
 
 @dataclass(frozen=True)
@@ -65,9 +76,7 @@ class ElasticRanking:
         neuron_scores: ``[num_layers, intermediate_size]`` non-negative scores, in the model's current neuron order.
         shape: The dense architecture the scores belong to (unit costs, token counts).
         mode: ``"global"`` or ``"paired"`` (see the module docstring).
-        min_head_keep_ratio: Each block keeps at least ``max(1, int(num_heads * ratio))`` heads.
-        min_neuron_keep_ratio: Each block keeps at least ``max(1, int(intermediate_size * ratio))`` neurons.
-        paired_head_offset: In ``"paired"`` mode, head ratio = ``max(0, neuron ratio - offset)``.
+        min_head_keep_ratio, min_neuron_keep_ratio, paired_head_offset: See :class:`Floors`.
         provenance: How the ranking was made: method, settings, seed, calibration data, base model, library version.
     """
 
@@ -75,9 +84,9 @@ class ElasticRanking:
     neuron_scores: np.ndarray
     shape: ModelShape
     mode: RankingMode = "global"
-    min_head_keep_ratio: float = 0.2
-    min_neuron_keep_ratio: float = 0.05
-    paired_head_offset: float = 0.15
+    min_head_keep_ratio: float = Floors.min_head_keep_ratio
+    min_neuron_keep_ratio: float = Floors.min_neuron_keep_ratio
+    paired_head_offset: float = Floors.paired_head_offset
     provenance: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -134,7 +143,7 @@ class ElasticRanking:
         ranked = -np.sort(-scores, axis=1, kind="stable")[:, floor:]  # per block, most to least important
         layers = np.repeat(np.arange(scores.shape[0]), ranked.shape[1])
         positions = np.tile(np.arange(floor, scores.shape[1]), scores.shape[0])
-        priority = np.log10(np.maximum(ranked.ravel(), 10.0**_LOG10_FLOOR)) - math.log10(cost)
+        priority = log10_scores(ranked.ravel()) - math.log10(cost)
         # Ties go to the later position within a block, so each block always loses its last-ranked unit first.
         order = np.lexsort((-positions, layers, priority))
         return layers[order], priority[order]
@@ -318,17 +327,6 @@ class ElasticRanking:
                 "Only a ranking in rank order can be stored: call ranking.sorted() and permute the model's heads and "
                 "neurons the same way (hf_snapvit.save_elastic does both)."
             )
-        log_heads = _log10(self.head_scores)
-        log_neurons = _log10(self.neuron_scores)
-        tolerance = _KNOT_TOLERANCE
-        knots = [_knots(row, tolerance) for row in log_neurons]
-        while sum(map(len, knots)) > _MAX_KNOTS:  # very noisy curves: coarser, to keep config.json small
-            tolerance *= 2
-            knots = [_knots(row, tolerance) for row in log_neurons]
-        neurons = [
-            {"index": index.tolist(), "log10": np.round(row[index], _DECIMALS).tolist()}
-            for row, index in zip(log_neurons, knots)
-        ]
         return {
             "format_version": FORMAT_VERSION,
             "mode": self.mode,
@@ -336,12 +334,7 @@ class ElasticRanking:
             "min_neuron_keep_ratio": self.min_neuron_keep_ratio,
             "paired_head_offset": self.paired_head_offset,
             "shape": self.shape.to_dict(),
-            "scores": {
-                "encoding": "log10-sorted",
-                "neuron_tolerance": tolerance,
-                "heads": np.round(log_heads, _DECIMALS).tolist(),
-                "neurons": neurons,
-            },
+            "scores": encode_scores(self.head_scores, self.neuron_scores),
             "provenance": {"library": "hf_snapvit", "library_version": __version__, **self.provenance},
         }
 
@@ -367,30 +360,13 @@ class ElasticRanking:
             )
         try:
             shape = ModelShape.from_dict(data["shape"])
-            scores = data["scores"]
-            if scores.get("encoding") != "log10-sorted":
-                raise ValueError(f"unknown scores.encoding {scores.get('encoding')!r}")
-            heads = 10.0 ** np.asarray(scores["heads"], dtype=np.float64)
-            for block, row in enumerate(scores["neurons"]):
-                index = np.asarray(row["index"])
-                if len(index) != len(row["log10"]) or len(index) == 0 or index[0] != 0 \
-                        or index[-1] != shape.intermediate_size - 1 or np.any(np.diff(index) <= 0):
-                    raise ValueError(
-                        f"scores.neurons[{block}] knots must have matching index/log10 lists with indices increasing "
-                        f"from 0 to intermediate_size-1 = {shape.intermediate_size - 1}"
-                    )
-            neurons = np.stack([
-                10.0 ** np.interp(np.arange(shape.intermediate_size), knots["index"], knots["log10"])
-                for knots in scores["neurons"]
-            ]) if scores["neurons"] else np.zeros((0, shape.intermediate_size))
+            heads, neurons = decode_scores(data["scores"], shape.intermediate_size)
             ranking = cls(
                 head_scores=heads,
                 neuron_scores=neurons,
                 shape=shape,
                 mode=data.get("mode", "global"),
-                min_head_keep_ratio=float(data.get("min_head_keep_ratio", 0.2)),
-                min_neuron_keep_ratio=float(data.get("min_neuron_keep_ratio", 0.05)),
-                paired_head_offset=float(data.get("paired_head_offset", 0.15)),
+                **{name: float(data.get(name, default)) for name, default in Floors().to_dict().items()},
                 provenance=dict(data.get("provenance", {})),
             )
         except RankingFormatError as error:
@@ -413,28 +389,3 @@ class ElasticRanking:
                     f"The elastic_ranking does not match this model: the ranking has {name}={mine!r}, the model has "
                     f"{name}={theirs!r}. Rank this model with hf_snapvit.rank(...) and save it with save_elastic."
                 )
-
-
-def _log10(scores: np.ndarray) -> np.ndarray:
-    return np.log10(np.maximum(scores, 10.0**_LOG10_FLOOR))
-
-
-def _knots(y: np.ndarray, tolerance: float) -> np.ndarray:
-    """Indices of a piecewise-linear interpolant of ``y`` within ``tolerance`` everywhere (Douglas-Peucker)."""
-    n = len(y)
-    if n <= 2:
-        return np.arange(n)
-    keep = {0, n - 1}
-    stack = [(0, n - 1)]
-    while stack:
-        a, b = stack.pop()
-        if b - a < 2:
-            continue
-        x = np.arange(a + 1, b)
-        error = np.abs(y[a + 1:b] - (y[a] + (y[b] - y[a]) * (x - a) / (b - a)))
-        i = int(np.argmax(error))
-        if error[i] > tolerance:
-            m = a + 1 + i
-            keep.add(m)
-            stack.extend(((a, m), (m, b)))
-    return np.array(sorted(keep))

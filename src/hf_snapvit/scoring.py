@@ -32,8 +32,10 @@ from transformers import PreTrainedModel
 
 from .architectures import input_size as architecture_input_size
 from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding
-from .data import MultiCropConfig, Normalizer, multi_crops
-from .distributed import GradientSteps, autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
+from .views import MultiCropConfig, Normalizer, multi_crops, processor_inputs
+from .errors import ConfigError, DataError
+from .calibration import GradientSteps
+from .distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
 
 ScoreDefinition = Literal["fisher", "obd", "accumulated", "snip", "taylor"]
 
@@ -118,8 +120,6 @@ def _crops(chunk, first_index: int, seed: int, config: ScoreConfig, normalizer, 
 def _batch_loss(model, spec, chunk, labels, processor, normalizer, config, input_size, first_index, seed,
                 device) -> torch.Tensor:
     if config.loss == "ce":
-        from .data import processor_inputs
-
         logits = model(pixel_values=processor_inputs(chunk, processor).to(device)).logits
         return F.cross_entropy(logits.float(), labels.to(device))
     global_views, local_views = _crops(chunk, first_index, seed, config, normalizer, input_size)
@@ -166,20 +166,20 @@ def gradient_scores(
     Returns:
         Per-unit scores as float64 arrays: heads ``[L, H]`` and FFN neurons ``[L, F]``.
     """
-    from .errors import SnapViTError
+
 
     spec = get_spec(model)
     state = process_state()
     step = config.step_size
     if isinstance(images, GradientSteps):
         if images.step_size != step:
-            raise SnapViTError(
+            raise DataError(
                 f"The gradient steps were drawn with {images.step_size} images per step, but this score definition "
                 f"({config.definition!r}, batch_size={config.batch_size}) takes {step}; draw them with "
                 f"step_size={step}."
             )
         if labels is not None:
-            raise SnapViTError("Pass labels inside GradientSteps, not as labels=..., for pre-sharded images.")
+            raise DataError("Pass labels inside GradientSteps, not as labels=..., for pre-sharded images.")
         num_images, steps = images.num_images, images.steps
         labelled = all(step_labels is not None for _, _, step_labels in steps)
     else:
@@ -190,9 +190,9 @@ def gradient_scores(
         labelled = labels is not None
     if config.loss == "ce":
         if not labelled:
-            raise SnapViTError("loss='ce' needs labelled images: give a dataset with a label column.")
+            raise DataError("loss='ce' needs labelled images: give a dataset with a label column.")
         if not hasattr(model, "classifier") and not hasattr(model, "cls_classifier"):
-            raise SnapViTError(
+            raise ConfigError(
                 f"loss='ce' needs a classification head, and {type(model).__name__} has none; use loss='dino'."
             )
     device = next(model.parameters()).device

@@ -35,7 +35,7 @@ from transformers import PreTrainedModel
 
 from .benchmark import hardware_info, measure_latency, sliced_copy
 from .budget import model_shape
-from .errors import SnapViTError
+from .errors import SnapViTError, SweepError
 from .evaluation import EvaluationResult, Evaluator, LinearProbeConfig
 from .files import atomic_file, write_text_atomic
 from .ranking import ElasticRanking
@@ -52,9 +52,6 @@ CSV_COLUMNS: tuple[str, ...] = (
     "theoretical_speedup", "ranking_seconds",
 )
 
-
-class SweepError(SnapViTError, ValueError):
-    """A sweep's grid or rankings are unusable."""
 
 
 @dataclass

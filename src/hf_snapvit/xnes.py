@@ -26,16 +26,13 @@ from typing import Any, Callable, Optional
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .errors import SnapViTError
+from .errors import XNESError
 
 __all__ = ["XNES", "XNESError", "XNESResult", "default_learning_rate_cov", "default_population_size"]
 
 # Bumped whenever the layout of ``state_dict`` changes, so an old file is rejected instead of being misread.
 STATE_VERSION = 1
 
-
-class XNESError(SnapViTError, ValueError):
-    """Invalid argument, fitness or state given to :class:`XNES`."""
 
 
 def default_population_size(dimension: int) -> int:

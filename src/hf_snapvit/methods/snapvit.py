@@ -2,7 +2,7 @@
 
 ``SnapViTPruner(SnapViTConfig(...)).fit(model, data)`` returns an :class:`~hf_snapvit.ElasticRanking`:
 
-1. draw a seeded gradient set and a disjoint fitness set from ``data`` (:mod:`hf_snapvit.data`);
+1. draw a seeded gradient set and a disjoint fitness set from ``data`` (:mod:`hf_snapvit.calibration`);
 2. local scores from DINO-loss gradients (:mod:`hf_snapvit.scoring`);
 3. an xNES search (:mod:`hf_snapvit.xnes`) over ``c`` = one factor per FFN block and one per head, where a candidate
    ranks unit ``u`` by ``score(u) · |c(u)|`` and is scored by :class:`~hf_snapvit.fitness.EmbeddingFitness`;
@@ -22,14 +22,19 @@ import numpy as np
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from .budget import ModelShape, layer_widths, model_shape
-from .data import MultiCropConfig, processor_inputs
-from .distributed import draw_calibration, mixed_precision, on_process_device, process_state
-from .errors import SnapViTError
-from .fitness import EmbeddingFitness
-from .ranking import ElasticRanking, RankingMode
-from .scoring import ScoreConfig, gradient_scores
-from .xnes import XNES
+from ..budget import ModelShape, layer_widths, model_shape
+from ..calibration import draw_calibration
+from ..distributed import mixed_precision, on_process_device, process_state
+from ..errors import ConfigError
+from ..fitness import EmbeddingFitness
+from ..ranking import ElasticRanking, Floors, RankingMode
+from ..scoring import ScoreConfig, gradient_scores
+from ..views import MultiCropConfig, load_processor, processor_inputs
+from ..xnes import XNES
+
+PRESETS = ("default", "fast", "paper")
+# Settings that do not define a preset: a run keeps its preset's name whatever its seed, floors or mode.
+_NOT_PRESET_SETTINGS = ("seed", "min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset", "mode")
 
 
 @dataclass(frozen=True)
@@ -71,18 +76,18 @@ class SnapViTConfig:
     sigma: float = 0.5
     covariance: Literal["identity", "cka"] = "identity"
     mode: RankingMode = "global"
-    min_head_keep_ratio: float = 0.2
-    min_neuron_keep_ratio: float = 0.05
-    paired_head_offset: float = 0.15
+    min_head_keep_ratio: float = Floors.min_head_keep_ratio
+    min_neuron_keep_ratio: float = Floors.min_neuron_keep_ratio
+    paired_head_offset: float = Floors.paired_head_offset
     fitness_batch_size: int = 64
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.max_generations is None and self.max_evaluations is None:
-            raise SnapViTError("Give a search budget: max_generations and/or max_evaluations.")
+            raise ConfigError("Give a search budget: max_generations and/or max_evaluations.")
         for name in ("num_gradient_images", "num_fitness_images"):
             if getattr(self, name) < 1:
-                raise SnapViTError(f"{name}={getattr(self, name)} must be >= 1.")
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1.")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "SnapViTConfig":
@@ -109,8 +114,16 @@ class SnapViTConfig:
             ),
         }
         if name not in presets:
-            raise SnapViTError(f"Unknown preset {name!r}; choose one of {sorted(presets)}.")
+            raise ConfigError(f"Unknown preset {name!r}; choose one of {sorted(presets)}.")
         return replace(presets[name], **overrides)
+
+    def preset_name(self) -> str | None:
+        """The preset these settings are (seed, floors and mode aside), or ``None`` for custom settings."""
+        mine = {k: v for k, v in asdict(self).items() if k not in _NOT_PRESET_SETTINGS}
+        for name in PRESETS:
+            if mine == {k: v for k, v in asdict(self.preset(name)).items() if k not in _NOT_PRESET_SETTINGS}:
+                return name
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,12 +150,12 @@ class SnapViTPruner:
         """The ranking that search factors ``factors`` give (layout: one factor per block's FFN, then one per head,
         as in ``history_``), in the config's mode unless ``mode`` is given. Needs a finished :meth:`fit`."""
         if self._unit_scores is None:
-            raise SnapViTError("ranking_from_factors needs the scores of a finished fit(); call fit() first.")
+            raise ConfigError("ranking_from_factors needs the scores of a finished fit(); call fit() first.")
         head_scores, neuron_scores, shape = self._unit_scores
         L, H = shape.num_layers, shape.num_heads
         c = np.abs(np.asarray(factors, dtype=np.float64))
         if c.shape != (L + L * H,):
-            raise SnapViTError(f"factors have shape {c.shape}; this model needs ({L + L * H},): {L} FFN factors, "
+            raise ConfigError(f"factors have shape {c.shape}; this model needs ({L + L * H},): {L} FFN factors, "
                                f"then {L}x{H} head factors.")
         config = self.config
         return ElasticRanking(
@@ -173,7 +186,7 @@ class SnapViTPruner:
 
         Args:
             model: A dense model of a supported architecture; its weights are not changed.
-            data: Calibration images (see :mod:`hf_snapvit.data`).
+            data: Calibration images (see :mod:`hf_snapvit.calibration`).
             processor: The model's image processor.
             image_column: The image column of a dataset (detected if not given).
             show_progress: Show progress bars.
@@ -183,7 +196,7 @@ class SnapViTPruner:
         """
         heads_now, neurons_now = layer_widths(model)
         if len(set(heads_now)) != 1 or len(set(neurons_now)) != 1:
-            raise SnapViTError("SnapViT ranks a dense model; this one is already sliced.")
+            raise ConfigError("SnapViT ranks a dense model; this one is already sliced.")
         state = process_state()
         show_progress = show_progress and state.is_main_process
         with on_process_device(model, state):
@@ -198,9 +211,7 @@ class SnapViTPruner:
             data, config.num_gradient_images, config.num_fitness_images, step_size=config.scores.step_size,
             seed=config.seed, image_column=image_column)
         if processor is None and not hasattr(fitness_images, "shape"):
-            from transformers import AutoImageProcessor
-
-            processor = AutoImageProcessor.from_pretrained(model.config._name_or_path)
+            processor = load_processor(model, purpose="preprocess the calibration images")
         fitness_pixels = processor_inputs(fitness_images, processor)
         timings["data"] = time.perf_counter() - start
 
@@ -224,7 +235,7 @@ class SnapViTPruner:
         self.initial_factors_ = mean.copy()
         covariance = None
         if config.covariance == "cka":
-            from .cka import cka_covariance
+            from ..cka import cka_covariance
 
             covariance = cka_covariance(model, fitness.pixel_values)
         search = XNES(mean, covariance=covariance, sigma=config.sigma, population_size=config.population_size,
@@ -251,6 +262,7 @@ class SnapViTPruner:
         best = ranking_for(mean if result.best_x is None else result.best_x)
         provenance = {
             "method": "snapvit",
+            "preset": config.preset_name(),
             "settings": config.to_dict(),
             "seed": config.seed,
             "calibration_data": calibration,

@@ -1,17 +1,32 @@
-"""Data-free importance scores: weight magnitude and random.
+"""Baseline importance scores: data-free (weight magnitude, LAMP, random) and gradient-based (SNIP, Taylor).
 
 Each scorer maps a model to ``(head_scores [L, H], neuron_scores [L, F])``, non-negative, larger = more important,
-in the model's current unit order.
+in the model's current unit order. The gradient baselines score the same calibration images with the same crops as
+a SnapViT run would (the caller passes the image count and score settings), so comparisons are like for like.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
-from .budget import ModelShape
+from ..architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from ..budget import ModelShape
+from ..calibration import draw_calibration
+from ..distributed import mixed_precision, on_process_device, process_state
+from ..errors import DataError
+from ..scoring import ScoreConfig, gradient_scores
+from ..views import load_processor
+
+# Gradient baselines: how each changes the score settings of the run it is compared with.
+GRADIENT_METHODS: dict[str, dict[str, str]] = {
+    "snip": {"definition": "snip"},
+    "taylor-ce": {"loss": "ce", "definition": "taylor"},
+}
 
 
 @torch.no_grad()
@@ -75,3 +90,42 @@ def lamp_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple[n
         mlp, variant = get_mlp(layer, spec)
         neurons.append(np.mean([_lamp(getattr(mlp, name).weight).mean(1).numpy() for name in variant.in_proj], 0))
     return np.stack(heads) * shape.params_per_head, np.stack(neurons) * shape.params_per_neuron
+
+
+def gradient_baseline_scores(
+    model: PreTrainedModel,
+    shape: ModelShape,
+    method: str,
+    data: Any,
+    *,
+    scores: ScoreConfig,
+    num_images: int,
+    processor: Any,
+    seed: int,
+    label_column: str,
+    show_progress: bool,
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any], dict[str, Any]]:
+    """Scores of the gradient baseline ``method`` (a key of :data:`GRADIENT_METHODS`) on ``num_images`` images of
+    ``data``, scored with ``scores`` changed as the method needs; and ``(settings, calibration)`` for the provenance.
+
+    Under ``accelerate launch`` the gradient steps are split across processes as SnapViT's are."""
+    if data is None:
+        raise DataError(f"method={method!r} needs calibration images: pass data=... (a dataset or images).")
+    scores = replace(scores, **GRADIENT_METHODS[method])
+    labelled = scores.loss == "ce"
+    state = process_state()
+    images, _, _, labels = draw_calibration(data, num_images, 0, step_size=scores.step_size, seed=seed,
+                                            label_column=label_column if labelled else None, state=state)
+    if processor is None and not hasattr(images, "shape"):
+        processor = load_processor(model, purpose=f"preprocess the calibration images of method={method!r}")
+    with on_process_device(model, state):
+        heads, neurons = gradient_scores(model, images, processor, scores, labels=labels, seed=seed,
+                                         show_progress=show_progress and state.is_main_process)
+    if scores.definition != "taylor":  # means over a unit's weights -> totals, as every ranking score is
+        heads, neurons = heads * shape.params_per_head, neurons * shape.params_per_neuron
+    settings: dict[str, Any] = {"scores": scores.to_dict(), "num_gradient_images": len(images)}
+    if mixed_precision() != "no":  # it changes the scores; full precision leaves the record as it always was
+        settings["mixed_precision"] = mixed_precision()
+    calibration = {"source": type(data).__name__, "num_gradient": len(images),
+                   "label_column": label_column if labelled else None}
+    return heads, neurons, settings, calibration

@@ -1,0 +1,184 @@
+"""Views of images as a model sees them: the processor's preprocessing, its normalisation, DINO multi-crops.
+
+Preprocessing always uses the model's own image processor (its resize, rescale and normalisation), so a model
+trained with mean = std = 0.5 is never fed ImageNet statistics. :func:`load_processor` is the one place that finds
+a model's processor, :func:`model_inputs` the one place that turns a batch into keyword arguments of ``forward``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .architectures import unpatchify
+from .data import to_rgb
+from .errors import DataError
+
+
+class Normalizer:
+    """The rescale and normalisation steps of a transformers image processor, applied to float tensors."""
+
+    def __init__(self, processor: Any) -> None:
+        self.rescale = float(processor.rescale_factor) if getattr(processor, "do_rescale", True) else 1.0
+        self.normalize = bool(getattr(processor, "do_normalize", True))
+        mean = getattr(processor, "image_mean", None)
+        std = getattr(processor, "image_std", None)
+        if self.normalize and (mean is None or std is None):
+            raise DataError(f"{type(processor).__name__} has no image_mean/image_std to normalise with.")
+        self.mean = torch.tensor(mean or [0.0, 0.0, 0.0]).view(1, -1, 1, 1)
+        self.std = torch.tensor(std or [1.0, 1.0, 1.0]).view(1, -1, 1, 1)
+
+    def __call__(self, uint8: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W]`` uint8 → model-ready float32."""
+        x = uint8.float() * self.rescale
+        return (x - self.mean) / self.std if self.normalize else x
+
+
+def processor_inputs(images: list[Image.Image] | torch.Tensor, processor: Any, batch_size: int = 64) -> torch.Tensor:
+    """Eval-transform pixel values ``[N, C, H, W]`` via the processor (tensors pass through unchanged)."""
+    if isinstance(images, torch.Tensor):
+        return images.float()
+    patch_size = getattr(processor, "patch_size", None)
+    max_patches = getattr(processor, "max_num_patches", None)
+    if patch_size and max_patches:
+        # Patch-sequence processors (SigLIP2) keep each image's aspect ratio, so a batch mixes patch grids; square
+        # images of the default grid all give the same grid, which is then stored as ordinary [C, H, W] images.
+        side = math.isqrt(int(max_patches)) * int(patch_size)
+        square = [to_rgb(image).resize((side, side), Image.BICUBIC) for image in images]
+        chunks = []
+        for i in range(0, len(square), batch_size):
+            out = processor(images=square[i:i + batch_size], return_tensors="pt")
+            chunks.append(unpatchify(out["pixel_values"], int(patch_size), out.get("spatial_shapes")))
+        return torch.cat(chunks)
+    chunks = [
+        processor(images=images[i:i + batch_size], return_tensors="pt")["pixel_values"]
+        for i in range(0, len(images), batch_size)
+    ]
+    return torch.cat(chunks)
+
+
+@dataclass(frozen=True)
+class MultiCropConfig:
+    """DINO-style views: ``num_global`` crops of ``global_scale`` and ``num_local`` of ``local_scale`` (area fractions).
+
+    Every crop is drawn independently. Sizes default to the model's input size (as in the reference code); a
+    smaller ``local_size`` makes local crops cheaper (position embeddings are interpolated).
+    """
+
+    num_global: int = 2
+    num_local: int = 10
+    global_scale: tuple[float, float] = (0.25, 1.0)
+    local_scale: tuple[float, float] = (0.05, 0.25)
+    global_size: int | None = None
+    local_size: int | None = None
+
+
+def _crop_box(width: int, height: int, scale: tuple[float, float], rng: np.random.Generator) -> tuple[int, ...]:
+    """A RandomResizedCrop box: area fraction in ``scale``, aspect ratio log-uniform in [3/4, 4/3]."""
+    area = width * height
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        ratio = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+        w, h = round(math.sqrt(target * ratio)), round(math.sqrt(target / ratio))
+        if 0 < w <= width and 0 < h <= height:
+            left, top = int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1))
+            return left, top, left + w, top + h
+    side = min(width, height)
+    left, top = (width - side) // 2, (height - side) // 2
+    return left, top, left + side, top + side
+
+
+def multi_crops(
+    images: list[Image.Image] | torch.Tensor,
+    config: MultiCropConfig,
+    normalizer: Normalizer | None,
+    input_size: int,
+    rng: np.random.Generator,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Crops of every image: ``(global [B, G, C, S, S], local [B, L, C, s, s] or None)``, model-ready."""
+    global_size = config.global_size or input_size
+    local_size = config.local_size or input_size
+    groups: list[list[torch.Tensor]] = [[], []]
+    for image in images:
+        for group, (count, scale, size) in enumerate(
+            ((config.num_global, config.global_scale, global_size), (config.num_local, config.local_scale, local_size))
+        ):
+            crops = []
+            for _ in range(count):
+                if isinstance(image, torch.Tensor):  # preprocessed pixels: crop and resize the tensor
+                    left, top, right, bottom = _crop_box(image.shape[-1], image.shape[-2], scale, rng)
+                    crop = image[None, :, top:bottom, left:right].float()
+                    crops.append(torch.nn.functional.interpolate(
+                        crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0])
+                else:
+                    box = _crop_box(image.width, image.height, scale, rng)
+                    resized = image.resize((size, size), Image.BILINEAR, box=box)
+                    crops.append(torch.from_numpy(np.asarray(resized).copy()).permute(2, 0, 1))
+            groups[group].append(torch.stack(crops) if crops else None)
+    out = []
+    for group in groups:
+        if group[0] is None:
+            out.append(None)
+            continue
+        batch = torch.stack(group)  # [B, V, C, S, S]
+        if batch.dtype == torch.uint8:
+            b, v = batch.shape[:2]
+            batch = normalizer(batch.flatten(0, 1)).view(b, v, *batch.shape[2:])
+        out.append(batch)
+    return out[0], out[1]
+
+
+
+
+def load_processor(source: Any, *, purpose: str = "preprocess the images", **hub_kwargs: Any) -> Any:
+    """The image processor saved with a checkpoint.
+
+    Args:
+        source: A checkpoint folder or Hub id, or a model (the checkpoint it was loaded from is used).
+        purpose: What the processor is needed for, named in the error when there is none.
+        **hub_kwargs: Passed on to ``AutoImageProcessor.from_pretrained`` (``token``, ``revision``, ...).
+
+    Raises:
+        DataError: The model does not say where it was loaded from, or the checkpoint has no processor; the
+            message says what to pass instead.
+    """
+    from transformers import AutoImageProcessor
+
+    fix = ("Pass processor=AutoImageProcessor.from_pretrained(<checkpoint>), save one next to the model "
+           "(preprocessor_config.json), or give preprocessed pixel values as a [N, C, H, W] tensor.")
+    name = source if isinstance(source, (str, os.PathLike)) else getattr(getattr(source, "config", None),
+                                                                          "_name_or_path", None)
+    if not name:
+        raise DataError(f"An image processor is needed to {purpose}, and the model does not say which checkpoint "
+                        f"it was loaded from. {fix}")
+    try:
+        return AutoImageProcessor.from_pretrained(name, **hub_kwargs)
+    except (OSError, ValueError) as error:
+        raise DataError(f"Cannot load the image processor of {str(name)!r} to {purpose} "
+                        f"({' '.join(str(error).split())}). {fix}") from error
+
+
+def model_inputs(batch: Any, processor: Any, device: torch.device | str, dtype: torch.dtype) -> dict[str, Any]:
+    """Keyword arguments of ``model.forward`` for one batch, on ``device``, floating tensors in ``dtype``.
+
+    ``batch`` is a dict of tensors (e.g. a processor's output), a ``[B, C, H, W]`` tensor of pixel values, or a list
+    of PIL images, which ``processor`` preprocesses (all of its outputs are passed on, e.g. SigLIP2's patch mask).
+    """
+    if isinstance(batch, Mapping):
+        inputs = dict(batch)
+    elif isinstance(batch, torch.Tensor):
+        inputs = {"pixel_values": batch}
+    else:
+        if processor is None:
+            raise DataError("PIL images need the model's image processor: pass processor=... "
+                            "(AutoImageProcessor.from_pretrained(<model>)), or give preprocessed pixel values.")
+        inputs = dict(processor(images=batch, return_tensors="pt"))
+    return {k: (v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
+                if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
