@@ -211,7 +211,6 @@ def load_image_dataset(
         >>> ranking = hf_snapvit.rank(model, method="snapvit", data=data, preset="fast")  # doctest: +SKIP
     """
     import datasets
-    from huggingface_hub.utils import tqdm
 
     if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
                                     or num_samples < 1):
@@ -225,7 +224,19 @@ def load_image_dataset(
             f"datasets cannot tell the columns of {str(source)!r} without reading it; store the images as parquet "
             "(datasets.Dataset.to_parquet) or as an image folder."
         )
-    features = raw.features
+    image_column, keep = _columns(raw.features, image_column, label_column)
+    data = _shuffled(raw.select_columns(keep).cast_column(image_column, datasets.Image(decode=False)),
+                     streaming=streaming, seed=seed, shuffle_buffer=shuffle_buffer)
+    check = _ValidImages(image_column, name)
+    valid = data.filter(check)
+    if num_samples is None:
+        return valid
+    return _read_samples(valid, num_samples, name=name, split=split, seed=seed, check=check,
+                         show_progress=show_progress)
+
+
+def _columns(features: Any, image_column: str | None, label_column: str | None) -> tuple[str, list[str]]:
+    """The image column (checked to hold images) and the columns to keep."""
     columns = list(features)
     if image_column is None:
         image_column = find_image_column(columns, features)
@@ -235,18 +246,14 @@ def load_image_dataset(
     if label_column is not None and label_column not in columns:
         raise DataError(f"label_column={label_column!r} is not among the dataset's columns {columns}.")
     keep = [image_column] + ([label_column] if label_column not in (None, image_column) else [])
+    return image_column, keep
 
-    data = raw.select_columns(keep).cast_column(image_column, datasets.Image(decode=False))
-    if streaming:
-        # Interleaving shards into the buffer only helps with several; with parquet it also costs a fixed 5 s sleep
-        # when the stream closes (datasets' workaround for apache/arrow#45214), so a single file does without it.
-        data = data.shuffle(seed=seed, buffer_size=shuffle_buffer, max_buffer_input_shards=min(10, data.num_shards))
-    else:  # the whole split is on disk: an exact permutation, then the same lazy path as a stream
-        data = data.shuffle(seed=seed).to_iterable_dataset()
-    check = _ValidImages(image_column, name)
-    valid = data.filter(check)
-    if num_samples is None:
-        return valid
+
+def _read_samples(valid: Any, num_samples: int, *, name: str, split: str, seed: int, check: "_ValidImages",
+                  show_progress: bool) -> Any:
+    """The first ``num_samples`` valid images of the stream, in memory, as a ``datasets.Dataset``."""
+    import datasets
+    from huggingface_hub.utils import tqdm
 
     rows: list[dict[str, Any]] = []
     with tqdm(total=num_samples, desc="Reading calibration images", unit="img", disable=not show_progress) as bar:
@@ -266,3 +273,13 @@ def load_image_dataset(
         features=valid.features,
     )
     return datasets.Dataset.from_list(rows, info=info, split=datasets.NamedSplit(split))
+
+
+def _shuffled(data: Any, *, streaming: bool, seed: int, shuffle_buffer: int) -> Any:
+    """The seeded shuffle of a stream (a buffer) or of a prepared split (an exact permutation), as a stream."""
+    if streaming:
+        # Interleaving shards into the buffer only helps with several; with parquet it also costs a fixed 5 s sleep
+        # when the stream closes (datasets' workaround for apache/arrow#45214), so a single file does without it.
+        return data.shuffle(seed=seed, buffer_size=shuffle_buffer, max_buffer_input_shards=min(10, data.num_shards))
+    # the whole split is on disk: an exact permutation, then the same lazy path as a stream
+    return data.shuffle(seed=seed).to_iterable_dataset()

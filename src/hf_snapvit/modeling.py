@@ -84,13 +84,7 @@ class ElasticViTModel:
             raise TypeError(f"ElasticViTModel.from_pretrained got unexpected keyword arguments {sorted(unused)}.")
         get_spec(config)  # unsupported architectures fail before any weight is touched
         ranking, layout = _stored_ranking_and_layout(config, pretrained_model_name_or_path)
-        if correction is not None and correction_data is None:
-            raise CorrectionError("correction= was given without correction_data=; pass the calibration images too.")
-        if correction_data is not None and layout is not None:
-            raise CorrectionError(
-                "Correction needs the dense weights, but this checkpoint is already sliced (config.elastic_layout is "
-                "set). Load the dense elastic checkpoint with correction_data= instead."
-            )
+        _check_correction_arguments(correction, correction_data, layout)
         if build_kwargs["dtype"] is None:
             build_kwargs["dtype"] = getattr(config, "dtype", None) or torch.float32
         if isinstance(build_kwargs["dtype"], str):
@@ -117,13 +111,9 @@ class ElasticViTModel:
             _correct(model, keep, correction_data, processor, correction)
         model.config._name_or_path = str(pretrained_model_name_or_path)
         if counts.heads != dense_shape.dense_heads or counts.neurons != dense_shape.dense_neurons:
-            model.config.elastic_layout = {
-                "num_heads": counts.heads,
-                "intermediate_size": counts.neurons,
-                "sparsity": round(counts.sparsity, 6),
-                "num_params": counts.num_params,
-                "gflops": round(counts.gflops, 6),
-            }
+            model.config.elastic_layout = {"num_heads": counts.heads, "intermediate_size": counts.neurons,
+                                           "sparsity": round(counts.sparsity, 6), "num_params": counts.num_params,
+                                           "gflops": round(counts.gflops, 6)}
         return model
 
 
@@ -140,6 +130,16 @@ def _build_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     if isinstance(device, dict):
         raise TypeError("device_map must be one device (e.g. 'cuda:0'); multi-device maps are not supported yet.")
     return build_kwargs, device
+
+
+def _check_correction_arguments(correction: Any, correction_data: Any, layout: dict | None) -> None:
+    if correction is not None and correction_data is None:
+        raise CorrectionError("correction= was given without correction_data=; pass the calibration images too.")
+    if correction_data is not None and layout is not None:
+        raise CorrectionError(
+            "Correction needs the dense weights, but this checkpoint is already sliced (config.elastic_layout is "
+            "set). Load the dense elastic checkpoint with correction_data= instead."
+        )
 
 
 def _stored_ranking_and_layout(config: Any, source: Any) -> tuple[ElasticRanking | None, dict | None]:

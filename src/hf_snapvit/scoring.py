@@ -166,28 +166,9 @@ def gradient_scores(
     Returns:
         Per-unit scores as float64 arrays: heads ``[L, H]`` and FFN neurons ``[L, F]``.
     """
-
-
     spec = get_spec(model)
     state = process_state()
-    step = config.step_size
-    if isinstance(images, GradientSteps):
-        if images.step_size != step:
-            raise DataError(
-                f"The gradient steps were drawn with {images.step_size} images per step, but this score definition "
-                f"({config.definition!r}, batch_size={config.batch_size}) takes {step}; draw them with "
-                f"step_size={step}."
-            )
-        if labels is not None:
-            raise DataError("Pass labels inside GradientSteps, not as labels=..., for pre-sharded images.")
-        num_images, steps = images.num_images, images.steps
-        labelled = all(step_labels is not None for _, _, step_labels in steps)
-    else:
-        num_images = len(images)
-        steps = local_share([(start, images[start:start + step],
-                              None if labels is None else labels[start:start + step])
-                             for start in range(0, num_images, step)], state)
-        labelled = labels is not None
+    num_images, steps, labelled = _this_process_steps(images, labels, config, state)
     if config.loss == "ce":
         if not labelled:
             raise DataError("loss='ce' needs labelled images: give a dataset with a label column.")
@@ -200,12 +181,7 @@ def gradient_scores(
     input_size = architecture_input_size(model.config)
     head_weights, neuron_weights = _scored_weights(model, config.head_rows)
     weights = [w for group in head_weights + neuron_weights for w in group]
-    scored = {id(w) for w in weights}
-    flags = {p: p.requires_grad for p in model.parameters()}
-    was_training = model.training
-    for p in model.parameters():
-        p.requires_grad_(id(p) in scored)
-    model.eval()
+    flags, was_training = _only_these_require_grad(model, {id(w) for w in weights})
     per_image = config.definition in ("fisher", "obd")
     # Per-image squared gradients, or (batched definitions) the batch-mean gradients summed over batches, as the
     # reference accumulates them; float64 on every process so that the cross-process sum is exact up to rounding.
@@ -227,18 +203,7 @@ def gradient_scores(
             error = exc
         raise_if_failed_anywhere(error, state)
         sums = reduce_sum(sums)
-        if per_image:
-            stats = {id(w): value / num_images for w, value in zip(weights, sums)}
-            if config.definition == "obd":
-                stats = {id(w): stats[id(w)] * w.detach().double() ** 2 for w in weights}
-        else:
-            total = {id(w): value for w, value in zip(weights, sums)}
-            if config.definition == "accumulated":
-                stats = {key: g**2 for key, g in total.items()}
-            elif config.definition == "snip":
-                stats = {id(w): (total[id(w)] * w.detach().double()).abs() for w in weights}
-            else:
-                stats = {id(w): total[id(w)] * w.detach().double() for w in weights}
+        stats = _weight_statistics(config.definition, weights, sums, num_images)
     finally:
         for p, flag in flags.items():
             p.requires_grad_(flag)
@@ -249,3 +214,49 @@ def gradient_scores(
     heads = _reduce([[stats[id(w)] for w in group] for group in head_weights], hd, squared_sum)
     neurons = _reduce([[stats[id(w)] for w in group] for group in neuron_weights], 1, squared_sum)
     return heads, neurons
+
+
+def _this_process_steps(images: Any, labels: torch.Tensor | None, config: ScoreConfig, state: Any
+                        ) -> tuple[int, list, bool]:
+    """``(images in the whole sample, this process's gradient steps, whether every step has labels)``."""
+    step = config.step_size
+    if isinstance(images, GradientSteps):
+        if images.step_size != step:
+            raise DataError(
+                f"The gradient steps were drawn with {images.step_size} images per step, but this score definition "
+                f"({config.definition!r}, batch_size={config.batch_size}) takes {step}; draw them with "
+                f"step_size={step}."
+            )
+        if labels is not None:
+            raise DataError("Pass labels inside GradientSteps, not as labels=..., for pre-sharded images.")
+        return images.num_images, images.steps, all(step_labels is not None for _, _, step_labels in images.steps)
+    num_images = len(images)
+    steps = local_share([(start, images[start:start + step], None if labels is None else labels[start:start + step])
+                         for start in range(0, num_images, step)], state)
+    return num_images, steps, labels is not None
+
+
+def _weight_statistics(definition: str, weights: list[torch.Tensor], sums: list[torch.Tensor],
+                       num_images: int) -> dict[int, torch.Tensor]:
+    """Per-weight statistic of each score definition, from the float64 gradient sums (keyed by ``id(weight)``)."""
+    if definition in ("fisher", "obd"):
+        stats = {id(w): value / num_images for w, value in zip(weights, sums)}
+        if definition == "obd":
+            stats = {id(w): stats[id(w)] * w.detach().double() ** 2 for w in weights}
+        return stats
+    total = {id(w): value for w, value in zip(weights, sums)}
+    if definition == "accumulated":
+        return {key: g**2 for key, g in total.items()}
+    if definition == "snip":
+        return {id(w): (total[id(w)] * w.detach().double()).abs() for w in weights}
+    return {id(w): total[id(w)] * w.detach().double() for w in weights}
+
+
+def _only_these_require_grad(model: PreTrainedModel, scored: set[int]) -> tuple[dict, bool]:
+    """Make only the scored weights require gradients and put the model in eval mode; return what to restore."""
+    flags = {p: p.requires_grad for p in model.parameters()}
+    was_training = model.training
+    for p in model.parameters():
+        p.requires_grad_(id(p) in scored)
+    model.eval()
+    return flags, was_training

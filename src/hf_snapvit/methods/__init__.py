@@ -108,6 +108,14 @@ def rank(
         pruner = SnapViTPruner(config)
         ranking = pruner.fit(model, data, processor=processor, show_progress=show_progress)
         return _timed(ranking, start, pruner.timings_)
+    ranking = _baseline(model, method, data, config, processor, mode, seed, floors, label_column, show_progress)
+    return _timed(ranking, start, {})
+
+
+def _baseline(model: PreTrainedModel, method: str, data: Any, config: SnapViTConfig | None, processor: Any,
+              mode: RankingMode | None, seed: int, floors: Floors, label_column: str,
+              show_progress: bool) -> ElasticRanking:
+    """The ranking of a baseline method: data-free, or gradient-based with ``config``'s images and crops."""
     shape = model_shape(model)
     if method in GRADIENT_METHODS:
         head_scores, neuron_scores, settings, calibration = gradient_baseline_scores(
@@ -117,7 +125,7 @@ def rank(
     else:
         head_scores, neuron_scores = _METHODS[method](model, shape, seed)
         settings, calibration = {}, None
-    ranking = ElasticRanking(
+    return ElasticRanking(
         head_scores=head_scores,
         neuron_scores=neuron_scores,
         shape=shape,
@@ -131,7 +139,6 @@ def rank(
             "base_model": getattr(model.config, "_name_or_path", None) or None,
         },
     )
-    return _timed(ranking, start, {})
 
 
 def _config(config: SnapViTConfig | None, preset: str | None, mode: RankingMode | None, seed: int, floors: Floors,

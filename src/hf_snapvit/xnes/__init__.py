@@ -20,69 +20,18 @@ bit-identically.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .errors import XNESError
+from ..errors import XNESError
+from .rules import (XNESResult, check_fitness, default_learning_rate_cov, default_population_size, expm_symmetric,
+                    natural_gradients, utilities)
+from .state import STATE_VERSION, decode_state, jsonable
 
 __all__ = ["XNES", "XNESError", "XNESResult", "default_learning_rate_cov", "default_population_size"]
 
-# Bumped whenever the layout of ``state_dict`` changes, so an old file is rejected instead of being misread.
-STATE_VERSION = 1
-
-
-
-def default_population_size(dimension: int) -> int:
-    """λ = 4 + ⌊3 ln d⌋, the usual ES default (also pypop7's)."""
-    if dimension < 1:
-        raise XNESError(f"dimension must be >= 1, got {dimension}")
-    return 4 + int(math.floor(3.0 * math.log(dimension)))
-
-
-def default_learning_rate_cov(dimension: int) -> float:
-    """η_σ = η_B = 0.6·(3 + ln d)/(d·√d), the default of Glasmachers et al. (2010)."""
-    if dimension < 1:
-        raise XNESError(f"dimension must be >= 1, got {dimension}")
-    return 0.6 * (3.0 + math.log(dimension)) / (dimension * math.sqrt(dimension))
-
-
-def _utilities(population_size: int) -> np.ndarray:
-    """Utility of each rank (index 0 = best): zero-sum, so below-median samples push the distribution away."""
-    ranks = np.arange(1, population_size + 1, dtype=np.float64)
-    w = np.maximum(0.0, math.log(population_size / 2.0 + 1.0) - np.log(ranks))
-    return w / w.sum() - 1.0 / population_size
-
-
-def _expm_symmetric(m: np.ndarray) -> np.ndarray:
-    """expm of a symmetric matrix through its eigendecomposition (exact for symmetric input, no scipy needed)."""
-    # Symmetrise first: G_M is symmetric in exact arithmetic, but rounding could make eigh see a tiny skew part.
-    m = 0.5 * (m + m.T)
-    eigenvalues, eigenvectors = np.linalg.eigh(m)
-    return (eigenvectors * np.exp(eigenvalues)) @ eigenvectors.T
-
-
-@dataclass
-class XNESResult:
-    """Outcome of a search.
-
-    Attributes:
-        best_x: The best single sample ever evaluated (not the distribution mean); ``None`` before any evaluation.
-        best_fitness: Its fitness; ``None`` before any evaluation.
-        mean: The current distribution mean μ.
-        evaluations: Number of fitness evaluations so far (partial generations included).
-        generations: Number of distribution updates so far.
-        history: One dict per evaluated generation, see :meth:`XNES.tell`.
-    """
-
-    best_x: Optional[np.ndarray]
-    best_fitness: Optional[float]
-    mean: np.ndarray
-    evaluations: int
-    generations: int
-    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 class XNES:
@@ -157,7 +106,7 @@ class XNES:
         self._seed = int(seed)
         self._minimize = bool(minimize)
         self._rng = np.random.Generator(np.random.PCG64(self._seed))
-        self._utilities = _utilities(lam)
+        self._utilities = utilities(lam)
         self._pending_z: Optional[np.ndarray] = None
         self._best_x: Optional[np.ndarray] = None
         self._best_fitness: Optional[float] = None
@@ -254,18 +203,6 @@ class XNES:
         # One place computes x from z, so the x returned by ask() and the x recomputed after a resume are identical.
         return self._mu + z @ self._A.T
 
-    def _check_fitness(self, fitness: ArrayLike, n: int) -> np.ndarray:
-        f = np.array(fitness, dtype=np.float64)
-        if f.ndim == 2 and f.shape[1] == 1:
-            f = f[:, 0]  # accept a column vector, e.g. a model returning [λ, 1]
-        if f.shape != (n,):
-            raise XNESError(f"fitness must have shape ({n},), got {f.shape}")
-        bad = np.flatnonzero(np.isnan(f))
-        if bad.size:
-            raise XNESError(f"fitness contains NaN at index {int(bad[0])} (value {f[bad[0]]!r}); "
-                            f"{bad.size} NaN value(s) in total")
-        return f
-
     def _order(self, f: np.ndarray) -> np.ndarray:
         """Indices from best to worst; a stable sort so ties keep a deterministic order."""
         return np.argsort(f if self._minimize else -f, kind="stable")
@@ -313,7 +250,7 @@ class XNES:
         d, lam = self.dimension, self._lambda
         if x.shape != (lam, d):
             raise XNESError(f"solutions must have shape ({lam}, {d}), got {x.shape}")
-        f = self._check_fitness(fitness, lam)
+        f = check_fitness(fitness, lam)
 
         z = self._pending_z
         if z is None or not np.array_equal(x, self._samples(z)):
@@ -325,14 +262,11 @@ class XNES:
         u = np.empty(lam)
         u[self._order(f)] = self._utilities
 
-        grad_mu = u @ z
-        grad_m = (z.T * u) @ z - u.sum() * np.eye(d)  # u sums to 0 up to rounding; keep the term for exactness
-        grad_sigma = np.trace(grad_m) / d
-        grad_b = grad_m - grad_sigma * np.eye(d)
+        grad_mu, grad_sigma, grad_b = natural_gradients(z, u)
 
         # Both updates use the A of this generation (the one z was sampled with).
         self._mu = self._mu + self._eta_mu * (self._A @ grad_mu)
-        self._A = self._A @ _expm_symmetric(0.5 * (self._eta_cov * grad_sigma * np.eye(d) + self._eta_cov * grad_b))
+        self._A = self._A @ expm_symmetric(0.5 * (self._eta_cov * grad_sigma * np.eye(d) + self._eta_cov * grad_b))
         self._generations += 1
         self._pending_z = None
         return self._record(x, f, partial=False)
@@ -396,7 +330,7 @@ class XNES:
         else:
             values = [float(fn(row.copy())) for row in x]
         try:
-            return self._check_fitness(values, x.shape[0])
+            return check_fitness(values, x.shape[0])
         except XNESError as exc:
             raise XNESError(f"objective returned bad fitness: {exc}") from exc
 
@@ -416,7 +350,7 @@ class XNES:
             "learning_rate_cov": self._eta_cov,
             "seed": self._seed,
             "minimize": self._minimize,
-            "rng_state": _jsonable(self._rng.bit_generator.state),
+            "rng_state": jsonable(self._rng.bit_generator.state),
             "pending_z": None if self._pending_z is None else self._pending_z.tolist(),
             "best_x": None if self._best_x is None else self._best_x.tolist(),
             "best_fitness": self._best_fitness,
@@ -427,39 +361,14 @@ class XNES:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace this optimiser's state by ``state`` (from :meth:`state_dict`, possibly through JSON)."""
-        version = state.get("state_version")
-        if version != STATE_VERSION:
-            raise XNESError(f"unsupported XNES state_version {version!r} (this code reads {STATE_VERSION})")
-        try:
-            mu = np.array(state["mean"], dtype=np.float64)
-            factor = np.array(state["factor"], dtype=np.float64)
-            d = mu.size
-            if mu.ndim != 1 or factor.shape != (d, d):
-                raise XNESError(f"inconsistent state: mean shape {mu.shape}, factor shape {factor.shape}")
-            lam = int(state["population_size"])
-            pending = state["pending_z"]
-            pending_z = None if pending is None else np.array(pending, dtype=np.float64).reshape(lam, d)
-            best_x = None if state["best_x"] is None else np.array(state["best_x"], dtype=np.float64)
-            rng = np.random.Generator(np.random.PCG64())
-            rng.bit_generator.state = state["rng_state"]
-            best_fitness = state["best_fitness"]
-            self._mu = mu
-            self._A = factor
-            self._lambda = lam
-            self._eta_mu = float(state["learning_rate_mean"])
-            self._eta_cov = float(state["learning_rate_cov"])
-            self._seed = int(state["seed"])
-            self._minimize = bool(state["minimize"])
-            self._rng = rng
-            self._utilities = _utilities(lam)
-            self._pending_z = pending_z
-            self._best_x = best_x
-            self._best_fitness = None if best_fitness is None else float(best_fitness)
-            self._evaluations = int(state["evaluations"])
-            self._generations = int(state["generations"])
-            self._history = [dict(r) for r in state["history"]]
-        except KeyError as exc:
-            raise XNESError(f"XNES state is missing the key {exc.args[0]!r}") from exc
+        values = decode_state(state)
+        self._mu, self._A, self._lambda = values["mean"], values["factor"], values["population_size"]
+        self._eta_mu, self._eta_cov = values["learning_rate_mean"], values["learning_rate_cov"]
+        self._seed, self._minimize, self._rng = values["seed"], values["minimize"], values["rng"]
+        self._utilities = utilities(self._lambda)
+        self._pending_z, self._best_x, self._best_fitness = values["pending_z"], values["best_x"], values["best_fitness"]
+        self._evaluations, self._generations = values["evaluations"], values["generations"]
+        self._history = values["history"]
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> "XNES":
@@ -471,16 +380,3 @@ class XNES:
     def __repr__(self) -> str:
         return (f"XNES(d={self.dimension}, population_size={self._lambda}, generations={self._generations}, "
                 f"evaluations={self._evaluations}, best_fitness={self._best_fitness})")
-
-
-def _jsonable(obj: Any) -> Any:
-    """Deep-copy a bit-generator state into plain dicts/ints/strings (numpy ints become Python ints)."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return obj

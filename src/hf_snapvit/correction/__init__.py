@@ -1,0 +1,256 @@
+"""Post-pruning weight correction: fold the removed heads' and neurons' contribution into the kept weights.
+
+Removing an attention head deletes ``head_dim`` input columns of the attention output projection (``o_proj``);
+removing an FFN neuron deletes one input column of the FFN output projection (``fc2`` / ``down_proj``). The rows
+removed from q/k/v and ``fc1`` are simply gone, so only those two column-pruned layers can be corrected. For each of
+them, with ``X`` the layer's inputs on unlabelled calibration images and ``H = XXᵀ/n + λI``, the kept columns ``K``
+are re-fitted so that the layer reproduces its dense output ``WX`` from the kept inputs alone (optimal brain surgeon,
+as in SparseGPT). Every removed column is processed before any kept one, so each removed column's error reaches
+every kept column, and the result equals the least-squares solution ``W_K' = W H[:, K] H[K, K]⁻¹`` on the damped
+Hessian. The bias is unchanged.
+
+Propagation decides which inputs ``X`` a block sees:
+
+* ``"dense"``: every block is fitted on the dense model's activations (collected before any correction);
+* ``"sequential"``: as in SparseGPT, block ``l`` is fitted on the activations of the already corrected and pruned
+  blocks ``0 … l-1``.
+
+Both fit each layer to reproduce the dense layer's output on the inputs it is given; see
+:attr:`CorrectionConfig.propagation` for the measurements behind the default.
+
+Memory stays bounded for large models: the calibration set goes through the network one block at a time (its
+hidden states are kept: ``N × tokens × width``, twice while a block runs), only the current block's two Hessians exist at once, and they are
+accumulated batch by batch in float32. The solve runs in float64 (on CPU and CUDA), which costs little at these
+sizes and keeps the Cholesky factorisation of large, badly conditioned Hessians (ViT-L ``fc2``: 4096²) stable.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+from huggingface_hub.utils import tqdm
+from transformers import PreTrainedModel
+
+from ..architectures import get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding
+from ..calibration import calibration_batches
+from ..views import model_inputs, processor_inputs
+from ..errors import CorrectionError
+from ..slicing import slice_model_
+
+from .config import CorrectionConfig, CorrectionSummary, LayerCorrection
+from .solve import compensate_removed_columns, damping_value, reconstruction_error, reconstruction_errors
+
+
+# ------------------------------------------------------------------------------------------------ the model pass
+def _model_inputs(batch: Any, processor: Any, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    # Images become [B, C, H, W] pixels as the scorer sees them (SigLIP2 grids made square), not the processor's dict.
+    if not isinstance(batch, dict):
+        batch = processor_inputs(batch, processor, batch_size=len(batch))
+    return model_inputs(batch, None, device, dtype)
+
+
+class _StopForward(Exception):
+    """Raised by the hook that captures the first block's inputs, so the rest of the network is not run."""
+
+
+@dataclass
+class _BlockInputs:
+    hidden: torch.Tensor
+    args: tuple
+    kwargs: dict
+    hidden_in_kwargs: bool
+
+    def call(self, layer: nn.Module, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.hidden if hidden is None else hidden
+        if self.hidden_in_kwargs:
+            out = layer(*self.args, **{**self.kwargs, "hidden_states": hidden})
+        else:
+            out = layer(hidden, *self.args, **self.kwargs)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _capture_first_block_inputs(model: nn.Module, spec, batches: Sequence[Any], processor: Any,
+                                show_progress: bool) -> list[_BlockInputs]:
+    first = get_layers(model, spec)[0]
+    parameter = next(model.parameters())
+    captured: list[_BlockInputs] = []
+
+    def hook(module, args, kwargs):
+        if args:
+            captured.append(_BlockInputs(args[0], tuple(args[1:]), dict(kwargs), False))
+        else:
+            rest = dict(kwargs)
+            captured.append(_BlockInputs(rest.pop("hidden_states"), (), rest, True))
+        raise _StopForward
+
+    handle = first.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for batch in tqdm(batches, desc="correction: embed calibration images", disable=not show_progress):
+            try:
+                # The backbone's own embedding path (patchifying, position-embedding interpolation) up to block 0.
+                image_embedding(model, _model_inputs(batch, processor, parameter.device, parameter.dtype), spec)
+            except _StopForward:
+                pass
+    finally:
+        handle.remove()
+    if len(captured) != len(batches):
+        raise CorrectionError("The first transformer block was not reached by the forward pass; the architecture "
+                              "spec's 'layers' path does not match how the model runs.")
+    return captured
+
+
+class _HessianHook:
+    """Accumulates ``Σ xxᵀ`` (float32) over every token a linear layer sees."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        self.sum = torch.zeros(linear.in_features, linear.in_features, dtype=torch.float32,
+                               device=linear.weight.device)
+        self.count = 0
+        self.handle = linear.register_forward_hook(self)
+
+    def __call__(self, module, args, output) -> None:
+        x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+        self.sum.addmm_(x.T, x)
+        self.count += x.shape[0]
+
+    def hessian(self) -> torch.Tensor:
+        return self.sum / max(self.count, 1)
+
+
+def _correct_linear(linear: nn.Linear, hook: _HessianHook, columns: np.ndarray, config: CorrectionConfig,
+                    name: str, block: int, kind: str) -> LayerCorrection:
+    """Compensate the removed input columns of one linear layer in place, and report its reconstruction errors."""
+    H = hook.hessian()
+    original = linear.weight.data
+    new, damping = compensate_removed_columns(original, H, columns, config)
+    dropped = original.clone()
+    dropped[:, np.setdiff1d(np.arange(original.shape[1]), columns)] = 0
+    before, after = reconstruction_errors(original, [dropped, new], H)
+    linear.weight.data.copy_(new)
+    del hook.sum
+    return LayerCorrection(name=name, block=block, kind=kind, in_features=original.shape[1],
+                           removed=original.shape[1] - len(columns), damping=damping, error_before=before,
+                           error_after=after)
+
+
+def _layer_targets(layer: nn.Module, spec, heads: np.ndarray, neurons: np.ndarray):
+    attention = get_attention(layer, spec)
+    hd = head_dim(attention, spec)
+    columns = (np.asarray(heads, dtype=np.int64)[:, None] * hd + np.arange(hd)).reshape(-1)
+    mlp, variant = get_mlp(layer, spec)
+    return [
+        ("attention_output", getattr(attention, spec.o_proj), columns),
+        ("ffn_output", getattr(mlp, variant.out_proj), np.asarray(neurons, dtype=np.int64)),
+    ]
+
+
+def _check_keep(model: nn.Module, spec, keep: Sequence[tuple[Any, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    layers = get_layers(model, spec)
+    if len(keep) != len(layers):
+        raise CorrectionError(f"keep has {len(keep)} entries but the model has {len(layers)} blocks; pass "
+                              "ranking.keep_indices(ranking.keep_counts(sparsity)).")
+    checked = []
+    for index, (layer, (heads, neurons)) in enumerate(zip(layers, keep)):
+        attention = get_attention(layer, spec)
+        num_heads = getattr(attention, spec.q_proj).out_features // head_dim(attention, spec)
+        mlp, variant = get_mlp(layer, spec)
+        width = getattr(mlp, variant.out_proj).in_features
+        heads, neurons = np.asarray(heads, dtype=np.int64), np.asarray(neurons, dtype=np.int64)
+        for what, values, limit in (("head", heads, num_heads), ("neuron", neurons, width)):
+            if values.ndim != 1 or values.size == 0 or values.min() < 0 or values.max() >= limit or \
+                    len(np.unique(values)) != values.size:
+                raise CorrectionError(
+                    f"Block {index}: the {what} indices to keep must be distinct integers in [0, {limit}) and at "
+                    f"least one; got {values.tolist()}."
+                )
+        checked.append((heads, neurons))
+    return checked
+
+
+@torch.no_grad()
+def correct_model_(
+    model: PreTrainedModel,
+    keep: Sequence[tuple[Any, Any]],
+    images_or_pixels: Any,
+    processor: Any = None,
+    config: CorrectionConfig | None = None,
+    *,
+    show_progress: bool = True,
+) -> CorrectionSummary:
+    """Correct the weights of ``model`` for removing the units not in ``keep``, then slice them away (in place).
+
+    Args:
+        model: A supported model, normally dense, in eval mode, on the device to compute on.
+        keep: Per block ``(head indices, neuron indices)`` to keep, e.g.
+            ``ranking.keep_indices(ranking.keep_counts(sparsity))``.
+        images_or_pixels: Unlabelled calibration images: PIL images, a ``datasets`` Dataset, a ``[N, C, H, W]``
+            tensor of preprocessed pixel values, or a dict of preprocessed input tensors.
+        processor: The model's image processor (needed for PIL / dataset images).
+        config: :class:`CorrectionConfig`; defaults apply when ``None``.
+        show_progress: Show progress bars.
+
+    Returns:
+        A :class:`CorrectionSummary` with the per-layer reconstruction error on the calibration inputs before and
+        after correction. ``model`` is corrected and sliced to ``keep``; its function then equals the corrected
+        model with the removed units zeroed.
+    """
+    config = config or CorrectionConfig()
+    if not isinstance(config, CorrectionConfig):
+        raise CorrectionError(f"config must be a CorrectionConfig, got {type(config).__name__}.")
+    start_time = time.perf_counter()
+    spec = get_spec(model)
+    keep = _check_keep(model, spec, keep)
+    was_training = model.training
+    model.eval()
+    batches, num_images = calibration_batches(images_or_pixels, processor, num_samples=config.num_samples,
+                                              batch_size=config.batch_size, seed=config.seed)
+    inputs = _capture_first_block_inputs(model, spec, batches, processor, show_progress)
+    num_tokens = sum(int(np.prod(item.hidden.shape[:-1])) for item in inputs)
+
+    layers = get_layers(model, spec)
+    prefix = {id(module): name for name, module in model.named_modules()}
+    report: list[LayerCorrection] = []
+    for block, (layer, (heads, neurons)) in enumerate(
+        tqdm(list(zip(layers, keep)), desc=f"correction ({config.propagation})", unit="block",
+             disable=not show_progress)
+    ):
+        targets = _layer_targets(layer, spec, heads, neurons)
+        hooks = [_HessianHook(linear) for _, linear, _ in targets]
+        last = block == len(layers) - 1
+        try:
+            outputs = []
+            for item in inputs:
+                out = item.call(layer)
+                if config.propagation == "dense" and not last:
+                    outputs.append(out)
+        finally:
+            for hook in hooks:
+                hook.handle.remove()
+        for (kind, linear, columns), hook in zip(targets, hooks):
+            report.append(_correct_linear(linear, hook, columns, config, prefix.get(id(linear), ""), block, kind))
+        if config.propagation == "sequential" and not last:
+            # The corrected block with its removed columns zeroed computes what the sliced block will.
+            outputs = [item.call(layer) for item in inputs]
+        if not last:
+            for item, out in zip(inputs, outputs):
+                item.hidden = out
+    del inputs
+    slice_model_(model, keep)
+    model.train(was_training)
+    return CorrectionSummary(report, num_images, num_tokens, config, seconds=time.perf_counter() - start_time)
+
+
+__all__ = [
+    "CorrectionConfig",
+    "CorrectionSummary",
+    "LayerCorrection",
+    "compensate_removed_columns",
+    "correct_model_",
+    "damping_value",
+    "reconstruction_error",
+]

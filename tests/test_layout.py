@@ -1,0 +1,151 @@
+"""The package's shape: imports follow the data flow, modules and functions stay small, one home for errors.
+
+Data flow: calibration data -> scores -> search -> ranking -> config.json -> sliced model -> (recovery) ->
+evaluation. Each module has a stage; a module may import only modules of its own or an earlier stage, and loading
+a model never reaches publishing, evaluation, benchmarks, the CLI or the pruner.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "hf_snapvit"
+
+# Stage of each top-level module or package, in data-flow order.
+STAGES: dict[str, int] = {
+    "_version": 0, "errors": 0, "files": 0,
+    "architectures": 1,
+    "budget": 2, "data": 2,
+    "distributed": 3, "views": 3, "score_curves": 3,
+    "calibration": 4, "ranking": 4, "slicing": 4,
+    "scoring": 5, "xnes": 5, "fitness": 5, "cka": 5, "checkpoint": 5,
+    "methods": 6, "correction": 6, "modeling": 6,
+    "plotting": 7, "benchmark": 7,
+    "evaluation": 8,
+    "model_card": 9,
+    "hub": 10,
+    "cli": 11, "__main__": 11, "__init__": 11,
+}
+LOADING = "hf_snapvit.modeling"
+NOT_FOR_LOADING = ("methods", "scoring", "xnes", "fitness", "cka", "evaluation", "benchmark", "cli", "hub",
+                   "model_card", "plotting")
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def _modules() -> dict[str, Path]:
+    names = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        names[".".join(parts)] = path
+    return names
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, list[str], int]]:
+    """``(imported module, imported names, line)`` for every import in the file, at any depth."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, [], node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((target, [alias.name for alias in node.names], node.lineno))
+    return found
+
+
+def _internal_targets(name: str) -> list[tuple[str, int]]:
+    """Modules of this package that ``name`` imports (``from . import x`` counts as importing ``x``)."""
+    out = []
+    for target, names, line in _imports(name, MODULES[name]):
+        if not target.startswith("hf_snapvit"):
+            continue
+        submodules = [f"{target}.{n}" for n in names if f"{target}.{n}" in MODULES]
+        out += [(t, line) for t in submodules] or [(target, line)]
+    return out
+
+
+def _stage(module: str) -> int:
+    top = module.split(".")[1] if module != "hf_snapvit" else "__init__"
+    assert top in STAGES, f"{module} has no stage in tests/test_layout.py: give it one in data-flow order"
+    return STAGES[top]
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_follow_the_data_flow(name):
+    if name in ("hf_snapvit", "hf_snapvit.__main__"):
+        pytest.skip("the package's public surface and entry point import from every stage")
+    backward = [f"line {line}: {target} (stage {_stage(target)})" for target, line in _internal_targets(name)
+                if _stage(target) > _stage(name)]
+    assert not backward, f"{name} (stage {_stage(name)}) imports later stages: {backward}"
+
+
+def test_loading_never_reaches_the_pruner_evaluation_or_publishing():
+    seen, todo = set(), [LOADING]
+    while todo:
+        module = todo.pop()
+        if module in seen or module not in MODULES:
+            continue
+        seen.add(module)
+        todo += [t for t, _ in _internal_targets(module)]
+    reached = sorted(m for m in seen if m.split(".")[1] in NOT_FOR_LOADING)
+    assert not reached, f"loading ({LOADING}) imports {reached}"
+
+
+def test_no_module_imports_another_modules_private_names():
+    offenders = []
+    for name, path in MODULES.items():
+        for target, names, line in _imports(name, path):
+            if target.startswith("hf_snapvit") and target != "hf_snapvit._version":
+                offenders += [f"{name}:{line} imports {target}.{n}" for n in names if n.startswith("_")]
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_and_functions_are_small(name):
+    tree = ast.parse(MODULES[name].read_text())
+    lines = len(MODULES[name].read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{name} has {lines} lines (at most {MAX_MODULE_LINES}): split it by concern"
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{name}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_every_error_lives_in_errors_and_none_is_raised_bare():
+    stray, bare = [], []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and name != "hf_snapvit.errors" and any(
+                    isinstance(b, ast.Name) and b.id.endswith(("Error", "Exception")) for b in node.bases):
+                if not node.name.startswith("_"):  # private control-flow exceptions stay where they are used
+                    stray.append(f"{name}.{node.name}")
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) \
+                    and isinstance(node.exc.func, ast.Name) and node.exc.func.id == "SnapViTError":
+                bare.append(f"{name}:{node.lineno}")
+    assert not stray, f"exceptions defined outside hf_snapvit.errors: {stray}"
+    assert not bare, f"bare SnapViTError raised (use a specific subclass from hf_snapvit.errors): {bare}"
+
+
+def test_every_error_is_a_snapvit_error_and_a_builtin():
+    from hf_snapvit import errors
+
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, errors.SnapViTError)
+        if cls is not errors.SnapViTError:
+            assert issubclass(cls, (ValueError, RuntimeError)), name
