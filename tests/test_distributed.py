@@ -141,6 +141,7 @@ def runs(tmp_path_factory) -> dict:
     return {"one": one, "two": two}
 
 
+@pytest.mark.slow  # launches two accelerate processes
 @pytest.mark.parametrize("name", list(scenarios()))
 def test_two_processes_rank_like_one(runs, name):
     reference, ref_info = _load(runs["one"], name, 0)
@@ -159,6 +160,7 @@ def test_two_processes_rank_like_one(runs, name):
     assert all(np.array_equal(zero[k], one[k]) for k in zero)
 
 
+@pytest.mark.slow  # launches two accelerate processes
 @pytest.mark.parametrize("name", ["snapvit-obd", "snapvit-accumulated-stream", "snip", "taylor-ce-stream"])
 def test_the_work_is_split_between_the_processes(runs, name):
     _, reference = _load(runs["one"], name, 0)
