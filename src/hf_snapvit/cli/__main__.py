@@ -1,0 +1,8 @@
+"""``python -m hf_snapvit.cli ...``: the same as ``python -m hf_snapvit ...``."""
+
+import sys
+
+from . import main
+
+if __name__ == "__main__":
+    sys.exit(main())

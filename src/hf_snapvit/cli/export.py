@@ -1,0 +1,97 @@
+"""``hf-snapvit export``: write the sliced checkpoint of an elastic one at a budget, optionally weight-corrected."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import ConfigError
+from .formatting import gflops, millions, widths
+from .options import (
+    add_data_arguments,
+    check_checkpoint_source,
+    fraction,
+    load_data,
+    load_processor,
+    output_folder,
+    positive_int,
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``export``."""
+    parser.add_argument("--model", required=True, metavar="ELASTIC", help="elastic checkpoint: a Hub id or a folder")
+    budget = parser.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--sparsity", type=fraction, metavar="S", help="fraction of backbone parameters to remove")
+    budget.add_argument("--target-params", type=positive_int, metavar="N", help="backbone parameters to keep")
+    budget.add_argument("--target-gflops", type=float, metavar="G", help="GFLOPs of one forward pass")
+    parser.add_argument("--output", required=True, metavar="DIR", help="folder for the sliced checkpoint")
+    parser.add_argument("--correct", action="store_true",
+                        help="compensate the removed units in the kept weights with calibration images (--data)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the calibration draw (default: 0)")
+    add_data_arguments(parser, required=False, what="calibration images for --correct",
+                       default_count="the correction's default, 1000")
+
+
+def _correction_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``from_pretrained``'s correction arguments: the images of ``--data``, all of them used."""
+    if args.data and not args.correct:
+        raise ConfigError("--data is only read with --correct; add --correct or drop --data.")
+    if not args.correct:
+        return {}
+    if not args.data:
+        raise ConfigError("--correct needs calibration images: pass --data ID_OR_PATH.")
+    from ..correction import CorrectionConfig
+
+    num_samples = args.num_samples or CorrectionConfig().num_samples or 1000
+    return {"correction_data": load_data(args, num_samples, show_progress=not args.quiet),
+            "correction": CorrectionConfig(num_samples=None, seed=args.seed)}  # exactly the images read
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Load ``--model`` at the budget and save it (and its image processor) to ``--output`` in one rename."""
+    from ..budget import backbone_parameters, estimate_gflops, layer_widths
+    from ..files import atomic_directory
+    from ..modeling import ElasticViTModel
+
+    output = output_folder(args.output)
+    kwargs: dict[str, Any] = {"sparsity": args.sparsity, "target_params": args.target_params,
+                              "target_gflops": args.target_gflops, **_correction_kwargs(args)}
+    check_checkpoint_source(args.model, "--model")
+    model = ElasticViTModel.from_pretrained(args.model, **kwargs)
+    processor = load_processor(args.model, required=False)
+    with atomic_directory(output) as staging:
+        model.save_pretrained(staging)
+        if processor is not None:
+            processor.save_pretrained(staging)
+    heads, neurons = layer_widths(model)
+    layout = getattr(model.config, "elastic_layout", None) or {}
+    return {
+        "output": str(output.resolve()),
+        "model": args.model,
+        "sparsity": layout.get("sparsity", 0.0),
+        "num_params": int(backbone_parameters(model)),
+        "total_params": int(sum(p.numel() for p in model.parameters())),
+        "gflops": float(estimate_gflops(model)),
+        "heads": heads,
+        "neurons": neurons,
+        "correction": getattr(model.config, "elastic_correction", None),
+        "architecture": type(model).__name__,
+    }
+
+
+def render(r: dict[str, Any]) -> str:
+    """The result of :func:`run` as text."""
+    lines = [
+        f"wrote sliced checkpoint {r['output']} ({r['architecture']}, sparsity {r['sparsity']:.4f})",
+        (f"backbone: {millions(r['num_params'])} params ({millions(r['total_params'])} with task heads), "
+         f"{gflops(r['gflops'])} GFLOPs"),
+        f"heads per block:   {widths(r['heads'])}",
+        f"neurons per block: {widths(r['neurons'])}",
+    ]
+    if r.get("correction"):
+        c = r["correction"]
+        lines.append(f"corrected with {c.get('num_images')} images: reconstruction error "
+                     f"{c.get('mean_error_before')} -> {c.get('mean_error_after')}")
+    lines.append(f"load:  hf_snapvit.ElasticViTModel.from_pretrained({r['output']!r})")
+    return "\n".join(lines)

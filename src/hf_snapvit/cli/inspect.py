@@ -1,0 +1,149 @@
+"""``hf-snapvit inspect``: an elastic (or sliced) checkpoint's ranking, keep counts, parameters and GFLOPs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..errors import RankingFormatError
+from .formatting import gflops, millions, widths
+from .options import check_checkpoint_source, fraction
+
+_DEFAULT_GRID = tuple(round(0.1 * i, 1) for i in range(10))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``inspect``."""
+    parser.add_argument("checkpoint", metavar="ELASTIC", help="elastic (or sliced) checkpoint: a Hub id or a folder")
+    parser.add_argument("--sparsities", type=fraction, nargs="+", default=None, metavar="S",
+                        help="sparsity grid (default: 0, 0.1, ... up to the largest the ranking allows)")
+    parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the per-block allocation heatmap")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Read ``config.json`` of the checkpoint (no weights) and resolve the sparsity grid with its ranking."""
+    from transformers import AutoConfig
+
+    from ..ranking import ElasticRanking
+
+    check_checkpoint_source(args.checkpoint, "ELASTIC")
+    config = AutoConfig.from_pretrained(args.checkpoint)
+    stored = getattr(config, "elastic_ranking", None)
+    layout = getattr(config, "elastic_layout", None)
+    if stored is None and layout is None:
+        raise RankingFormatError(
+            f"{args.checkpoint!r} is not an elastic checkpoint: its config.json has no 'elastic_ranking'. Create one "
+            "with 'hf-snapvit prune'."
+        )
+    result: dict[str, Any] = {
+        "checkpoint": args.checkpoint,
+        "model_type": config.model_type,
+        "architectures": list(config.architectures or []),
+        "layout": layout,
+        "correction": getattr(config, "elastic_correction", None),
+        "ranking": None,
+        "grid": [],
+        "plot": None,
+    }
+    if stored is None:
+        if args.sparsities or args.plot:
+            raise RankingFormatError(f"{args.checkpoint!r} is a sliced checkpoint without a ranking; --sparsities and "
+                                     "--plot need the elastic checkpoint it was exported from.")
+        return result
+    ranking = ElasticRanking.from_dict(stored)
+    result["ranking"] = _ranking_summary(ranking, stored.get("format_version"))
+    sparsities = args.sparsities or [s for s in _DEFAULT_GRID if s <= result["ranking"]["max_sparsity"]]
+    result["grid"] = _grid(ranking, sparsities, layout, explicit=bool(args.sparsities))
+    if args.plot:
+        from ..plotting import plot_allocation
+
+        plot_allocation(ranking, args.plot, sparsities=sparsities)
+        result["plot"] = str(Path(args.plot).resolve())
+    return result
+
+
+def _ranking_summary(ranking: Any, format_version: Any) -> dict[str, Any]:
+    shape = ranking.shape
+    provenance = dict(ranking.provenance)
+    head_floor, neuron_floor = ranking.floors()
+    return {
+        "method": provenance.get("method"),
+        "mode": ranking.mode,
+        "format_version": format_version,
+        "seed": provenance.get("seed"),
+        "base_model": provenance.get("base_model"),
+        "library_version": provenance.get("library_version"),
+        "calibration_data": provenance.get("calibration_data"),
+        "provenance": provenance,
+        "num_layers": shape.num_layers,
+        "num_heads": shape.num_heads,
+        "intermediate_size": shape.intermediate_size,
+        "floors": {"heads": head_floor, "neurons": neuron_floor},
+        "max_sparsity": float(ranking.max_sparsity),
+    }
+
+
+def _grid(ranking: Any, sparsities: list[float], layout: dict[str, Any] | None, *,
+          explicit: bool) -> list[dict[str, Any]]:
+    """Keep counts and costs per sparsity; for a sliced checkpoint, whether its weights hold that size."""
+    rows = []
+    for s in sparsities:
+        counts = ranking.keep_counts(sparsity=s)
+        row: dict[str, Any] = {"requested_sparsity": s, "num_params": int(counts.num_params),
+                               "gflops": float(counts.gflops), "sparsity": float(counts.sparsity),
+                               "heads": list(counts.heads), "neurons": list(counts.neurons)}
+        if layout:
+            row["loadable"] = all(h <= sh and f <= sf for h, f, sh, sf in zip(
+                counts.heads, counts.neurons, layout["num_heads"], layout["intermediate_size"]))
+            if not row["loadable"] and not explicit:
+                continue  # a sliced checkpoint can be cut further, not grown back: its default grid starts at its size
+        rows.append(row)
+    return rows
+
+
+def render(r: dict[str, Any]) -> str:
+    """The result of :func:`run` as text."""
+    lines = [f"checkpoint:   {r['checkpoint']} ({r['model_type']}, {', '.join(r['architectures']) or '?'})"]
+    if r["layout"]:
+        lay = r["layout"]
+        lines.append(f"sliced:       sparsity {lay.get('sparsity', 0):.4f}, {millions(lay.get('num_params', 0))} "
+                     f"backbone params, {gflops(lay.get('gflops', 0))} GFLOPs")
+        lines.append(f"              heads {widths(lay.get('num_heads', []))}; "
+                     f"neurons {widths(lay.get('intermediate_size', []))}")
+    if r.get("correction"):
+        lines.append(f"corrected:    with {r['correction'].get('num_images')} images")
+    if r["ranking"] is None:
+        return "\n".join(lines)
+    lines += _render_ranking(r["ranking"])
+    for row in r["grid"]:
+        note = "  (not in this sliced checkpoint)" if row.get("loadable") is False else ""
+        lines.append(f"{row['requested_sparsity']:>8.2f}  {row['sparsity']:>6.4f}  {millions(row['num_params']):>9}  "
+                     f"{gflops(row['gflops']):>7}  {widths(row['heads'])} | {widths(row['neurons'])}{note}")
+    if r["plot"]:
+        lines += ["", f"plot:         {r['plot']}"]
+    return "\n".join(lines)
+
+
+def _render_ranking(k: dict[str, Any]) -> list[str]:
+    """The ranking's provenance and shape, down to the header of the grid table."""
+    calibration = k["calibration_data"] or {}
+    settings = k["provenance"].get("settings") or {}
+    lines = [
+        f"ranking:      {k['method']} (mode {k['mode']}, seed {k['seed']}"
+        + (f", preset {settings['preset']}" if isinstance(settings, dict) and settings.get("preset") else "")
+        + f"), hf_snapvit {k['library_version']}, format {k['format_version']}",
+        f"base model:   {k['base_model']}",
+    ]
+    if calibration:
+        parts = [f"{calibration.get(n)} {n.split('_')[1]}" for n in ("num_gradient", "num_fitness")
+                 if calibration.get(n)]
+        name = calibration.get("name") or calibration.get("source")
+        lines.append(f"calibration:  {name}: {' + '.join(parts)} images")
+    return lines + [
+        (f"shape:        {k['num_layers']} blocks x {k['num_heads']} heads x {k['intermediate_size']} FFN neurons; "
+         f"each block keeps >= {k['floors']['heads']} heads and >= {k['floors']['neurons']} neurons"),
+        f"max sparsity: {k['max_sparsity']:.4f}",
+        "",
+        f"{'sparsity':>8}  {'actual':>6}  {'params':>9}  {'GFLOPs':>7}  heads per block | neurons per block",
+    ]

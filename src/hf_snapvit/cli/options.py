@@ -1,0 +1,123 @@
+"""What several subcommands share: argument types, the output and data options, and loading models, processors
+and images from what the user typed."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError, DataError
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
+def fraction(text: str) -> float:
+    """argparse type: a sparsity in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a fraction in [0, 1), e.g. 0.3")
+    return value
+
+
+def common_options() -> argparse.ArgumentParser:
+    """The parent parser of every subcommand: ``--json``, ``--quiet``, ``--verbose``."""
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("output")
+    group.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    group.add_argument("-q", "--quiet", action="store_true", help="no progress bars, warnings only on stderr")
+    group.add_argument("-v", "--verbose", action="store_true", help="debug logs; tracebacks on errors")
+    return common
+
+
+def add_data_arguments(parser: argparse.ArgumentParser, *, required: bool, labels: bool = False,
+                       what: str = "calibration images", default_count: str = "what the method needs") -> None:
+    """The options :func:`load_data` reads: ``--data``, ``--split``, ``--image-column``, ``--num-samples``, ..."""
+    group = parser.add_argument_group("data")
+    group.add_argument("--data", required=required, metavar="ID_OR_PATH",
+                       help=f"{what}: a Hub dataset id, a .parquet file, a folder of parquet files or an image folder")
+    group.add_argument("--split", default="train", help="dataset split (default: %(default)s)")
+    group.add_argument("--image-column", default=None, metavar="C",
+                       help="image column (default: detected from the dataset's features)")
+    if labels:
+        group.add_argument("--label-column", default="label", metavar="C",
+                           help="label column for label-based methods (taylor-ce; default: %(default)s)")
+    group.add_argument("--num-samples", type=positive_int, default=None, metavar="N",
+                       help=f"images to read (default: {default_count})")
+    group.add_argument("--shuffle-buffer", type=positive_int, default=None, metavar="N",
+                       help="seeded shuffle buffer of the stream, in examples (default: 10000)")
+
+
+def load_data(args: argparse.Namespace, num_samples: int, *, label_column: str | None = None,
+              show_progress: bool = True) -> Any:
+    """``num_samples`` images of ``--data``, drawn with ``--seed``, as :func:`hf_snapvit.data.load_image_dataset`
+    returns them."""
+    from ..data import DEFAULT_SHUFFLE_BUFFER, load_image_dataset
+
+    return load_image_dataset(
+        args.data, split=args.split, image_column=args.image_column, label_column=label_column,
+        num_samples=num_samples, seed=args.seed, shuffle_buffer=args.shuffle_buffer or DEFAULT_SHUFFLE_BUFFER,
+        show_progress=show_progress,
+    )
+
+
+def check_checkpoint_source(name_or_path: str, option: str) -> None:
+    """A path that does not exist fails here, naming the option, instead of as an invalid Hub repo id."""
+    from ..data import looks_like_path
+
+    if not Path(name_or_path).expanduser().exists() and looks_like_path(name_or_path):
+        raise CheckpointError(
+            f"{option} {name_or_path!r}: no such folder. Give a checkpoint folder or a Hub model id.")
+
+
+def output_folder(text: str) -> Path:
+    """``--output`` as a folder to write a checkpoint to; an existing file there fails before any work."""
+    output = Path(text)
+    if output.exists() and not output.is_dir():
+        raise CheckpointError(f"--output {text!r} is a file; give a folder for the checkpoint.")
+    return output
+
+
+def load_dense_model(name_or_path: str) -> Any:
+    """The dense model at ``name_or_path``, as the class its config names, in eval mode."""
+    from transformers import AutoConfig
+
+    from ..architectures import get_spec, model_class
+
+    check_checkpoint_source(name_or_path, "--model")
+    config = AutoConfig.from_pretrained(name_or_path)
+    get_spec(config)  # an unsupported architecture fails before the weights are read
+    if getattr(config, "elastic_layout", None):
+        raise CheckpointError(
+            f"{name_or_path!r} is a sliced checkpoint (config.elastic_layout is set); rank the dense model or the "
+            "dense elastic checkpoint instead."
+        )
+    return model_class(config).from_pretrained(name_or_path).eval()
+
+
+def load_processor(name_or_path: str, *, required: bool) -> Any:
+    """The image processor saved with ``name_or_path``; ``None`` when there is none and it is not ``required``."""
+    from ..views import load_processor as load
+
+    try:
+        return load(name_or_path, purpose="preprocess the calibration images")
+    except DataError as error:
+        if not required:
+            return None
+        cause = error.__cause__ or error  # the loader's own words, without the library-call fix
+        raise DataError(
+            f"Cannot load the image processor of {name_or_path!r} ({' '.join(str(cause).split())}); the chosen "
+            "method preprocesses images with it. Save one next to the model (preprocessor_config.json)."
+        ) from error

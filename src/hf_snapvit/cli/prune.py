@@ -1,0 +1,132 @@
+"""``hf-snapvit prune``: rank a dense model and write (and optionally upload) its elastic checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from ..errors import ConfigError
+from .formatting import gflops, millions
+from .options import add_data_arguments, load_data, load_dense_model, load_processor, output_folder
+
+logger = logging.getLogger("hf_snapvit.cli")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``prune``."""
+    from ..methods import available_methods
+    from ..methods.snapvit import PRESETS
+
+    parser.add_argument("--model", required=True, metavar="ID_OR_PATH",
+                        help="dense model: a Hub id or a local folder of a supported architecture")
+    parser.add_argument("--output", required=True, metavar="DIR", help="folder for the elastic checkpoint")
+    parser.add_argument("--method", default="snapvit", choices=available_methods(),
+                        help="ranking method (default: %(default)s; magnitude, lamp and random need no data)")
+    parser.add_argument("--preset", default=None, choices=PRESETS,
+                        help="SnapViT preset, also the image counts of snip/taylor-ce (default: \"default\": "
+                             "OBD scores, global mode, 3 xNES generations at sigma 0.5, 1000 + 1000 images)")
+    parser.add_argument("--mode", default=None, choices=("global", "paired"),
+                        help="ranking mode (default: the preset's for snapvit, global otherwise)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the image draw, crops and search (default: 0)")
+    add_data_arguments(parser, required=False, labels=True)
+    hub = parser.add_argument_group("hub")
+    hub.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="also upload the checkpoint to this repo")
+    hub.add_argument("--private", action="store_true", help="create the Hub repo as private")
+    hub.add_argument("--token", default=None, help="Hub write token (default: hf auth login / HF_TOKEN)")
+
+
+def _reads_images(method: str) -> bool:
+    """SnapViT and the gradient baselines read calibration images; every other method (incl. ones added by
+    register_method) is data-free."""
+    from ..methods.baselines import GRADIENT_METHODS
+
+    return method == "snapvit" or method in GRADIENT_METHODS
+
+
+def _reads_labels(method: str) -> bool:
+    """The gradient baselines of the cross-entropy loss (taylor-ce) read a label column."""
+    from ..methods.baselines import GRADIENT_METHODS
+
+    return GRADIENT_METHODS.get(method, {}).get("loss") == "ce"
+
+
+def _images_needed(method: str, preset: str | None) -> int:
+    from ..methods.snapvit import SnapViTConfig
+
+    config = SnapViTConfig.preset(preset or "default")
+    return config.num_gradient_images + (config.num_fitness_images if method == "snapvit" else 0)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Rank ``--model`` with ``--method`` and save the elastic checkpoint; ``None`` on non-main processes."""
+    from ..checkpoint import save_elastic
+    from ..distributed import process_state
+    from ..methods import rank
+
+    needs_data = _reads_images(args.method)
+    if needs_data and not args.data:
+        raise ConfigError(f"--method {args.method} ranks with calibration images: pass --data ID_OR_PATH.")
+    if not needs_data and args.data:
+        logger.warning("--method %s is data-free; --data %s is not read.", args.method, args.data)
+    output = output_folder(args.output)
+    state = process_state()  # N processes under accelerate launch, else one
+    if args.push_to_hub:  # a missing token should fail now, not after the ranking
+        from ..hub import resolve_token
+
+        resolve_token(args.token)
+    show = not args.quiet and state.is_local_main_process
+
+    model = load_dense_model(args.model)
+    processor = load_processor(args.model, required=needs_data)
+    data, label_column = None, None
+    if needs_data:
+        label_column = args.label_column if _reads_labels(args.method) else None
+        data = load_data(args, args.num_samples or _images_needed(args.method, args.preset),
+                         label_column=label_column, show_progress=show)
+    ranking = rank(model, method=args.method, data=data, preset=args.preset, processor=processor, mode=args.mode,
+                   seed=args.seed, label_column=label_column or "label", show_progress=show)
+    if not state.is_main_process:  # every process ranks (the work is split); one writes
+        return None
+
+    stored = save_elastic(model, ranking, output, image_processor=processor)
+    dense = stored.keep_counts(sparsity=0.0)
+    result: dict[str, Any] = {
+        "output": str(output.resolve()),
+        "model": args.model,
+        "method": args.method,
+        "preset": (args.preset or "default") if needs_data else None,
+        "mode": stored.mode,
+        "seed": args.seed,
+        "num_images": len(data) if data is not None else 0,
+        "num_processes": state.num_processes,
+        "seconds": round(ranking.provenance["timings"]["wall_seconds"], 3),
+        "dense_params": int(dense.num_params),
+        "dense_gflops": float(dense.gflops),
+        "max_sparsity": float(stored.max_sparsity),
+        "pushed": None,
+    }
+    if args.push_to_hub:
+        from ..hub import push_to_hub
+
+        commit = push_to_hub(output, args.push_to_hub, private=args.private or None, token=args.token)
+        result["pushed"] = getattr(commit, "pr_url", None) or getattr(commit, "commit_url", None) or str(commit)
+    return result
+
+
+def render(r: dict[str, Any]) -> str:
+    """The result of :func:`run` as text."""
+    how = [f"method {r['method']}"] + ([f"preset {r['preset']}"] if r["preset"] else []) + [
+        f"mode {r['mode']}", f"seed {r['seed']}"]
+    if r["num_images"]:
+        how.append(f"{r['num_images']} images")
+    how.append(f"{r['num_processes']} process{'es' if r['num_processes'] > 1 else ''}, {r['seconds']:.1f} s")
+    lines = [
+        f"wrote elastic checkpoint {r['output']} ({', '.join(how)})",
+        (f"dense: {millions(r['dense_params'])} backbone params, {gflops(r['dense_gflops'])} GFLOPs; "
+         f"loads at any sparsity from 0 to {r['max_sparsity']:.4f}"),
+        f"load:  hf_snapvit.ElasticViTModel.from_pretrained({r['output']!r}, sparsity=0.3)",
+    ]
+    if r.get("pushed"):
+        lines.append(f"pushed: {r['pushed']}")
+    return "\n".join(lines)
