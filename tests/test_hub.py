@@ -11,10 +11,12 @@ import torch
 import transformers
 from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl, constants
 from huggingface_hub.errors import EntryNotFoundError
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
 import hf_snapvit
 from hf_snapvit.budget import layer_widths
-from hf_snapvit.hub import HubUploadError, push_to_hub
+from hf_snapvit.errors import HubUploadError
+from hf_snapvit.hub import push_to_hub, save_and_push
 from hf_snapvit.model_card import GENERATED_MARKER, HEATMAP_FILENAME
 
 from helpers import output_of
@@ -140,11 +142,12 @@ def ElasticRankingFrom(config_bytes: bytes) -> hf_snapvit.ElasticRanking:
     return hf_snapvit.ElasticRanking.from_dict(json.loads(config_bytes)["elastic_ranking"])
 
 
-def test_save_elastic_push_writes_locally_then_commits_once(tiny, hub, tmp_path):
+def test_save_and_push_writes_locally_then_commits_once(tiny, hub, tmp_path):
     model, processor, ranking = tiny
     folder = tmp_path / "vit-tiny-elastic"
-    stored = hf_snapvit.save_elastic(model, ranking, folder, image_processor=processor, push_to_hub=True,
-                                     token=TOKEN, create_pr=True, base_model="google/vit-base-patch16-224")
+    stored, info = save_and_push(model, ranking, folder, image_processor=processor, token=TOKEN, create_pr=True,
+                                 base_model="google/vit-base-patch16-224")
+    assert info.commit_url.endswith("/commit/abc")
     assert (folder / "config.json").is_file() and not (folder / "README.md").exists()
     assert hub.repos[0]["repo_id"] == "vit-tiny-elastic"  # default repo name: the folder's, as in transformers
     assert hub.branches == []  # a pull request needs no branch
@@ -159,10 +162,23 @@ def test_save_elastic_push_writes_locally_then_commits_once(tiny, hub, tmp_path)
     assert card.data.base_model == "google/vit-base-patch16-224"
 
 
-def test_sliced_model_uploads_with_card_through_elasticvitmodel(elastic_dir, hub, tmp_path):
+def test_save_and_push_passes_save_pretrained_arguments_to_save_elastic(tiny, hub, tmp_path):
+    model, _, ranking = tiny
+    folder = tmp_path / "sharded"
+    save_and_push(model, ranking, folder, "me/sharded", token=TOKEN, max_shard_size="50KB", model_card=False)
+    assert (folder / SAFE_WEIGHTS_INDEX_NAME).is_file() and not (folder / "model.safetensors").exists()
+    files = hub.only_commit()["files"]
+    assert files[SAFE_WEIGHTS_INDEX_NAME] == (folder / SAFE_WEIGHTS_INDEX_NAME).read_bytes()
+    assert "README.md" not in files
+    reloaded = hf_snapvit.ElasticViTModel.from_pretrained(materialise(files, tmp_path / "up"), sparsity=0.3)
+    reference = hf_snapvit.ElasticViTModel.from_pretrained(folder, sparsity=0.3)
+    torch.testing.assert_close(output_of(reloaded, pixels()), output_of(reference, pixels()))
+
+
+def test_sliced_model_uploads_with_card_through_push_to_hub(elastic_dir, hub, tmp_path):
     small = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.4)
     processor = transformers.AutoImageProcessor.from_pretrained(elastic_dir)
-    hf_snapvit.ElasticViTModel.push_to_hub(small, "me/vit-small", token=TOKEN, image_processor=processor)
+    hf_snapvit.push_to_hub(small, "me/vit-small", token=TOKEN, image_processor=processor)
     commit = hub.only_commit()
     assert {"config.json", "model.safetensors", "preprocessor_config.json", "README.md"} <= set(commit["files"])
     assert commit["commit_message"] == "Upload sliced checkpoint with hf_snapvit"
@@ -194,7 +210,7 @@ def test_missing_token_fails_clearly_before_writing(tiny, hub, monkeypatch, tmp_
     model, processor, ranking = tiny
     folder = tmp_path / "never-written"
     with pytest.raises(HubUploadError, match="hf auth login.*HF_TOKEN") as error:
-        hf_snapvit.save_elastic(model, ranking, folder, push_to_hub=True, repo_id="me/x")
+        save_and_push(model, ranking, folder, repo_id="me/x")
     assert isinstance(error.value, hf_snapvit.SnapViTError)
     assert "huggingface-cli login" in str(error.value)
     assert not folder.exists() and hub.repos == [] and hub.commits == []
@@ -214,8 +230,11 @@ def test_bad_inputs_name_the_fix(tiny, elastic_dir, hub, tmp_path):
         push_to_hub(tmp_path, "me/empty", token=TOKEN)
     with pytest.raises(HubUploadError, match="not a valid Hub repository id"):
         push_to_hub(elastic_dir, "not a/valid/id", token=TOKEN)
-    with pytest.raises(TypeError, match="only used with push_to_hub=True"):
-        hf_snapvit.save_elastic(model, ranking, tmp_path / "x", token=TOKEN)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['push_to_hubb'\].*push_to_hub.*save_elastic"):
+        save_and_push(model, ranking, tmp_path / "x", token=TOKEN, push_to_hubb=True)
+    with pytest.raises(HubUploadError, match="not a valid Hub repository id"):
+        save_and_push(model, ranking, tmp_path / "x", "not a/valid/id", token=TOKEN)
+    assert not (tmp_path / "x").exists()  # both refused before writing
     assert hub.commits == []
 
 

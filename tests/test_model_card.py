@@ -13,17 +13,17 @@ from huggingface_hub import ModelCard
 
 import hf_snapvit
 from hf_snapvit.budget import backbone_parameters, estimate_gflops, layer_widths
+from hf_snapvit.errors import ModelCardError
 from hf_snapvit.model_card import (
     HEATMAP_FILENAME,
     TEMPLATE_PATH,
     Evaluation,
-    ModelCardError,
     make_model_card,
     parse_evaluations,
     write_model_card,
 )
 
-from helpers import SHARED, SHARED_MODEL, requires_shared
+from helpers import CASES, PROCESSOR, SHARED, SHARED_MODEL, images, requires_shared
 
 
 @pytest.fixture(scope="module")
@@ -186,11 +186,40 @@ def test_provenance_citation_and_preset(elastic):
     assert "Elastic ViTs from Pretrained Models without Retraining" in text and "@inproceedings" in text
     assert "Neural Information Processing Systems" in text and "2025" in text
     settings = hf_snapvit.SnapViTConfig.preset("fast", seed=7).to_dict()
-    snap = replace(ranking.sorted(), provenance={"method": "snapvit", "settings": settings, "seed": 7,
+    snap = replace(ranking.sorted(), provenance={"method": "snapvit", "preset": "fast", "settings": settings,
+                                                 "seed": 7,
                                                  "calibration_data": {"num_gradient": 128, "num_fitness": 128,
                                                                       "source": "Dataset", "image_column": "image"}})
     text = make_model_card(snap).text
     assert "preset `fast`" in text and "128 gradient + 128 fitness images" in text and "column `image`" in text
+
+
+def method_line(card: ModelCard) -> str:
+    return next(line for line in card.text.splitlines() if line.startswith("- **Method**"))
+
+
+def test_preset_comes_from_the_recorded_provenance(elastic):
+    _, ranking = elastic
+    settings = hf_snapvit.SnapViTConfig.preset("fast").to_dict()
+
+    def card_of(**provenance) -> ModelCard:
+        return make_model_card(replace(ranking.sorted(), provenance={"settings": settings, **provenance}))
+
+    assert method_line(card_of(method="snapvit", preset="fast")) == "- **Method**: `snapvit`, preset `fast`"
+    assert method_line(card_of(method="snapvit", preset=None)) == "- **Method**: `snapvit`, custom settings"
+    # Stored before the preset was recorded: the card does not guess it from the settings.
+    assert method_line(card_of(method="snapvit")) == "- **Method**: `snapvit`"
+
+
+def test_gradient_baseline_cards_name_the_preset_they_ran_with():
+    model = next(c for c in CASES if c.name == "vit-cls").build()
+    fast = hf_snapvit.rank(model, method="snip", data=images(4), processor=PROCESSOR, preset="fast",
+                           show_progress=False)
+    assert method_line(make_model_card(fast)) == "- **Method**: `snip`, preset `fast`"
+    custom = hf_snapvit.rank(model, method="snip", data=images(4), processor=PROCESSOR,
+                             config=hf_snapvit.SnapViTConfig.preset("fast", num_gradient_images=4),
+                             show_progress=False)
+    assert method_line(make_model_card(custom)) == "- **Method**: `snip`, custom settings"
 
 
 def test_write_model_card_writes_readme_and_heatmap(elastic, tmp_path):

@@ -9,6 +9,7 @@ import transformers
 
 import hf_snapvit
 from hf_snapvit.budget import layer_widths
+from hf_snapvit.errors import ConfigError
 from hf_snapvit.plotting import allocation_table, plot_allocation
 
 
@@ -80,7 +81,7 @@ def test_draws_into_given_axes_and_writes_nothing_without_path(model_and_ranking
     axes = figure.subplots(1, 2)
     assert plot_allocation(ranking, ax=axes, sparsities=(0.2, 0.4)) is figure
     assert axes[0].images and axes[1].images and list(tmp_path.iterdir()) == []
-    with pytest.raises(ValueError, match="exactly two axes"):
+    with pytest.raises(ConfigError, match="exactly two axes"):
         plot_allocation(ranking, ax=[axes[0]])
 
 

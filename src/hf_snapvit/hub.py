@@ -3,16 +3,19 @@
 :func:`push_to_hub` uploads the safetensors weights, ``config.json`` (with ``elastic_ranking`` and, for a sliced
 model, ``elastic_layout``), the preprocessor config and a model card (``README.md`` plus its allocation heatmap)
 through ``huggingface_hub.HfApi``: ``create_repo`` (``exist_ok``), then a single ``create_commit``.
-``hf_snapvit.save_elastic(..., push_to_hub=True, repo_id=...)`` and ``ElasticViTModel.push_to_hub`` call it.
+:func:`save_and_push` writes an elastic checkpoint with :func:`hf_snapvit.save_elastic` and then uploads it, having
+checked the token first. Loading never imports this module: publishing sits at the end of the data flow.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple
 
 import huggingface_hub
 from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, ModelCard
@@ -22,26 +25,13 @@ from transformers import PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ._version import __version__
-from .errors import HubUploadError
-from .model_card import (
-    CARD_TAGS,
-    GENERATED_MARKER,
-    HEATMAP_FILENAME,
-    ModelCardError,
-    _describe,
-    pipeline_tag_for,
-    write_model_card,
-)
+from .card_source import describe_checkpoint, pipeline_tag_for
+from .checkpoint import save_elastic
+from .errors import HubUploadError, ModelCardError
+from .model_card import CARD_TAGS, GENERATED_MARKER, HEATMAP_FILENAME, write_model_card
+from .ranking import ElasticRanking
 
 logger = logging.getLogger(__name__)
-
-# Keyword arguments of push_to_hub that save_elastic(..., push_to_hub=True) passes through.
-HUB_UPLOAD_KWARGS = (
-    "private", "token", "revision", "create_pr", "commit_message", "commit_description", "model_card",
-    "base_model", "evaluations", "sparsities", "model_name", "license", "datasets", "eval_dataset", "eval_split",
-    "base_model_description",
-)
-
 
 
 def resolve_token(token: str | None = None) -> str:
@@ -68,6 +58,14 @@ def resolve_token(token: str | None = None) -> str:
     return found
 
 
+def _check_repo_id(repo_id: str) -> None:
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise HubUploadError(f"repo_id={repo_id!r} is not a valid Hub repository id ({error}). Use 'user/name'.") \
+            from None
+
+
 def _files(folder: Path) -> list[Path]:
     """Files to upload from ``folder``, hidden ones (staging leftovers, ``.cache``) excluded."""
     return sorted(
@@ -88,7 +86,7 @@ def _check_checkpoint(folder: Path) -> None:
             "stored as safetensors. Re-save it with hf_snapvit.save_elastic(model, ranking, folder)."
         )
     try:
-        _describe(folder)
+        describe_checkpoint(folder)
     except ModelCardError as error:
         raise HubUploadError(str(error)) from None
 
@@ -101,14 +99,75 @@ def _user_card(readme: Path, folder: Path, base_model: str | None) -> ModelCard 
     if GENERATED_MARKER in text:
         return None  # ours, possibly stale: regenerate it
     card = ModelCard(text)
-    described = _describe(folder)
+    described = describe_checkpoint(folder)
     card.data.library_name = card.data.library_name or "transformers"
     card.data.tags = list(dict.fromkeys([*(card.data.tags or []), *CARD_TAGS]))
-    card.data.pipeline_tag = card.data.pipeline_tag or pipeline_tag_for(
-        described.architectures, bool(described.ranking and described.ranking.shape.head_flops > 0))
+    card.data.pipeline_tag = card.data.pipeline_tag or pipeline_tag_for(described.architectures,
+                                                                        described.has_task_head)
     if base_model and not card.data.base_model:
         card.data.base_model = base_model
     return card
+
+
+def _staged_folder(folder_or_model: Any, image_processor: Any, tmp: Path, max_shard_size: int | str) -> Path:
+    """The checkpoint folder to upload: the folder given, or the model (and processor) saved under ``tmp``."""
+    if isinstance(folder_or_model, PreTrainedModel):
+        config = folder_or_model.config
+        if getattr(config, "elastic_ranking", None) is None and getattr(config, "elastic_layout", None) is None:
+            raise HubUploadError(
+                "This model is neither elastic nor sliced (its config has no elastic_ranking or elastic_layout). "
+                "Rank it, save it with hf_snapvit.save_elastic(model, ranking, folder) and upload the folder (or "
+                "do both with hf_snapvit.hub.save_and_push(model, ranking, folder, repo_id=...)), or use "
+                "model.push_to_hub for a plain transformers upload."
+            )
+        folder = tmp / "checkpoint"
+        folder_or_model.save_pretrained(folder, max_shard_size=max_shard_size)
+        if image_processor is not None:
+            image_processor.save_pretrained(folder)
+        return folder
+    if isinstance(folder_or_model, (str, os.PathLike)):
+        if image_processor is not None:
+            raise HubUploadError(
+                "image_processor is only used when uploading a model; a folder's own preprocessor_config.json is "
+                "uploaded as it is. Save the processor into the folder first (processor.save_pretrained(folder))."
+            )
+        return Path(folder_or_model)
+    raise HubUploadError(
+        f"folder_or_model must be a checkpoint folder or a transformers model, got {type(folder_or_model).__name__}."
+    )
+
+
+def _card_uploads(folder: Path, tmp: Path, model_card: bool | ModelCard | str, base_model: str | None,
+                  uploads: dict[str, Path], **card_kwargs: Any) -> None:
+    """Put the model card's files into ``uploads`` (path in the repository -> local file), as ``model_card`` asks."""
+    if model_card is True:
+        card = _user_card(folder / "README.md", folder, base_model)
+        card_dir = tmp / "card"
+        card_dir.mkdir()
+        if card is None:
+            uploads.pop(HEATMAP_FILENAME, None)  # a stale heatmap must not outlive its card
+            write_model_card(folder, card_dir, base_model=base_model, **card_kwargs)
+        else:
+            card.save(card_dir / "README.md")
+        uploads.update({p.name: p for p in _files(card_dir)})
+    elif model_card is not False:
+        card_file = tmp / "README.md"
+        card_file.write_text(str(model_card), encoding="utf-8")
+        uploads["README.md"] = card_file
+
+
+def _commit(uploads: dict[str, Path], repo_id: str, *, token: str, private: bool | None, revision: str | None,
+            create_pr: bool, message: str, description: str | None) -> CommitInfo:
+    """Create the repository if needed (and the branch ``revision``), then commit ``uploads`` in one commit."""
+    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
+                  for name, path in sorted(uploads.items())]
+    api = HfApi(library_name="hf_snapvit", library_version=__version__)
+    repo_id = api.create_repo(repo_id, token=token, private=private, exist_ok=True).repo_id
+    if revision is not None and not create_pr and not revision.startswith("refs/"):
+        api.create_branch(repo_id, branch=revision, token=token, exist_ok=True)
+    logger.info("Uploading %s to %s in one commit", ", ".join(sorted(uploads)), repo_id)
+    return api.create_commit(repo_id, operations, commit_message=message, commit_description=description,
+                             token=token, revision=revision, create_pr=create_pr)
 
 
 def push_to_hub(
@@ -141,7 +200,7 @@ def push_to_hub(
             model), or a model whose config has ``elastic_ranking`` or ``elastic_layout`` (e.g. one returned by
             ``ElasticViTModel.from_pretrained(..., sparsity=s)``).
         repo_id: ``"user/name"`` or ``"org/name"``; created if it does not exist.
-        image_processor: Saved with a model (ignored for a folder, whose preprocessor config is uploaded as is).
+        image_processor: Saved with a model; not taken with a folder, whose own preprocessor config is uploaded as is.
         private: Visibility of a newly created repository (``None``: the account's default).
         token: Write token; default: ``huggingface_hub.get_token()`` (``hf auth login`` or ``HF_TOKEN``).
         revision: Branch to commit to (created from the default branch if missing).
@@ -152,7 +211,7 @@ def push_to_hub(
             is kept, with the library's metadata added); a :class:`~huggingface_hub.ModelCard` or a string is
             uploaded as ``README.md``; ``False`` uploads the folder as it is.
         base_model, evaluations, sparsities, model_name, license, datasets, eval_dataset, eval_split,
-            base_model_description: For the generated card; see :func:`hf_snapvit.make_model_card`.
+            base_model_description: For the generated card; see :func:`hf_snapvit.model_card.make_model_card`.
         max_shard_size: Shard size when saving a model.
 
     Returns:
@@ -162,73 +221,82 @@ def push_to_hub(
         >>> hf_snapvit.push_to_hub("vit-tiny-elastic", "me/vit-tiny-elastic", private=True)  # doctest: +SKIP
     """
     token = resolve_token(token)
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as error:
-        raise HubUploadError(f"repo_id={repo_id!r} is not a valid Hub repository id ({error}). Use 'user/name'.") \
-            from None
-
+    _check_repo_id(repo_id)
     with tempfile.TemporaryDirectory(prefix="hf_snapvit-push-") as tmp:
-        if isinstance(folder_or_model, PreTrainedModel):
-            config = folder_or_model.config
-            if getattr(config, "elastic_ranking", None) is None and getattr(config, "elastic_layout", None) is None:
-                raise HubUploadError(
-                    "This model is neither elastic nor sliced (its config has no elastic_ranking or elastic_layout). "
-                    "Rank it and upload with hf_snapvit.save_elastic(model, ranking, folder, push_to_hub=True, "
-                    "repo_id=...), or use model.push_to_hub for a plain transformers upload."
-                )
-            folder = Path(tmp) / "checkpoint"
-            folder_or_model.save_pretrained(folder, max_shard_size=max_shard_size)
-            if image_processor is not None:
-                image_processor.save_pretrained(folder)
-        elif isinstance(folder_or_model, (str, os.PathLike)):
-            folder = Path(folder_or_model)
-            if image_processor is not None:
-                raise HubUploadError(
-                    "image_processor is only used when uploading a model; a folder's own preprocessor_config.json is "
-                    "uploaded as it is. Save the processor into the folder first (processor.save_pretrained(folder))."
-                )
-        else:
-            raise HubUploadError(
-                f"folder_or_model must be a checkpoint folder or a transformers model, got "
-                f"{type(folder_or_model).__name__}."
-            )
+        folder = _staged_folder(folder_or_model, image_processor, Path(tmp), max_shard_size)
         _check_checkpoint(folder)
-        sliced = _describe(folder).layout is not None
-
+        sliced = describe_checkpoint(folder).layout is not None
         uploads = {p.relative_to(folder).as_posix(): p for p in _files(folder)}
-        if model_card is True:
-            card = _user_card(folder / "README.md", folder, base_model)
-            card_dir = Path(tmp) / "card"
-            card_dir.mkdir()
-            if card is None:
-                uploads.pop(HEATMAP_FILENAME, None)  # a stale heatmap must not outlive its card
-                write_model_card(folder, card_dir, base_model=base_model, evaluations=evaluations,
-                                 sparsities=sparsities, repo_id=repo_id, model_name=model_name, license=license,
-                                 datasets=datasets, eval_dataset=eval_dataset, eval_split=eval_split,
-                                 base_model_description=base_model_description)
-            else:
-                card.save(card_dir / "README.md")
-            uploads.update({p.name: p for p in _files(card_dir)})
-        elif model_card is not False:
-            card_file = Path(tmp) / "README.md"
-            card_file.write_text(str(model_card), encoding="utf-8")
-            uploads["README.md"] = card_file
-
-        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
-                      for name, path in sorted(uploads.items())]
-        api = HfApi(library_name="hf_snapvit", library_version=__version__)
-        repo_id = api.create_repo(repo_id, token=token, private=private, exist_ok=True).repo_id
-        if revision is not None and not create_pr and not revision.startswith("refs/"):
-            api.create_branch(repo_id, branch=revision, token=token, exist_ok=True)
+        _card_uploads(folder, Path(tmp), model_card, base_model, uploads, evaluations=evaluations,
+                      sparsities=sparsities, repo_id=repo_id, model_name=model_name, license=license,
+                      datasets=datasets, eval_dataset=eval_dataset, eval_split=eval_split,
+                      base_model_description=base_model_description)
         kind = "sliced" if sliced else "elastic"
-        logger.info("Uploading %s to %s in one commit", ", ".join(sorted(uploads)), repo_id)
-        return api.create_commit(
-            repo_id,
-            operations,
-            commit_message=commit_message or f"Upload {kind} checkpoint with hf_snapvit",
-            commit_description=commit_description,
-            token=token,
-            revision=revision,
-            create_pr=create_pr,
+        return _commit(uploads, repo_id, token=token, private=private, revision=revision, create_pr=create_pr,
+                       message=commit_message or f"Upload {kind} checkpoint with hf_snapvit",
+                       description=commit_description)
+
+
+# Keyword arguments of save_and_push that go to push_to_hub; the others go to save_elastic.
+HUB_UPLOAD_KWARGS = tuple(
+    name for name, parameter in inspect.signature(push_to_hub).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("image_processor", "max_shard_size")
+)
+
+
+class SavedAndPushed(NamedTuple):
+    """What :func:`save_and_push` did: the ranking as stored, and the Hub commit."""
+
+    ranking: ElasticRanking
+    commit: CommitInfo
+
+
+def _save_kwargs(model: PreTrainedModel) -> set[str]:
+    """Keyword arguments ``model.save_pretrained`` takes that :func:`save_and_push` may pass on to it."""
+    parameters = inspect.signature(model.save_pretrained).parameters.values()
+    named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return named - {"save_directory", "push_to_hub", "token"}  # the upload is ours, with our token
+
+
+def save_and_push(
+    model: PreTrainedModel,
+    ranking: ElasticRanking,
+    save_directory: str | os.PathLike,
+    repo_id: str | None = None,
+    *,
+    image_processor: Any = None,
+    **kwargs: Any,
+) -> SavedAndPushed:
+    """Write the elastic checkpoint of ``model`` with :func:`hf_snapvit.save_elastic`, then upload it in one commit.
+
+    The token is resolved and the arguments checked before anything is written, so a missing login or a typo fails
+    without leaving a folder behind.
+
+    Args:
+        model, ranking, save_directory, image_processor: As in :func:`hf_snapvit.save_elastic`.
+        repo_id: The Hub repository; default: the name of ``save_directory`` (in the token owner's namespace, as
+            transformers does).
+        **kwargs: ``private``, ``token``, ``revision``, ``create_pr``, ``commit_message``, ``model_card``,
+            ``base_model``, ``evaluations``, ... (see :data:`HUB_UPLOAD_KWARGS`) go to :func:`push_to_hub`; the
+            keyword arguments of ``model.save_pretrained`` (``max_shard_size``, ...) go to ``save_elastic``.
+
+    Returns:
+        ``(ranking, commit)``: the ranking as stored (in rank order) and the commit (``.commit_url``).
+
+    Raises:
+        TypeError: For keyword arguments neither function takes, naming them.
+        HubUploadError: Without a token or with an invalid ``repo_id``, before writing.
+    """
+    hub_kwargs = {k: kwargs.pop(k) for k in HUB_UPLOAD_KWARGS if k in kwargs}
+    unknown = sorted(set(kwargs) - _save_kwargs(model))
+    if unknown:
+        raise TypeError(
+            f"save_and_push got unexpected keyword arguments {unknown}: neither push_to_hub "
+            f"({', '.join(HUB_UPLOAD_KWARGS)}) nor save_elastic (the keyword arguments of model.save_pretrained) "
+            "takes them."
         )
+    hub_kwargs["token"] = resolve_token(hub_kwargs.get("token"))
+    repo_id = repo_id or Path(save_directory).name
+    _check_repo_id(repo_id)
+    stored = save_elastic(model, ranking, save_directory, image_processor=image_processor, **kwargs)
+    return SavedAndPushed(stored, push_to_hub(save_directory, repo_id, **hub_kwargs))

@@ -6,36 +6,50 @@
 usage snippet, the ranking's provenance and the SnapViT citation. :func:`write_model_card` writes the card and its
 heatmap into a folder.
 
-Evaluations are records with the keys ``sparsity`` (the fraction asked for at load time), ``metric`` (e.g.
-``"accuracy"``), ``value`` (what the metric returned; accuracies as fractions in ``[0, 1]``) and ``dataset`` (a Hub
-dataset id or a name), and optionally ``split`` and ``num_samples``. Give a list of such dicts (or
-:class:`Evaluation`), or any object whose ``to_dict()`` returns such a list or a dict with such a list under
-``"results"``. Results of :mod:`hf_snapvit.evaluation` (``EvaluationResult`` or its ``to_dict()``: one model, with
-``sparsity``, ``top1``, ``knn_top1``, ``linear_top1``, ``retention``, ``num_eval``) are accepted too; each metric
-that was computed becomes one record, with ``dataset`` / ``split`` taken from the ``eval_dataset`` /
-``eval_split`` arguments.
+The sections' text comes from :mod:`hf_snapvit.card_sections`, what the card describes from
+:mod:`hf_snapvit.card_source`, and measured results (:class:`Evaluation`, :func:`parse_evaluations`; the forms
+they may be given in are described there) from :mod:`hf_snapvit.card_results`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import numbers
 import os
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
-from huggingface_hub.errors import HFValidationError
-from huggingface_hub.utils import validate_repo_id
+from huggingface_hub import ModelCard, ModelCardData
 
 from ._version import __version__
-from .errors import BudgetError, ModelCardError
+from .card_results import (
+    Evaluation,
+    MetricColumns,
+    check_measured_sparsities,
+    file_under_grid,
+    measurement_notes,
+    model_index,
+    parse_evaluations,
+)
+from .card_sections import heatmap_caption, hub_id, provenance_lines, size_table, summary, table_intro, usage
+from .card_source import CheckpointDescription, describe_checkpoint, pipeline_tag_for
+from .errors import ModelCardError
 from .files import atomic_file
 from .plotting import DEFAULT_SPARSITIES, plot_allocation
 from .ranking import ElasticRanking
+
+__all__ = [
+    "CARD_TAGS",
+    "CITATION",
+    "GENERATED_MARKER",
+    "HEATMAP_FILENAME",
+    "TEMPLATE_PATH",
+    "Evaluation",
+    "make_model_card",
+    "parse_evaluations",
+    "pipeline_tag_for",
+    "write_model_card",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -52,275 +66,6 @@ CITATION = """@inproceedings{simoncini2025elastic,
   booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
   year      = {2025}
 }"""
-
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """One measured number of one sparsity.
-
-    Args:
-        sparsity: The sparsity the model was loaded at (``from_pretrained(..., sparsity=...)``), in ``[0, 1)``.
-        metric: Metric name, e.g. ``"accuracy"`` (top-1) or ``"knn_accuracy"``.
-        value: The metric's value; accuracies as fractions in ``[0, 1]`` (shown as percentages in the table).
-        dataset: Hub dataset id or name, e.g. ``"zh-plus/tiny-imagenet"``.
-        split: Dataset split, e.g. ``"validation"``.
-        num_samples: Number of images measured on.
-    """
-
-    sparsity: float
-    metric: str
-    value: float
-    dataset: str
-    split: str | None = None
-    num_samples: int | None = None
-
-
-# Metric fields of hf_snapvit.evaluation.EvaluationResult and the metric names they get on a card.
-_RESULT_METRICS = {"top1": "accuracy", "knn_top1": "knn_accuracy", "linear_top1": "linear_probe_accuracy",
-                   "retention": "retention"}
-
-
-def _expand_result(record: Mapping[str, Any], index: int, dataset: str | None, split: str | None) -> list[dict]:
-    """One record per computed metric of an ``EvaluationResult``-style dict."""
-    if dataset is None and not record.get("dataset"):
-        raise ModelCardError(
-            f"evaluations[{index}] is an evaluation result without a dataset name; pass eval_dataset='<Hub id or "
-            "name>' (and eval_split=...) to name the data it was measured on."
-        )
-    return [
-        {"sparsity": record.get("sparsity"), "metric": name, "value": record[field_name],
-         "dataset": record.get("dataset") or dataset, "split": record.get("split") or split,
-         "num_samples": record.get("num_eval") or None}
-        for field_name, name in _RESULT_METRICS.items() if record.get(field_name) is not None
-    ]
-
-
-def parse_evaluations(
-    evaluations: Any, *, eval_dataset: str | None = None, eval_split: str | None = None
-) -> list[Evaluation]:
-    """Validate evaluations given as :class:`Evaluation` objects, dicts, or an object with ``to_dict()``.
-
-    Args:
-        evaluations: See the module docstring; ``None`` means none.
-        eval_dataset: Dataset name for evaluation results that do not carry one.
-        eval_split: Split name for evaluation results that do not carry one.
-
-    Returns:
-        The evaluations as :class:`Evaluation` records, in the order given.
-    """
-    if evaluations is None:
-        return []
-    if hasattr(evaluations, "to_dict") and not isinstance(evaluations, Mapping):
-        evaluations = evaluations.to_dict()
-    if isinstance(evaluations, Mapping) and "results" not in evaluations \
-            and any(k in evaluations for k in _RESULT_METRICS):
-        evaluations = [evaluations]  # a single evaluation result
-    if isinstance(evaluations, Mapping):
-        if "results" not in evaluations:
-            raise ModelCardError(
-                f"evaluations is a dict without a 'results' list (keys: {sorted(evaluations)}). Give a list of "
-                "{'sparsity', 'metric', 'value', 'dataset'} records, or {'results': [...]}."
-            )
-        evaluations = evaluations["results"]
-    if isinstance(evaluations, (str, bytes)) or not isinstance(evaluations, Iterable):
-        raise ModelCardError(
-            f"evaluations must be a list of {{'sparsity', 'metric', 'value', 'dataset'}} records, got "
-            f"{type(evaluations).__name__}."
-        )
-    records: list[tuple[int, Any]] = []
-    for i, record in enumerate(evaluations):
-        if isinstance(record, Evaluation):
-            record = record.__dict__
-        elif hasattr(record, "to_dict") and not isinstance(record, Mapping):
-            record = record.to_dict()
-        if isinstance(record, Mapping) and "metric" not in record and any(k in record for k in _RESULT_METRICS):
-            records += [(i, r) for r in _expand_result(record, i, eval_dataset, eval_split)]
-        else:
-            records.append((i, record))
-    parsed = []
-    for i, record in records:
-        if not isinstance(record, Mapping):
-            raise ModelCardError(f"evaluations[{i}] must be a dict or Evaluation, got {type(record).__name__}.")
-        missing = {"sparsity", "metric", "value", "dataset"} - set(record)
-        if missing:
-            raise ModelCardError(
-                f"evaluations[{i}] lacks {sorted(missing)}; each record needs sparsity, metric, value and dataset "
-                f"(got keys {sorted(record)})."
-            )
-        sparsity, value = record["sparsity"], record["value"]
-        if not isinstance(sparsity, numbers.Real) or not 0.0 <= sparsity < 1.0:
-            raise ModelCardError(f"evaluations[{i}].sparsity={sparsity!r} must be a number in [0, 1).")
-        if not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise ModelCardError(f"evaluations[{i}].value={value!r} must be a finite number.")
-        for name in ("metric", "dataset"):
-            if not isinstance(record[name], str) or not record[name].strip():
-                raise ModelCardError(f"evaluations[{i}].{name}={record[name]!r} must be a non-empty string.")
-        num_samples = record.get("num_samples")
-        if num_samples is not None and (not isinstance(num_samples, numbers.Integral) or num_samples < 1):
-            raise ModelCardError(f"evaluations[{i}].num_samples={num_samples!r} must be a positive integer.")
-        parsed.append(Evaluation(float(sparsity), record["metric"], float(value), record["dataset"],
-                                 record.get("split"), None if num_samples is None else int(num_samples)))
-    return parsed
-
-
-@dataclass
-class _Described:
-    """What a card describes, whatever it was given as."""
-
-    ranking: ElasticRanking | None
-    layout: dict[str, Any] | None = None
-    architectures: list[str] = field(default_factory=list)
-    name_or_path: str | None = None
-
-
-def _describe(source: Any) -> _Described:
-    if isinstance(source, ElasticRanking):
-        return _Described(source.sorted() if not source.is_sorted() else source)
-    config: Any
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        config_file = path / "config.json" if path.is_dir() else path
-        if not config_file.is_file():
-            raise ModelCardError(
-                f"{str(source)!r} is not a checkpoint folder (no config.json). Give an ElasticRanking, a model, or "
-                "the folder written by hf_snapvit.save_elastic / save_pretrained."
-            )
-        config = json.loads(config_file.read_text())
-    else:
-        config = getattr(source, "config", source)  # a model, or a config
-        config = config.to_dict() if hasattr(config, "to_dict") else config
-    if not isinstance(config, Mapping):
-        raise ModelCardError(
-            f"Cannot make a model card from {type(source).__name__}: give an ElasticRanking, a checkpoint folder, a "
-            "transformers model or its config."
-        )
-    stored, layout = config.get("elastic_ranking"), config.get("elastic_layout")
-    if stored is None and layout is None:
-        raise ModelCardError(
-            "This checkpoint is neither elastic nor sliced: its config has no 'elastic_ranking' or 'elastic_layout'. "
-            "Rank it with hf_snapvit.rank(model) and save it with hf_snapvit.save_elastic(model, ranking, folder)."
-        )
-    return _Described(
-        ranking=ElasticRanking.from_dict(stored) if stored is not None else None,
-        layout=layout,
-        architectures=list(config.get("architectures") or []),
-        name_or_path=config.get("_name_or_path") or None,
-    )
-
-
-def pipeline_tag_for(architectures: Sequence[str], has_task_head: bool = False) -> str:
-    """The Hub ``pipeline_tag`` of a model: ``image-classification`` for classifiers, else
-    ``image-feature-extraction``.
-
-    Args:
-        architectures: ``config.architectures``; may be empty.
-        has_task_head: Used when ``architectures`` is empty (e.g. ``ranking.shape.head_flops > 0``).
-    """
-    if architectures:
-        return "image-classification" if any("ForImageClassification" in a for a in architectures) \
-            else "image-feature-extraction"
-    return "image-classification" if has_task_head else "image-feature-extraction"
-
-
-def _code(value: Any, fallback: str) -> str:
-    return f"`{value}`" if value else fallback
-
-
-def _hub_id(candidate: Any) -> str | None:
-    """``candidate`` if it reads as a namespaced Hub repo id (``org/name``) rather than a local path."""
-    if not isinstance(candidate, str) or candidate.count("/") != 1 or os.path.exists(candidate):
-        return None
-    try:
-        validate_repo_id(candidate)
-    except HFValidationError:
-        return None
-    return candidate
-
-
-def _count(n: int) -> str:
-    return f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e3 else str(n)
-
-
-def _pct(sparsity: float) -> str:
-    return f"{100 * sparsity:.4g} %"
-
-
-def _format_value(metric: str, value: float) -> str:
-    looks_like_accuracy = any(word in metric.lower() for word in ("acc", "top", "knn", "k-nn"))
-    return f"{100 * value:.1f} %" if looks_like_accuracy and 0.0 <= value <= 1.0 else f"{value:.4g}"
-
-
-def _preset_name(settings: Mapping[str, Any]) -> str | None:
-    """The SnapViT preset whose settings these are (seed and floors aside), if any."""
-    from .methods.snapvit import SnapViTConfig
-
-    ignored = {"seed", "min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset", "mode"}
-
-    def normal(d: Mapping[str, Any]) -> str:
-        return json.dumps({k: v for k, v in d.items() if k not in ignored}, sort_keys=True, default=list)
-
-    for name in ("default", "fast", "paper"):
-        if normal(json.loads(json.dumps(SnapViTConfig.preset(name).to_dict(), default=list))) == normal(settings):
-            return name
-    return None
-
-
-_GENERIC_LOADERS = {"parquet", "imagefolder", "csv", "json", "arrow", "webdataset", "text"}
-
-
-def _provenance(ranking: ElasticRanking | None, base: str) -> list[tuple[str, str]]:
-    if ranking is None:
-        return [("Ranking", "not stored in this checkpoint (sliced without its ranking)")]
-    p = ranking.provenance
-    items: list[tuple[str, str]] = []
-    method = p.get("method", "unknown")
-    settings = p.get("settings") or {}
-    preset = p.get("preset") or (_preset_name(settings) if method == "snapvit" and settings else None)
-    items.append(("Method", f"`{method}`" + (f", preset `{preset}`" if preset else
-                                               (", custom settings" if method == "snapvit" else ""))))
-    if method == "snapvit" and settings:
-        scores = settings.get("scores") or {}
-        budget = [f"{settings[k]} {label}" for k, label in (("max_generations", "xNES generations"),
-                                                           ("max_evaluations", "candidate evaluations"))
-                  if settings.get(k) is not None]
-        items.append(("Settings", f"{settings.get('num_gradient_images')} gradient + "
-                                  f"{settings.get('num_fitness_images')} fitness images, score definition "
-                                  f"`{scores.get('definition', '?')}`, search budget {' / '.join(budget) or '?'}"))
-    search = p.get("search")
-    if isinstance(search, Mapping) and search.get("evaluations") is not None:
-        items.append(("Search", f"{search.get('evaluations')} candidate evaluations in {search.get('generations')} "
-                                f"generations, best loss {search.get('best_loss', float('nan')):.4g}"))
-    calibration = p.get("calibration_data")
-    if isinstance(calibration, Mapping):
-        parts = []
-        if calibration.get("num_gradient") is not None:
-            parts.append(f"{calibration['num_gradient']} gradient + {calibration.get('num_fitness')} fitness images")
-        name, source = calibration.get("name"), calibration.get("source")
-        if name in _GENERIC_LOADERS:  # datasets' packaged loaders: the name says only the file format
-            parts.append(f"from local {name} files")
-        elif name or source:
-            parts.append(f"from `{name or source}`")
-        if calibration.get("image_column"):
-            parts.append(f"(column `{calibration['image_column']}`)")
-        if calibration.get("label_column") and method == "taylor-ce":
-            parts.append(f"labels from `{calibration['label_column']}`")
-        items.append(("Calibration data", " ".join(parts) or json.dumps(dict(calibration))))
-    elif calibration:
-        items.append(("Calibration data", str(calibration)))
-    else:
-        items.append(("Calibration data", "none (data-free method)" if method in ("magnitude", "random", "lamp")
-                      else "not recorded"))
-    if "seed" in p:
-        items.append(("Seed", str(p["seed"])))
-    heads, neurons = ranking.floors()
-    items.append(("Ranking mode", f"`{ranking.mode}`; every block keeps at least {heads} of "
-                                  f"{ranking.shape.num_heads} heads and {neurons} of "
-                                  f"{ranking.shape.intermediate_size} FFN neurons (max sparsity "
-                                  f"{_pct(ranking.max_sparsity)})"))
-    items.append(("Base model", base))
-    items.append(("Ranked with", f"hf_snapvit {p.get('library_version', __version__)}"))
-    return items
 
 
 def make_model_card(
@@ -345,8 +90,8 @@ def make_model_card(
             or ``save_pretrained`` of a sliced model), a transformers model, or its config.
         base_model: Hub id of the model that was pruned; by default the ranking's recorded base model when that is
             a Hub id (a local path is left out of the metadata).
-        evaluations: Measured metrics per sparsity (see the module docstring); they fill the table's metric columns
-            and the ``model-index``.
+        evaluations: Measured metrics per sparsity (the forms accepted are listed in :mod:`hf_snapvit.card_results`);
+            they fill the table's metric columns and the ``model-index``.
         sparsities: Sparsities of the table and the heatmap, each in ``(0, ranking.max_sparsity]``; default: the
             paper's grid 10 %, 20 %, ..., 60 %, up to ``max_sparsity``.
         repo_id: The repository the card is for, used in the usage snippet.
@@ -369,6 +114,30 @@ def make_model_card(
                    base_model_description=base_model_description)[0]
 
 
+def _checked_sparsities(sparsities: Sequence[float] | None, ranking: ElasticRanking | None) -> list[float]:
+    """The sparsities asked for, or the paper's grid as far as the ranking's floors allow."""
+    if sparsities is None:
+        limit = ranking.max_sparsity if ranking is not None else 1.0
+        sparsities = [s for s in DEFAULT_SPARSITIES if s <= limit + 1e-12]
+    sparsities = [float(s) for s in sparsities]
+    for s in sparsities:
+        if not 0.0 < s < 1.0:
+            raise ModelCardError(f"sparsities must lie in (0, 1); got {s!r}. Example: sparsities=(0.1, 0.3, 0.5).")
+    return sparsities
+
+
+def _base_model(described: CheckpointDescription, base_model: str | None,
+                description: str | None) -> tuple[str | None, str]:
+    """The base model's Hub id for the metadata (``None`` if unknown) and how the card's text names it."""
+    recorded = described.ranking.provenance.get("base_model") if described.ranking else None
+    base = base_model or hub_id(recorded) or hub_id(described.name_or_path)
+    if base is None:
+        logger.warning("No Hub id of the base model is known; the card's metadata has no base_model. "
+                       "Pass base_model='org/name'.")
+    named = base or recorded
+    return base, description or (f"`{named}`" if named else "a pretrained ViT")
+
+
 def _render(
     source: Any,
     *,
@@ -385,107 +154,24 @@ def _render(
     base_model_description: str | None = None,
 ) -> tuple[ModelCard, ElasticRanking | None, list[float]]:
     """:func:`make_model_card`, also returning the ranking and the heatmap's sparsities (empty: no heatmap)."""
-    described = _describe(source)
+    described = describe_checkpoint(source)
     ranking, layout = described.ranking, described.layout
     records = parse_evaluations(evaluations, eval_dataset=eval_dataset, eval_split=eval_split)
-    if sparsities is None:  # the paper's grid, as far as the ranking's floors allow
-        limit = ranking.max_sparsity if ranking is not None else 1.0
-        sparsities = [s for s in DEFAULT_SPARSITIES if s <= limit + 1e-12]
-    sparsities = [float(s) for s in sparsities]
-    for s in sparsities:
-        if not 0.0 < s < 1.0:
-            raise ModelCardError(f"sparsities must lie in (0, 1); got {s!r}. Example: sparsities=(0.1, 0.3, 0.5).")
-
-    shape = ranking.shape if ranking is not None else None
+    sparsities = _checked_sparsities(sparsities, ranking)
     saved = float(layout["sparsity"]) if layout else 0.0
-    if ranking is not None:
-        # A measured result reports the sparsity the model really has (within one unit of the one asked for):
-        # file it under the grid sparsity that resolves to exactly that model.
-        realised = {}
-        for s in sparsities:
-            try:
-                realised[round(ranking.keep_counts(s).sparsity, 6)] = s
-            except BudgetError:
-                pass  # reported with the full message when its row is built
-        records = [replace(r, sparsity=realised.get(round(r.sparsity, 6), r.sparsity)) for r in records]
+    records = file_under_grid(records, ranking, sparsities)
     if layout is not None and ranking is None:
         grid: list[float] = []
     else:
         grid = sorted({round(s, 6) for s in [*sparsities, *(r.sparsity for r in records)] if s > saved + 1e-9})
-    if ranking is None and any(abs(r.sparsity - saved) > 1e-6 for r in records):
-        raise ModelCardError(
-            f"This sliced checkpoint has no ranking, so it only serves its saved sparsity {saved:.6f}; evaluations at "
-            f"{sorted({r.sparsity for r in records})} do not describe it."
-        )
-    too_small = [r.sparsity for r in records if r.sparsity < saved - 1e-6]
-    if too_small:
-        raise ModelCardError(
-            f"evaluations at sparsities {too_small} are below this checkpoint's saved sparsity {saved:.4f}; a sliced "
-            "checkpoint only serves sparsities >= its own."
-        )
+    check_measured_sparsities(records, saved, ranking is not None)
+    columns, rows = size_table(described, MetricColumns(records), grid)
 
-    # Columns of measured metrics, one per (metric, dataset, split), in the order first given.
-    metric_keys: list[tuple[str, str, str | None]] = []
-    for r in records:
-        if (r.metric, r.dataset, r.split) not in metric_keys:
-            metric_keys.append((r.metric, r.dataset, r.split))
-    values = {(round(r.sparsity, 6), r.metric, r.dataset, r.split): r.value for r in records}
-
-    columns = ["sparsity", "backbone params", "GFLOPs", "heads kept", "FFN neurons kept"]
-    columns += [f"{m} ({d}{', ' + s if s else ''})" for m, d, s in metric_keys]
-
-    def row(label: str, sparsity: float, heads: Sequence[int], neurons: Sequence[int], params: int,
-            gflops: float, total_heads: int, total_neurons: int) -> list[str]:
-        cells = [label, _count(params), f"{gflops:.3f}" if gflops >= 0.1 else f"{gflops:.3g}",
-                 f"{sum(heads)} / {total_heads}",
-                 f"{sum(neurons)} / {total_neurons}"]
-        for m, d, s in metric_keys:
-            value = values.get((round(sparsity, 6), m, d, s))
-            cells.append("–" if value is None else _format_value(m, value))
-        return cells
-
-    rows = []
-    if layout is not None:
-        heads, neurons = layout["num_heads"], layout["intermediate_size"]
-        total_heads = shape.num_layers * shape.num_heads if shape else max(heads) * len(heads)
-        total_neurons = shape.num_layers * shape.intermediate_size if shape else max(neurons) * len(neurons)
-        rows.append(row(f"**{_pct(saved)} (this checkpoint)**", saved, heads, neurons, int(layout["num_params"]),
-                        float(layout["gflops"]), total_heads, total_neurons))
-    else:
-        rows.append(row("0 % (dense)", 0.0, shape.dense_heads, shape.dense_neurons, shape.num_params(),
-                        shape.gflops(), shape.num_layers * shape.num_heads,
-                        shape.num_layers * shape.intermediate_size))
-    for s in grid:
-        try:
-            counts = ranking.keep_counts(sparsity=s)
-        except BudgetError as error:
-            raise ModelCardError(f"Cannot describe sparsity {s}: {error}") from None
-        rows.append(row(_pct(s), s, counts.heads, counts.neurons, counts.num_params, counts.gflops,
-                        shape.num_layers * shape.num_heads, shape.num_layers * shape.intermediate_size))
-
-    base = base_model or _hub_id(ranking.provenance.get("base_model") if ranking else None) \
-        or _hub_id(described.name_or_path)
-    if base is None:
-        logger.warning("No Hub id of the base model is known; the card's metadata has no base_model. "
-                       "Pass base_model='org/name'.")
-    base_text = base_model_description or _code(base or (ranking.provenance.get("base_model") if ranking else None),
-                                                "a pretrained ViT")
-    pipeline = pipeline_tag_for(described.architectures, bool(shape and shape.head_flops > 0))
+    base, base_text = _base_model(described, base_model, base_model_description)
+    pipeline = pipeline_tag_for(described.architectures, described.has_task_head)
     title = model_name or (repo_id.split("/")[-1] if repo_id else None) or (
-        f"Elastic {shape.model_type}" if shape else "Sliced vision transformer")
-    eval_results = [
-        EvalResult(
-            task_type=pipeline,
-            dataset_type=r.dataset,
-            dataset_name=r.dataset,
-            dataset_split=r.split,
-            metric_type=r.metric,
-            metric_value=r.value,
-            metric_name=f"{r.metric} at {_pct(r.sparsity)} sparsity",
-            metric_args={"sparsity": r.sparsity, **({"num_samples": r.num_samples} if r.num_samples else {})},
-        )
-        for r in records
-    ] or None
+        f"Elastic {ranking.shape.model_type}" if ranking is not None else "Sliced vision transformer")
+    eval_results = model_index(records, pipeline)
     card_data = ModelCardData(
         base_model=base,
         library_name="transformers",
@@ -496,64 +182,7 @@ def _render(
         model_name=title if eval_results else None,
         eval_results=eval_results,
     )
-
-    repo = repo_id or "<your-username>/<this-repo>"
-    architecture = described.architectures[0] if described.architectures else None
-    model_type = shape.model_type if shape else "vision transformer"
-    method = ranking.provenance.get("method", "an importance") if ranking else None
-    if layout is None:
-        summary = (
-            f"An **elastic** checkpoint of {base_text}. Every attention head and FFN neuron of its "
-            f"{shape.num_layers} blocks (`{model_type}`, {shape.num_heads} heads and {shape.intermediate_size} FFN "
-            f"neurons per block) was ranked once with the `{method}` method, and the weights were permuted into rank "
-            "order, which does not change the model's outputs. Every smaller model "
-            "is a prefix of each projection, so `ElasticViTModel.from_pretrained(repo, sparsity=s)` loads a "
-            "physically smaller stock transformers model, without retraining, reading only the weights it keeps. "
-            "Stock transformers loads this repository as the dense model."
-        )
-        default_sparsity = next((s for s in grid if s >= 0.3 - 1e-9), grid[0] if grid else 0.3)
-        load = f'model = ElasticViTModel.from_pretrained("{repo}", sparsity={default_sparsity:g})'
-        usage_notes = ("`sparsity` is the fraction of the backbone's parameters removed (embeddings included, task "
-                       "head excluded); `target_params=` or `target_gflops=` set the budget instead. The result is "
-                       f"a stock {f'`{architecture}`' if architecture else 'transformers model'}, usable with "
-                       "pipelines, `Trainer` and PEFT; `model.save_pretrained(...)` stores the sliced model.")
-    else:
-        summary = (
-            f"A **{_pct(saved)} sparse** {model_type} sliced from an elastic checkpoint"
-            f" of {base_text}: its blocks keep "
-            f"{min(layout['num_heads'])}–{max(layout['num_heads'])} attention heads and "
-            f"{min(layout['intermediate_size'])}–{max(layout['intermediate_size'])} FFN neurons each, chosen by "
-            f"{f'the `{method}` ranking' if method else 'an importance ranking'}, without retraining. Because the "
-            "blocks differ in width, stock transformers cannot build it from `config.json`; hf_snapvit loads it."
-        )
-        load = f'model = ElasticViTModel.from_pretrained("{repo}")'
-        usage_notes = ("This loads the checkpoint at its saved size"
-                       + (" (larger sparsities also work: `sparsity=` / `target_params=` / `target_gflops=`, from the "
-                          "ranking kept in `config.json`)" if ranking is not None else "")
-                       + f". The result is a stock {f'`{architecture}`' if architecture else 'transformers model'}.")
-    usage_lines = ["from hf_snapvit import ElasticViTModel", "from transformers import AutoImageProcessor", "", load,
-                   f'processor = AutoImageProcessor.from_pretrained("{repo}")']
-    if pipeline == "image-classification":
-        usage_lines += ["", "from transformers import pipeline",
-                        'classify = pipeline("image-classification", model=model, image_processor=processor)',
-                        'print(classify("cat.jpg"))']
-    else:
-        usage_lines += ["", "from PIL import Image", 'inputs = processor(Image.open("cat.jpg"), return_tensors="pt")',
-                        "features = model(**inputs).last_hidden_state"]
-
-    if layout is None:
-        table_intro = ("What each sparsity costs and keeps. Parameters count the backbone (embeddings included, task "
-                       "head excluded); GFLOPs follow the SnapViT paper's formulas for one image, task head included.")
-    else:
-        table_intro = ("This checkpoint, and the larger sparsities its ranking can still serve. Parameters count the "
-                       "backbone (task head excluded); GFLOPs are for one image.")
-    notes = []
-    sample_notes = sorted({f"{r.metric} ({r.dataset}{', ' + r.split if r.split else ''}) on {r.num_samples} images"
-                           for r in records if r.num_samples})
-    if sample_notes:
-        notes.append("Measured: " + "; ".join(sample_notes) + ".")
-    if records:
-        notes.append("No retraining or fine-tuning after pruning.")
+    code, usage_notes = usage(described, repo_id or "<your-username>/<this-repo>", grid, pipeline)
     draw_heatmap = heatmap_path is not None and ranking is not None and bool(grid)
     card = ModelCard.from_template(
         card_data,
@@ -561,17 +190,16 @@ def _render(
         marker=GENERATED_MARKER,
         library_version=__version__,
         title=title,
-        summary=summary,
-        table_intro=table_intro,
+        summary=summary(described, base_text),
+        table_intro=table_intro(described),
         columns=columns,
         rows=rows,
-        table_notes=" ".join(notes),
+        table_notes=measurement_notes(records),
         heatmap_path=heatmap_path if draw_heatmap else None,
-        heatmap_caption=(f"Kept fraction of each block's attention heads (top) and FFN neurons (bottom) at "
-                         f"{', '.join(_pct(s) for s in grid)} sparsity."),
-        usage="\n".join(usage_lines),
+        heatmap_caption=heatmap_caption(grid),
+        usage=code,
         usage_notes=usage_notes,
-        provenance=_provenance(ranking, base_text),
+        provenance=provenance_lines(ranking, base_text),
         citation=CITATION,
     )
     return card, ranking, grid if draw_heatmap else []

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from .errors import BudgetError, ConfigError
 from .files import atomic_file
-from .errors import BudgetError
 
 if TYPE_CHECKING:  # matplotlib is imported lazily so that `import hf_snapvit` stays cheap
     from matplotlib.axes import Axes
@@ -79,7 +79,7 @@ def plot_allocation(
     else:
         axes = list(ax)
         if len(axes) != 2:
-            raise ValueError(f"ax must hold exactly two axes (heads, neurons); got {len(axes)}.")
+            raise ConfigError(f"ax must hold exactly two axes (heads, neurons); got {len(axes)}.")
         figure = axes[0].get_figure()
 
     heads, neurons = allocation_table(ranking, sparsities)

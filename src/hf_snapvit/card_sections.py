@@ -1,0 +1,227 @@
+"""The text of a model card's sections: the size table, the summary and usage snippet, and the ranking's provenance.
+
+Each function takes the :class:`~hf_snapvit.card_source.CheckpointDescription` of the checkpoint and returns what
+``templates/model_card.md`` shows; :mod:`hf_snapvit.model_card` puts them together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+
+from ._version import __version__
+from .card_results import MetricColumns, percent
+from .card_source import CheckpointDescription
+from .errors import BudgetError, ModelCardError
+from .ranking import ElasticRanking
+
+# datasets' packaged loaders: their name says only the file format, not where the images came from.
+_GENERIC_LOADERS = {"parquet", "imagefolder", "csv", "json", "arrow", "webdataset", "text"}
+_DATA_FREE_METHODS = ("magnitude", "random", "lamp")
+
+
+def hub_id(candidate: Any) -> str | None:
+    """``candidate`` if it reads as a namespaced Hub repo id (``org/name``) rather than a local path."""
+    if not isinstance(candidate, str) or candidate.count("/") != 1 or os.path.exists(candidate):
+        return None
+    try:
+        validate_repo_id(candidate)
+    except HFValidationError:
+        return None
+    return candidate
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n / 1e3:.1f} k" if n >= 1e3 else str(n)
+
+
+def _gflops(gflops: float) -> str:
+    return f"{gflops:.3f}" if gflops >= 0.1 else f"{gflops:.3g}"
+
+
+def size_table(
+    described: CheckpointDescription, metrics: MetricColumns, grid: Sequence[float]
+) -> tuple[list[str], list[list[str]]]:
+    """The size table: parameters, GFLOPs, kept units and measured metrics of the checkpoint and of each sparsity.
+
+    Args:
+        described: The checkpoint; its first row is the dense model (elastic) or the checkpoint itself (sliced).
+        metrics: The measured columns.
+        grid: The sparsities of the further rows, each resolved through the ranking as ``from_pretrained`` does.
+
+    Returns:
+        ``(columns, rows)``, every row a list of cells.
+    """
+    ranking, layout = described.ranking, described.layout
+    shape = ranking.shape if ranking is not None else None
+    columns = ["sparsity", "backbone params", "GFLOPs", "heads kept", "FFN neurons kept", *metrics.headers()]
+    if layout is not None:
+        heads, neurons, saved = layout["num_heads"], layout["intermediate_size"], float(layout["sparsity"])
+        total_heads = shape.num_layers * shape.num_heads if shape else max(heads) * len(heads)
+        total_neurons = shape.num_layers * shape.intermediate_size if shape else max(neurons) * len(neurons)
+        first = [f"**{percent(saved)} (this checkpoint)**", _count(int(layout["num_params"])),
+                 _gflops(float(layout["gflops"])), f"{sum(heads)} / {total_heads}",
+                 f"{sum(neurons)} / {total_neurons}", *metrics.cells(saved)]
+    else:
+        total_heads, total_neurons = shape.num_layers * shape.num_heads, shape.num_layers * shape.intermediate_size
+        first = ["0 % (dense)", _count(shape.num_params()), _gflops(shape.gflops()),
+                 f"{sum(shape.dense_heads)} / {total_heads}", f"{sum(shape.dense_neurons)} / {total_neurons}",
+                 *metrics.cells(0.0)]
+    rows = [first]
+    for s in grid:
+        try:
+            counts = ranking.keep_counts(sparsity=s)
+        except BudgetError as error:
+            raise ModelCardError(f"Cannot describe sparsity {s}: {error}") from None
+        rows.append([percent(s), _count(counts.num_params), _gflops(counts.gflops),
+                     f"{sum(counts.heads)} / {shape.num_layers * shape.num_heads}",
+                     f"{sum(counts.neurons)} / {shape.num_layers * shape.intermediate_size}", *metrics.cells(s)])
+    return columns, rows
+
+
+def table_intro(described: CheckpointDescription) -> str:
+    """The sentence above the size table, saying what its columns count."""
+    if described.layout is None:
+        return ("What each sparsity costs and keeps. Parameters count the backbone (embeddings included, task head "
+                "excluded); GFLOPs follow the SnapViT paper's formulas for one image, task head included.")
+    return ("This checkpoint, and the larger sparsities its ranking can still serve. Parameters count the backbone "
+            "(task head excluded); GFLOPs are for one image.")
+
+
+def heatmap_caption(grid: Sequence[float]) -> str:
+    """The caption under the allocation heatmap of the sparsities ``grid``."""
+    return (f"Kept fraction of each block's attention heads (top) and FFN neurons (bottom) at "
+            f"{', '.join(percent(s) for s in grid)} sparsity.")
+
+
+def summary(described: CheckpointDescription, base_text: str) -> str:
+    """The paragraph under the title: what the checkpoint is and how it loads."""
+    shape = described.ranking.shape if described.ranking is not None else None
+    model_type = shape.model_type if shape else "vision transformer"
+    method = described.ranking.provenance.get("method", "an importance") if described.ranking else None
+    layout = described.layout
+    if layout is None:
+        return (
+            f"An **elastic** checkpoint of {base_text}. Every attention head and FFN neuron of its "
+            f"{shape.num_layers} blocks (`{model_type}`, {shape.num_heads} heads and {shape.intermediate_size} FFN "
+            f"neurons per block) was ranked once with the `{method}` method, and the weights were permuted into rank "
+            "order, which does not change the model's outputs. Every smaller model "
+            "is a prefix of each projection, so `ElasticViTModel.from_pretrained(repo, sparsity=s)` loads a "
+            "physically smaller stock transformers model, without retraining, reading only the weights it keeps. "
+            "Stock transformers loads this repository as the dense model."
+        )
+    return (
+        f"A **{percent(float(layout['sparsity']))} sparse** {model_type} sliced from an elastic checkpoint"
+        f" of {base_text}: its blocks keep "
+        f"{min(layout['num_heads'])}–{max(layout['num_heads'])} attention heads and "
+        f"{min(layout['intermediate_size'])}–{max(layout['intermediate_size'])} FFN neurons each, chosen by "
+        f"{f'the `{method}` ranking' if method else 'an importance ranking'}, without retraining. Because the "
+        "blocks differ in width, stock transformers cannot build it from `config.json`; hf_snapvit loads it."
+    )
+
+
+def usage(described: CheckpointDescription, repo: str, grid: Sequence[float], pipeline_tag: str) -> tuple[str, str]:
+    """The usage snippet (Python code loading the checkpoint from ``repo``) and the notes under it."""
+    architecture = described.architectures[0] if described.architectures else None
+    stock = f"`{architecture}`" if architecture else "transformers model"
+    if described.layout is None:
+        default_sparsity = next((s for s in grid if s >= 0.3 - 1e-9), grid[0] if grid else 0.3)
+        load = f'model = ElasticViTModel.from_pretrained("{repo}", sparsity={default_sparsity:g})'
+        notes = ("`sparsity` is the fraction of the backbone's parameters removed (embeddings included, task "
+                 "head excluded); `target_params=` or `target_gflops=` set the budget instead. The result is "
+                 f"a stock {stock}, usable with pipelines, `Trainer` and PEFT; `model.save_pretrained(...)` stores "
+                 "the sliced model.")
+    else:
+        load = f'model = ElasticViTModel.from_pretrained("{repo}")'
+        notes = ("This loads the checkpoint at its saved size"
+                 + (" (larger sparsities also work: `sparsity=` / `target_params=` / `target_gflops=`, from the "
+                    "ranking kept in `config.json`)" if described.ranking is not None else "")
+                 + f". The result is a stock {stock}.")
+    lines = ["from hf_snapvit import ElasticViTModel", "from transformers import AutoImageProcessor", "", load,
+             f'processor = AutoImageProcessor.from_pretrained("{repo}")']
+    if pipeline_tag == "image-classification":
+        lines += ["", "from transformers import pipeline",
+                  'classify = pipeline("image-classification", model=model, image_processor=processor)',
+                  'print(classify("cat.jpg"))']
+    else:
+        lines += ["", "from PIL import Image", 'inputs = processor(Image.open("cat.jpg"), return_tensors="pt")',
+                  "features = model(**inputs).last_hidden_state"]
+    return "\n".join(lines), notes
+
+
+def _method_line(provenance: Mapping[str, Any]) -> str:
+    """The method and, where the ranking recorded it, the preset its settings came from.
+
+    SnapViT rankings record ``provenance["preset"]`` and the gradient baselines ``settings["preset"]``: a preset's
+    name, or ``None`` for custom settings. Rankings stored before either was recorded say nothing about it.
+    """
+    method = provenance.get("method", "unknown")
+    settings = provenance.get("settings") or {}
+    if "preset" in provenance:
+        recorded, preset = True, provenance["preset"]
+    else:
+        recorded, preset = "preset" in settings, settings.get("preset")
+    if not recorded:
+        return f"`{method}`"
+    return f"`{method}`" + (f", preset `{preset}`" if preset else ", custom settings")
+
+
+def _settings_line(settings: Mapping[str, Any]) -> str:
+    scores = settings.get("scores") or {}
+    budget = [f"{settings[k]} {label}" for k, label in (("max_generations", "xNES generations"),
+                                                       ("max_evaluations", "candidate evaluations"))
+              if settings.get(k) is not None]
+    return (f"{settings.get('num_gradient_images')} gradient + {settings.get('num_fitness_images')} fitness images, "
+            f"score definition `{scores.get('definition', '?')}`, search budget {' / '.join(budget) or '?'}")
+
+
+def _calibration_line(calibration: Any, method: str) -> str:
+    if not isinstance(calibration, Mapping):
+        if calibration:
+            return str(calibration)
+        return "none (data-free method)" if method in _DATA_FREE_METHODS else "not recorded"
+    parts = []
+    if calibration.get("num_gradient") is not None:
+        parts.append(f"{calibration['num_gradient']} gradient + {calibration.get('num_fitness')} fitness images")
+    name, source = calibration.get("name"), calibration.get("source")
+    if name in _GENERIC_LOADERS:
+        parts.append(f"from local {name} files")
+    elif name or source:
+        parts.append(f"from `{name or source}`")
+    if calibration.get("image_column"):
+        parts.append(f"(column `{calibration['image_column']}`)")
+    if calibration.get("label_column") and method == "taylor-ce":
+        parts.append(f"labels from `{calibration['label_column']}`")
+    return " ".join(parts) or json.dumps(dict(calibration))
+
+
+def provenance_lines(ranking: ElasticRanking | None, base_text: str) -> list[tuple[str, str]]:
+    """The "How the ranking was made" list: ``(name, value)`` pairs from the ranking's provenance."""
+    if ranking is None:
+        return [("Ranking", "not stored in this checkpoint (sliced without its ranking)")]
+    p = ranking.provenance
+    method = p.get("method", "unknown")
+    settings = p.get("settings") or {}
+    items = [("Method", _method_line(p))]
+    if method == "snapvit" and settings:
+        items.append(("Settings", _settings_line(settings)))
+    search = p.get("search")
+    if isinstance(search, Mapping) and search.get("evaluations") is not None:
+        items.append(("Search", (f"{search.get('evaluations')} candidate evaluations in {search.get('generations')} "
+                                f"generations, best loss {search.get('best_loss', float('nan')):.4g}")))
+    items.append(("Calibration data", _calibration_line(p.get("calibration_data"), method)))
+    if "seed" in p:
+        items.append(("Seed", str(p["seed"])))
+    heads, neurons = ranking.floors()
+    items.append(("Ranking mode", (f"`{ranking.mode}`; every block keeps at least {heads} of "
+                                  f"{ranking.shape.num_heads} heads and {neurons} of "
+                                  f"{ranking.shape.intermediate_size} FFN neurons (max sparsity "
+                                  f"{percent(ranking.max_sparsity)})")))
+    items.append(("Base model", base_text))
+    items.append(("Ranked with", f"hf_snapvit {p.get('library_version', __version__)}"))
+    return items

@@ -1,0 +1,105 @@
+"""What a model card or a Hub upload describes: an elastic ranking, or an elastic or sliced checkpoint.
+
+:func:`describe_checkpoint` reads a ranking, a checkpoint folder, a transformers model or its config into one
+:class:`CheckpointDescription`, checking that it is elastic (``config.json["elastic_ranking"]``) or sliced
+(``config.json["elastic_layout"]``). :func:`pipeline_tag_for` names the Hub task such a checkpoint serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ModelCardError
+from .ranking import ElasticRanking
+
+
+@dataclass
+class CheckpointDescription:
+    """What a card describes, whatever it was given as.
+
+    Attributes:
+        ranking: The stored ranking in rank order; ``None`` for a sliced checkpoint saved without it.
+        layout: ``config.json["elastic_layout"]`` of a sliced checkpoint (per-block widths, sparsity, size);
+            ``None`` for an elastic one.
+        architectures: ``config.architectures``; empty when unknown (e.g. a bare ranking).
+        name_or_path: ``config._name_or_path``, where the checkpoint was loaded from.
+    """
+
+    ranking: ElasticRanking | None
+    layout: dict[str, Any] | None = None
+    architectures: list[str] = field(default_factory=list)
+    name_or_path: str | None = None
+
+    @property
+    def has_task_head(self) -> bool:
+        """Whether the ranking's shape has a task head (used to pick the pipeline tag without ``architectures``)."""
+        return bool(self.ranking is not None and self.ranking.shape.head_flops > 0)
+
+
+def _config_dict(source: Any) -> Any:
+    """The config of a checkpoint folder, ``config.json`` file, model or config, as read (not yet checked)."""
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        config_file = path / "config.json" if path.is_dir() else path
+        if not config_file.is_file():
+            raise ModelCardError(
+                f"{str(source)!r} is not a checkpoint folder (no config.json). Give an ElasticRanking, a model, or "
+                "the folder written by hf_snapvit.save_elastic / save_pretrained."
+            )
+        return json.loads(config_file.read_text())
+    config = getattr(source, "config", source)  # a model, or a config
+    return config.to_dict() if hasattr(config, "to_dict") else config
+
+
+def describe_checkpoint(source: Any) -> CheckpointDescription:
+    """Read what a card or an upload describes.
+
+    Args:
+        source: An :class:`~hf_snapvit.ElasticRanking`, a checkpoint folder (or its ``config.json``), a
+            transformers model, or its config.
+
+    Returns:
+        The description; a ranking is put into rank order.
+
+    Raises:
+        ModelCardError: When ``source`` is none of these, or its config is neither elastic nor sliced.
+    """
+    if isinstance(source, ElasticRanking):
+        return CheckpointDescription(source.sorted() if not source.is_sorted() else source)
+    config = _config_dict(source)
+    if not isinstance(config, Mapping):
+        raise ModelCardError(
+            f"Cannot make a model card from {type(source).__name__}: give an ElasticRanking, a checkpoint folder, a "
+            "transformers model or its config."
+        )
+    stored, layout = config.get("elastic_ranking"), config.get("elastic_layout")
+    if stored is None and layout is None:
+        raise ModelCardError(
+            "This checkpoint is neither elastic nor sliced: its config has no 'elastic_ranking' or 'elastic_layout'. "
+            "Rank it with hf_snapvit.rank(model) and save it with hf_snapvit.save_elastic(model, ranking, folder)."
+        )
+    return CheckpointDescription(
+        ranking=ElasticRanking.from_dict(stored) if stored is not None else None,
+        layout=layout,
+        architectures=list(config.get("architectures") or []),
+        name_or_path=config.get("_name_or_path") or None,
+    )
+
+
+def pipeline_tag_for(architectures: Sequence[str], has_task_head: bool = False) -> str:
+    """The Hub ``pipeline_tag`` of a model: ``image-classification`` for classifiers, else
+    ``image-feature-extraction``.
+
+    Args:
+        architectures: ``config.architectures``; may be empty.
+        has_task_head: Used when ``architectures`` is empty (e.g. ``ranking.shape.head_flops > 0``).
+    """
+    if architectures:
+        return "image-classification" if any("ForImageClassification" in a for a in architectures) \
+            else "image-feature-extraction"
+    return "image-classification" if has_task_head else "image-feature-extraction"
