@@ -15,8 +15,8 @@ from transformers import ViTImageProcessor
 import hf_snapvit as hs
 from hf_snapvit.slicing import slice_model_
 from hf_snapvit.architectures import image_embedding
+from hf_snapvit.errors import DataError, EvaluationError
 from hf_snapvit.evaluation import (
-    EvaluationError,
     EvaluationResult,
     Evaluator,
     ImageSet,
@@ -164,7 +164,7 @@ def test_pil_dataset_and_tensor_sources_agree():
     torch.testing.assert_close(from_list.embeddings, from_tensor.embeddings)
     torch.testing.assert_close(from_dataset.embeddings, from_tensor.embeddings)
     assert from_dataset.labels.tolist() == labels == from_list.labels.tolist()
-    with pytest.raises(EvaluationError, match="processor"):
+    with pytest.raises(DataError, match="processor"):
         extract_features(model, images, show_progress=False)  # PIL images, no processor, no checkpoint path
 
 
@@ -223,7 +223,7 @@ def test_bad_inputs_name_the_problem():
 def test_evaluate_metrics_load_offline_and_agree(monkeypatch):
     import evaluate as hf_evaluate
 
-    from hf_snapvit.metrics import METRIC_NAMES, load_metric
+    from hf_snapvit.evaluation.evaluate_metrics import METRIC_NAMES, load_metric
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(hf_evaluate.config, "HF_EVALUATE_OFFLINE", True)

@@ -6,14 +6,15 @@ import csv
 import json
 import warnings
 
+import datasets
 import pytest
 import torch
 
 import hf_snapvit as hs
 from hf_snapvit.slicing import slice_model_
-from hf_snapvit.evaluation import Evaluator, LinearProbeConfig
-from hf_snapvit.sweep import CSV_COLUMNS, SweepError, run_sweep
-from helpers import CASES
+from hf_snapvit.errors import SweepError
+from hf_snapvit.evaluation import CSV_COLUMNS, Evaluator, LinearProbeConfig, run_sweep, sweep_from_paths
+from helpers import CASES, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}
 
@@ -105,3 +106,24 @@ def test_sweep_rejects_bad_grids(tmp_path):
         run_sweep(model, {"other": hs.rank(CASE["deit"].build())}, [0.3], data, output_dir=tmp_path)
     with pytest.raises(SweepError, match="file names"):
         run_sweep(model, {"a/b": hs.rank(model)}, [0.3], data, output_dir=tmp_path)
+
+
+def test_sweep_from_paths_ranks_and_records_the_ranking_time(tmp_path):
+    model = CASE["vit-cls"].build()
+    model.save_pretrained(tmp_path / "dense")
+    PROCESSOR.save_pretrained(tmp_path / "dense")
+    for split, n in (("train", 12), ("validation", 8)):
+        dataset = datasets.Dataset.from_dict({"image": images(n, seed=n), "label": [i % 5 for i in range(n)]})
+        dataset.cast_column("image", datasets.Image()).to_parquet(str(tmp_path / f"{split}.parquet"))
+    result = sweep_from_paths(tmp_path / "dense", tmp_path, output_dir=tmp_path / "sweep", methods=["magnitude"],
+                              sparsities=[0.3], num_eval=6, num_bank=10, k=3, probe=LinearProbeConfig(epochs=1),
+                              latency=False, plots=False, show_progress=False)
+    info = result.methods["magnitude"]
+    # The wall time comes from the ranking's provenance["timings"], recorded by hf_snapvit.rank.
+    assert info["method"] == "magnitude" and info["phases"] == {}
+    assert info["ranking_seconds"] == info["wall_seconds"] == info["provenance"]["timings"]["wall_seconds"] > 0
+    assert [row["requested_sparsity"] for row in result.rows] == [0.3] and result.dense["num_eval"] == 6
+    saved = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert saved["methods"]["magnitude"]["ranking_seconds"] == info["ranking_seconds"]
+    with pytest.raises(SweepError, match="at least one ranking"):
+        sweep_from_paths(model, tmp_path, output_dir=tmp_path / "none")

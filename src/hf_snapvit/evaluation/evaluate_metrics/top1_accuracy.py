@@ -16,7 +16,7 @@ Args:
 Returns:
     top1_accuracy (`float`): fraction of correct predictions.
 Examples:
-    >>> from hf_snapvit.metrics import load_metric
+    >>> from hf_snapvit.evaluation.evaluate_metrics import load_metric
     >>> load_metric("top1_accuracy").compute(predictions=[0, 1, 1], references=[0, 1, 0])
     {'top1_accuracy': 0.6666666666666666}
 """

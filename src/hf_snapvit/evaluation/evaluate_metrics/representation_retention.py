@@ -16,7 +16,7 @@ Args:
 Returns:
     representation_retention (`float`): mean cosine similarity, in [-1, 1].
 Examples:
-    >>> from hf_snapvit.metrics import load_metric
+    >>> from hf_snapvit.evaluation.evaluate_metrics import load_metric
     >>> retention = load_metric("representation_retention")
     >>> retention.compute(predictions=[[1.0, 0.0]], references=[[2.0, 0.0]])
     {'representation_retention': 1.0}

@@ -2,6 +2,7 @@
 
 import datasets
 import evaluate
+from hf_snapvit.errors import EvaluationError
 from hf_snapvit.evaluation import LinearProbeConfig, train_linear_probe
 
 _DESCRIPTION = """
@@ -45,7 +46,7 @@ class LinearProbeAccuracy(evaluate.Metric):
                  val_labels=None, num_classes=None, epochs=100, lr=1e-3, momentum=0.9, weight_decay=0.0,
                  batch_size=256, val_fraction=0.2, seed=0):
         if train_features is None or train_labels is None:
-            raise ValueError("linear_probe_accuracy needs train_features=[M, D] and train_labels=[M].")
+            raise EvaluationError("linear_probe_accuracy needs train_features=[M, D] and train_labels=[M].")
         config = LinearProbeConfig(epochs=int(epochs), lr=float(lr), momentum=float(momentum),
                                    weight_decay=float(weight_decay), batch_size=int(batch_size),
                                    val_fraction=float(val_fraction), seed=int(seed))

@@ -3,7 +3,7 @@
 ``evaluate.load("accuracy")`` downloads a script from the Hub at run time; these modules are local files, so
 ``evaluate.load`` copies them from the package folder instead and never touches the network::
 
-    from hf_snapvit.metrics import load_metric
+    from hf_snapvit.evaluation.evaluate_metrics import load_metric
     knn = load_metric("knn_accuracy")
     knn.compute(predictions=query_features, references=query_labels, bank_features=bank, bank_labels=bank_labels)
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import SnapViTError
+from ...errors import EvaluationError
 
 METRIC_NAMES: tuple[str, ...] = ("knn_accuracy", "linear_probe_accuracy", "representation_retention", "top1_accuracy")
 
@@ -23,7 +23,7 @@ METRIC_NAMES: tuple[str, ...] = ("knn_accuracy", "linear_probe_accuracy", "repre
 def metric_path(name: str) -> str:
     """Path of the shipped metric script ``name`` (one of :data:`METRIC_NAMES`), for ``evaluate.load(path)``."""
     if name not in METRIC_NAMES:
-        raise SnapViTError(f"Unknown hf_snapvit metric {name!r}; available: {', '.join(METRIC_NAMES)}.")
+        raise EvaluationError(f"Unknown hf_snapvit metric {name!r}; available: {', '.join(METRIC_NAMES)}.")
     return str(Path(__file__).with_name(f"{name}.py"))
 
 

@@ -2,6 +2,7 @@
 
 import datasets
 import evaluate
+from hf_snapvit.errors import EvaluationError
 from hf_snapvit.evaluation import knn_accuracy
 
 _DESCRIPTION = """
@@ -20,7 +21,7 @@ Args:
 Returns:
     knn_accuracy (`float`): fraction of queries whose k-NN prediction equals their label.
 Examples:
-    >>> from hf_snapvit.metrics import load_metric
+    >>> from hf_snapvit.evaluation.evaluate_metrics import load_metric
     >>> knn = load_metric("knn_accuracy")
     >>> knn.compute(predictions=[[1.0, 0.0]], references=[1], bank_features=[[1.0, 0.1], [0.0, 1.0]],
     ...             bank_labels=[1, 0], k=1)
@@ -50,5 +51,5 @@ class KnnAccuracy(evaluate.Metric):
 
     def _compute(self, predictions, references, bank_features=None, bank_labels=None, k=20):
         if bank_features is None or bank_labels is None:
-            raise ValueError("knn_accuracy needs bank_features=[M, D] and bank_labels=[M] (the labelled train set).")
+            raise EvaluationError("knn_accuracy needs bank_features=[M, D] and bank_labels=[M] (the labelled train set).")
         return {"knn_accuracy": knn_accuracy(bank_features, bank_labels, predictions, references, k=int(k))}

@@ -1,0 +1,142 @@
+"""What a model computes for an :class:`~hf_snapvit.evaluation.images.ImageSet`: image embeddings and, for a
+classifier, its logits, from one forward pass per batch."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from huggingface_hub.utils import tqdm
+from transformers import PreTrainedModel
+
+from ..architectures import ArchitectureSpec, get_backbone, get_spec, image_embedding, patchify, vision_config
+from ..errors import EvaluationError
+from ..views import load_processor, model_inputs
+from .images import ImageSet
+
+
+@dataclass
+class Features:
+    """What one model computes for an :class:`ImageSet`.
+
+    Args:
+        embeddings: ``[N, D]`` float32 image embeddings (``architectures.image_embedding``), on the CPU.
+        logits: ``[N, C]`` float32 logits of the model's classifier, or ``None`` for a bare backbone.
+        labels: The image set's labels, or ``None``.
+        seconds: Wall time of the extraction.
+    """
+
+    embeddings: torch.Tensor
+    logits: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+    seconds: float = 0.0
+
+
+def has_classifier(model: PreTrainedModel) -> bool:
+    """Whether ``model`` has a head on top of its vision backbone (a ``*ForImageClassification``)."""
+    return get_backbone(model) is not model
+
+
+def _embedding_from_output(output: Any, spec: ArchitectureSpec) -> torch.Tensor | None:
+    """The embedding :func:`image_embedding` takes from a backbone output, or ``None`` if the output is not one."""
+    hidden = getattr(output, "last_hidden_state", None)
+    if hidden is None:
+        return None
+    if spec.embedding == "pooled":
+        pooled = getattr(output, "pooler_output", None)
+        return pooled if pooled is not None else hidden.mean(1)
+    if spec.embedding == "cls_dist_mean":
+        return hidden[:, :2].mean(1)
+    if spec.embedding == "cls":
+        return hidden[:, 0]
+    return None
+
+
+
+def _classifier_outputs(model: PreTrainedModel, inputs: dict[str, Any], spec: ArchitectureSpec,
+                        captured: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(embedding, logits)`` of one batch from the full model; ``captured`` receives the backbone's output."""
+    pixels = inputs.get("pixel_values")
+    if getattr(spec, "patch_inputs", False) and pixels is not None and pixels.ndim == 4:
+        # SigLIP2 classifiers take patch sequences
+        inputs.update(patchify(pixels, int(vision_config(model.config).patch_size)))
+    captured.clear()
+    output = model(**inputs)
+    embedding = _embedding_from_output(captured[0], spec) if captured else None
+    if embedding is None:  # an output this module does not know: ask the backbone again
+        embedding = image_embedding(model, inputs, spec)
+    return embedding, output.logits
+
+
+@torch.inference_mode()
+def extract_features(
+    model: PreTrainedModel,
+    data: ImageSet | Any,
+    *,
+    processor: Any = None,
+    batch_size: int = 64,
+    logits: bool | None = None,
+    show_progress: bool = True,
+    desc: str = "features",
+) -> Features:
+    """Embeddings (and classifier logits) of every image, from one forward pass per batch.
+
+    Args:
+        model: A model of a supported architecture, dense or sliced.
+        data: An :class:`ImageSet` or anything :meth:`ImageSet.from_data` accepts.
+        processor: The model's image processor, for PIL images (default: loaded from ``model.name_or_path``).
+        batch_size: Images per forward pass.
+        logits: Also return the classifier's logits (default: when the model has a classifier).
+        show_progress: Show a progress bar.
+        desc: Label of the progress bar.
+
+    Returns:
+        :class:`Features` on the CPU, in float32.
+    """
+    images = ImageSet.from_data(data)
+    if batch_size < 1:
+        raise EvaluationError(f"batch_size={batch_size} must be at least 1.")
+    if len(images) == 0:
+        raise EvaluationError("The evaluation data is empty; give at least one image.")
+    spec = get_spec(model)
+    backbone = get_backbone(model, spec)
+    want_logits = has_classifier(model) if logits is None else logits
+    if want_logits and backbone is model:
+        raise EvaluationError(f"{type(model).__name__} has no classifier head, so it gives no logits; use a "
+                              "*ForImageClassification model for top-1, or logits=False.")
+    if processor is None and not isinstance(images.source, (torch.Tensor, Mapping)):
+        processor = load_processor(model, purpose="preprocess the evaluation images")
+    parameter = next(model.parameters())
+    was_training = model.training
+    model.eval()
+    captured: list[Any] = []
+    # One pass gives both outputs: the hook keeps what the backbone returned while the full model computes logits.
+    handle = backbone.register_forward_hook(lambda module, args, output: captured.append(output)) if want_logits \
+        else None
+    embeddings, all_logits = [], []
+    start = time.perf_counter()
+    try:
+        total = math.ceil(len(images) / batch_size)
+        for batch in tqdm(images.batches(batch_size), total=total, desc=desc, unit="batch",
+                          disable=not show_progress):
+            inputs = model_inputs(batch, processor, parameter.device, parameter.dtype)
+            if want_logits:
+                embedding, batch_logits = _classifier_outputs(model, inputs, spec, captured)
+                all_logits.append(batch_logits.float().cpu())
+            else:
+                embedding = image_embedding(model, inputs, spec)
+            embeddings.append(embedding.float().cpu())
+    finally:
+        if handle is not None:
+            handle.remove()
+        model.train(was_training)
+    return Features(
+        embeddings=torch.cat(embeddings),
+        logits=torch.cat(all_logits) if want_logits else None,
+        labels=images.labels,
+        seconds=time.perf_counter() - start,
+    )
