@@ -5,8 +5,8 @@ What it measures
 1. Builds a ViT-B/16-shaped ``transformers.ViTModel`` from ``ViTConfig()`` defaults (hidden 768, 12 blocks, 12 heads,
    MLP 3072, 224 px) with seeded random weights, ranks it with ``hf_snapvit.rank(model, method="magnitude")`` and
    writes an elastic checkpoint with ``hf_snapvit.save_elastic`` (into a temporary folder, or ``--workdir``).
-2. For every sparsity (``--sparsities``, default 0 0.1 ... 0.6) it starts a FRESH Python subprocess (this script in
-   its hidden ``--child`` mode), so that memory readings of one load do not leak into the next, and measures there:
+2. For every sparsity (``--sparsities``, default 0 0.1 ... 0.6) ``hf_snapvit.benchmark.measure_loading`` starts a
+   FRESH Python subprocess, so that memory readings of one load do not leak into the next, and measures there:
 
    * load time of ``ElasticViTModel.from_pretrained(dir, sparsity=s)`` -- the first load in the process ("fresh";
      modules it needs are imported beforehand, so the time is not an import time), and the median of
@@ -55,8 +55,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Quiet transformers / huggingface_hub before they are imported (here and in every child process).
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# Quiet transformers before it is imported (here and in every child process).
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; never touch the network
@@ -67,18 +66,8 @@ DEFAULT_SPARSITIES = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
 
 # The measurement code lives in hf_snapvit.benchmark (also used by `hf-snapvit bench`); this script builds the
 # ViT-B/16-shaped checkpoint, runs it and prints the tables.
-from hf_snapvit.benchmark import (  # noqa: E402
-    MIB,
-    add_load_ratios,
-    hardware_info,
-    load_child_main,
-    measure_load_config,
-)
-
-
-def child_main(spec_path: str) -> int:
-    """The hidden ``--child`` mode: one configuration in this fresh process (see :func:`load_child_main`)."""
-    return load_child_main(spec_path)
+from hf_snapvit.benchmark import MIB, hardware_info, measure_loading  # noqa: E402
+from hf_snapvit.files import write_text_atomic  # noqa: E402
 
 
 def build_checkpoint(directory: Path, seed: int) -> dict[str, Any]:
@@ -204,7 +193,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-stock", action="store_true", help="skip the stock transformers dense load")
     parser.add_argument("--child-timeout", type=float, default=600.0, help="seconds before a child is abandoned")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"JSON output (default {DEFAULT_OUTPUT})")
-    parser.add_argument("--child", metavar="SPEC", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("repeats", "load_repeats"):
         if getattr(args, name) < 1:
@@ -218,9 +206,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.child is not None:
-        return child_main(args.child)
-
     if args.threads < 0:
         raise SystemExit("--threads must be >= 0")
     if args.threads == 0:
@@ -252,32 +237,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  build {checkpoint['build_s']:.1f} s, rank {checkpoint['rank_s']:.1f} s, "
               f"save {checkpoint['save_s']:.1f} s, {checkpoint['size_bytes'] / MIB:.0f} MiB on disk")
 
-        base = {
-            "checkpoint": str(checkpoint_dir), "threads": args.threads, "batch_sizes": args.batch_sizes,
-            "repeats": args.repeats, "warmup": args.warmup, "warm_loads": args.warm_loads,
-            "poll_ms": args.poll_ms, "seed": args.seed,
-        }
-        configs = [{**base, "kind": "elastic", "sparsity": s} for s in sparsities]
-        if not args.no_stock:
-            configs.append({**base, "kind": "stock", "sparsity": None})
-        rows = []
-        for spec in configs:
-            name = ("stock ViTModel.from_pretrained" if spec["kind"] == "stock"
-                    else f"elastic sparsity {spec['sparsity']}")
-            t0 = time.perf_counter()
-            print(f"  measuring {name} ...", end="", flush=True)
-            row = measure_load_config(spec, args.load_repeats, workdir, args.child_timeout,
-                                      [sys.executable, os.path.abspath(__file__), "--child"])
-            print(f" {'FAILED' if 'error' in row else 'done'} ({time.perf_counter() - t0:.0f} s)", flush=True)
-            rows.append(row)
+        loading = measure_loading(
+            checkpoint_dir, sparsities, batch_sizes=args.batch_sizes, repeats=args.repeats, warmup=args.warmup,
+            load_repeats=args.load_repeats, warm_loads=args.warm_loads, threads=args.threads, poll_ms=args.poll_ms,
+            seed=args.seed, stock=not args.no_stock, timeout=args.child_timeout)
     finally:
         if tmp is not None:
             tmp.cleanup()
 
-    elastic = [r for r in rows if r["kind"] == "elastic"]
-    stock = next((r for r in rows if r["kind"] == "stock"), None)
-    reference = next((r for r in elastic if r["requested_sparsity"] == 0.0), None)
-    add_load_ratios(rows, reference, args.batch_sizes)
+    rows = loading["results"] + ([loading["stock_dense"]] if loading["stock_dense"] is not None else [])
     print_tables(rows, args.batch_sizes, args.threads)
 
     report = {
@@ -295,16 +263,12 @@ def main(argv: list[str] | None = None) -> int:
         },
         "hardware": hardware,
         "checkpoint": checkpoint,
-        "reference": "elastic sparsity 0",
-        "results": elastic,
-        "stock_dense": stock,
+        "reference": loading["reference"],
+        "results": loading["results"],
+        "stock_dense": loading["stock_dense"],
         "total_wall_s": time.perf_counter() - started,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.output.with_name(args.output.name + ".tmp")
-    with open(partial, "w") as f:
-        json.dump(report, f, indent=2)
-    os.replace(partial, args.output)
+    write_text_atomic(args.output, json.dumps(report, indent=2))
     print(f"\nWrote {args.output} (total {report['total_wall_s']:.0f} s)")
     return 1 if any("error" in r for r in rows) else 0
 

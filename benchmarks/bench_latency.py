@@ -11,7 +11,7 @@ stored ranking is used), or a synthetic random model of a standard shape: ``vit-
 ``vit-s16`` or ``vit-ti16``. Which units a ranking keeps does not matter for speed, only the per-block widths do.
 
     python benchmarks/bench_latency.py                                      # shared ViT-Tiny, magnitude ranking
-    python benchmarks/bench_latency.py --model /work/artifacts/vit-tiny-elastic-snapvit
+    python benchmarks/bench_latency.py --model PATH/TO/vit-tiny-elastic-snapvit
     python benchmarks/bench_latency.py --model vit-b16 --batch-sizes 1 8 --repeats 3
     python benchmarks/bench_latency.py --model vit-b16 --device cuda --dtype bfloat16 --batch-sizes 1 32 256
 """
@@ -32,6 +32,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import hf_snapvit  # noqa: E402
+from hf_snapvit.architectures import model_class  # noqa: E402
 from hf_snapvit.benchmark import format_latency_table, hardware_info, latency_vs_sparsity  # noqa: E402
 from hf_snapvit.files import write_text_atomic  # noqa: E402
 
@@ -76,9 +77,7 @@ def load(args: argparse.Namespace):
     if getattr(config, "elastic_ranking", None) is not None:
         model = hf_snapvit.ElasticViTModel.from_pretrained(args.model)
         return model, hf_snapvit.ElasticRanking.from_dict(model.config.elastic_ranking), args.model
-    model = transformers.AutoModelForImageClassification.from_pretrained(args.model) \
-        if any(a.endswith("ForImageClassification") for a in config.architectures or []) \
-        else transformers.AutoModel.from_pretrained(args.model)
+    model = model_class(config).from_pretrained(args.model)
     return model, hf_snapvit.rank(model, method=args.method, seed=args.seed), args.model
 
 

@@ -7,9 +7,10 @@ the Tiny-ImageNet train split (labels ignored) and are disjoint from the k-NN me
 measured on the validation split. k-NN (``hf_snapvit.evaluation``): k = 20, cosine on L2-normalised final-norm CLS
 features, majority vote.
 
-    python benchmarks/correction_vit_tiny.py                       # everything: 0.3, 0.5, 0.6 x {none, dense, sequential}
-    python benchmarks/correction_vit_tiny.py --sparsities 0.5 --propagations dense          # one row group per run
-    python benchmarks/correction_vit_tiny.py --sparsities 0.5 --propagations sequential --skip-uncorrected
+    python benchmarks/correction_vit_tiny.py --model ELASTIC       # everything: 0.3, 0.5, 0.6 x {none, dense, sequential}
+    python benchmarks/correction_vit_tiny.py --model ELASTIC --sparsities 0.5 --propagations dense  # one row group
+    python benchmarks/correction_vit_tiny.py --model ELASTIC --sparsities 0.5 --propagations sequential \
+        --skip-uncorrected
     python benchmarks/correction_vit_tiny.py --base ../shared/models/vit-tiny-tinyimagenet --method magnitude
 
 On a shared 2-vCPU VM one evaluation (500 val + 1000 bank images) takes 2-5 min and one correction (500 images)
@@ -23,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -32,20 +31,21 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from datasets import load_dataset
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit
+from hf_snapvit.benchmark import hardware_info
 from hf_snapvit.correction import CorrectionConfig
-from hf_snapvit.evaluation import extract_features, knn_accuracy, top1_accuracy
+from hf_snapvit.data import to_rgb
+from hf_snapvit.evaluation import extract_features, knn_accuracy, load_split, top1_accuracy
+from hf_snapvit.files import write_text_atomic
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-ELASTIC = Path("/work/artifacts/vit-tiny-elastic-snapvit")
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(ELASTIC), help="elastic checkpoint (ignored when --base is given)")
+    parser.add_argument("--model", default=None, help="elastic checkpoint (ignored when --base is given)")
     parser.add_argument("--base", default=None, help="rank this model with --method first (e.g. the shared ViT-Tiny)")
     parser.add_argument("--method", default="magnitude", help="ranking method for --base (hf_snapvit.rank)")
     parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200"))
@@ -78,10 +78,7 @@ def evaluate(model, val: dict, bank: dict, k: int) -> dict:
 
 
 def write_atomic(path: Path, results: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=2, default=str))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(results, indent=2, default=str))
 
 
 def build_elastic(args, train, processor_dir: str) -> str:
@@ -100,12 +97,11 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
-    train = load_dataset("parquet", data_files={"train": f"{args.data}/train.parquet"}, split="train")
-    validation = load_dataset("parquet", data_files={"validation": f"{args.data}/validation.parquet"},
-                              split="validation")
-    if not args.base and not Path(args.model, "config.json").exists():
-        raise SystemExit(f"No elastic checkpoint at {args.model}; pass --model PATH, or --base MODEL --method NAME to "
-                         "rank one first.")
+    train = load_split(args.data, "train")
+    validation = load_split(args.data, "validation")
+    if not args.base and (args.model is None or not Path(args.model, "config.json").exists()):
+        where = f"No elastic checkpoint at {args.model}" if args.model else "No elastic checkpoint given"
+        raise SystemExit(f"{where}; pass --model PATH, or --base MODEL --method NAME to rank one first.")
     model_dir = build_elastic(args, train, args.base) if args.base else args.model
     processor = AutoImageProcessor.from_pretrained(model_dir)
 
@@ -116,15 +112,13 @@ def main() -> None:
     val_rows = validation.select(np.random.default_rng(args.seed).permutation(len(validation))[:args.num_val])
 
     def prepared(rows) -> dict:
-        images = [image.convert("RGB") for image in rows["image"]]
+        images = [to_rgb(image) for image in rows["image"]]
         return {"pixels": processor(images=images, return_tensors="pt")["pixel_values"],
                 "labels": torch.tensor(rows["label"])}
 
     val, bank = prepared(val_rows), prepared(bank_rows)
     results = json.loads(args.output.read_text()) if args.output.exists() else {}
-    results["hardware"] = {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                           "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-                           "transformers": transformers.__version__}
+    results["hardware"] = hardware_info()
     protocol = {"num_calibration": args.num_calibration, "num_val": args.num_val, "num_bank": args.num_bank,
                 "k": args.k, "seed": args.seed, "data": args.data,
                 "calibration": "train split, disjoint from the k-NN bank; labels ignored"}

@@ -1,15 +1,17 @@
 """Share of the SnapViT fitness forward time spent in the patch embedding (what a block-0 input cache would save)."""
-# Run from the repository root: python <this file> (defaults: the shared ViT-Tiny, 128 validation images).
+# Run: python <this file> (defaults: ../shared's ViT-Tiny next to the repository, 128 validation images).
 import argparse, time
+from pathlib import Path
 import datasets, torch
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 import hf_snapvit as hs
 from hf_snapvit.architectures import get_backbone
 from hf_snapvit.fitness import EmbeddingFitness
 
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 parser = argparse.ArgumentParser()
-parser.add_argument("--model", default="../shared/models/vit-tiny-tinyimagenet")
-parser.add_argument("--data", default="../shared/data/tiny-imagenet-200/validation.parquet")
+parser.add_argument("--model", default=str(SHARED / "models" / "vit-tiny-tinyimagenet"))
+parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200" / "validation.parquet"))
 parser.add_argument("--num-images", type=int, default=128)
 parser.add_argument("--candidates", type=int, default=4)
 args = parser.parse_args()

@@ -1,6 +1,6 @@
 """Regenerate the checked-in example model card of the shared ViT-Tiny (model_cards/vit-tiny-tinyimagenet-elastic/).
 
-    python benchmarks/make_example_card.py --elastic /work/artifacts/vit-tiny-elastic-snapvit --num-val 500
+    python benchmarks/make_example_card.py --elastic PATH/TO/vit-tiny-elastic-snapvit --num-val 500
 
 ``--elastic`` is an elastic checkpoint of ``../shared/models/vit-tiny-tinyimagenet`` (from ``hf_snapvit.save_elastic``
 or ``hf-snapvit prune``). With ``--num-val N`` the script measures top-1 with the model's own head on the first N
@@ -32,16 +32,12 @@ DATASET = "tiny-imagenet-200"
 
 def measure_top1(elastic: Path, num_val: int, sparsities: tuple[float, ...]) -> list[dict]:
     """Top-1 of the dense model and of the model loaded at each sparsity, on the first ``num_val`` images."""
-    import datasets
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
     from hf_snapvit import ElasticViTModel
-    from hf_snapvit.evaluation import Evaluator
+    from hf_snapvit.evaluation import Evaluator, load_split
 
-    validation = datasets.load_dataset(
-        "parquet", data_files={"validation": str(SHARED / "data" / "tiny-imagenet-200" / "validation.parquet")},
-        split="validation",
-    ).select(range(num_val))
+    validation = load_split(SHARED / "data" / "tiny-imagenet-200", "validation").select(range(num_val))
     processor = AutoImageProcessor.from_pretrained(elastic)
     evaluator = Evaluator(validation, metrics=["top1"], processor=processor, show_progress=False)
     records = []
@@ -59,15 +55,15 @@ def measure_top1(elastic: Path, num_val: int, sparsities: tuple[float, ...]) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--elastic", type=Path, default=Path("/work/artifacts/vit-tiny-elastic-snapvit"),
-                        help="elastic checkpoint of the shared ViT-Tiny")
+    parser.add_argument("--elastic", type=Path, required=True, help="elastic checkpoint of the shared ViT-Tiny")
     parser.add_argument("--output", type=Path, default=ROOT / "model_cards" / "vit-tiny-tinyimagenet-elastic")
     parser.add_argument("--repo-id", default="hf-snapvit/vit-tiny-tinyimagenet-elastic",
                         help="repository id shown in the usage snippet")
     parser.add_argument("--num-val", type=int, default=0, help="measure top-1 on this many validation images")
     parser.add_argument("--evaluations", type=Path, help="JSON file of measured results to show instead")
     parser.add_argument("--save-evaluations", type=Path,
-                        default=ROOT / "benchmarks" / "results" / "example_card_top1.json", help="where --num-val writes its measurements (reuse them with --evaluations)")
+                        default=ROOT / "benchmarks" / "results" / "example_card_top1.json",
+                        help="where --num-val writes its measurements (reuse them with --evaluations)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
 

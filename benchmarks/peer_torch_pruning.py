@@ -38,8 +38,6 @@ import argparse
 import copy
 import json
 import math
-import os
-import platform
 import statistics
 import sys
 import time
@@ -47,17 +45,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
 from huggingface_hub.utils import tqdm
 
 import hf_snapvit
-from hf_snapvit.budget import ModelShape, layer_widths
-from hf_snapvit.budget import ModelShape, backbone_parameters, estimate_gflops, model_shape
+from hf_snapvit.benchmark import hardware_info, measure_latency
+from hf_snapvit.budget import ModelShape, backbone_parameters, estimate_gflops, layer_widths, model_shape
+from hf_snapvit.data import to_rgb
 from hf_snapvit.errors import BudgetError
-from hf_snapvit.evaluation import extract_features, knn_accuracy, representation_retention, top1_accuracy
-from hf_snapvit.ranking import ElasticRanking
+from hf_snapvit.evaluation import (
+    extract_features,
+    knn_accuracy,
+    load_split,
+    representation_retention,
+    top1_accuracy,
+)
+from hf_snapvit.files import write_text_atomic
+from hf_snapvit.ranking import ElasticRanking, Floors
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _tp_vit  # noqa: E402  (sibling helper; benchmarks/ is not a package)
@@ -103,9 +110,10 @@ def importances() -> dict[str, ImportanceSpec]:
 # ------------------------------------------------------------------------------------------------- budgets
 def floors(shape: ModelShape) -> tuple[int, int]:
     """``(heads, neurons)`` every block keeps: hf_snapvit's default floors, so both tools face the same limits."""
-    defaults = ElasticRanking.__dataclass_fields__
-    return (max(1, int(shape.num_heads * defaults["min_head_keep_ratio"].default)),
-            max(1, int(shape.intermediate_size * defaults["min_neuron_keep_ratio"].default)))
+    blank = ElasticRanking(head_scores=np.zeros((shape.num_layers, shape.num_heads)),
+                           neuron_scores=np.zeros((shape.num_layers, shape.intermediate_size)), shape=shape,
+                           **Floors().to_dict())
+    return blank.floors()
 
 
 def plan_removals(shape: ModelShape, sparsity: float, head_rule: str = "proportional") -> tuple[int, int, float]:
@@ -148,7 +156,7 @@ def plan_removals(shape: ModelShape, sparsity: float, head_rule: str = "proporti
             heads += 1
 
     def removed(n: int) -> tuple[int, int]:
-        h = min(max_heads, math.floor(total_heads * max(0.0, n / total_neurons - 0.15) + 1e-9))
+        h = min(max_heads, math.floor(total_heads * max(0.0, n / total_neurons - Floors().paired_head_offset) + 1e-9))
         return h, h * ph + n * pn
 
     best = min(range(max_neurons + 1), key=lambda n: abs(removed(n)[1] - remove))
@@ -239,13 +247,11 @@ def prune_to_sparsity(
 
 
 # ------------------------------------------------------------------------------------------------- evaluation
-def load_split(data_dir: str, split: str, start: int, n: int, seed: int) -> tuple[list, torch.Tensor]:
+def draw(data_dir: str, split: str, start: int, n: int, seed: int) -> tuple[list, torch.Tensor]:
     """Images ``start:start+n`` of ``split`` shuffled with ``seed`` (``start=0`` = rank_vit_tiny's draw)."""
-    from datasets import load_dataset
-
-    ds = load_dataset("parquet", data_files={split: f"{data_dir}/{split}.parquet"}, split=split).shuffle(seed=seed)
-    ds = ds.select(range(start, min(start + n, len(ds))))
-    return [im.convert("RGB") for im in ds["image"]], torch.tensor(ds["label"])
+    ds = load_split(data_dir, split, num_samples=start + n, seed=seed)
+    ds = ds.select(range(min(start, len(ds)), len(ds)))
+    return [to_rgb(im) for im in ds["image"]], torch.tensor(ds["label"])
 
 
 def evaluate(model: torch.nn.Module, val: tuple[torch.Tensor, torch.Tensor], bank: tuple[torch.Tensor, torch.Tensor],
@@ -267,26 +273,16 @@ def evaluate(model: torch.nn.Module, val: tuple[torch.Tensor, torch.Tensor], ban
     return metrics, val_features.embeddings
 
 
-@torch.inference_mode()
-def paired_latency_ms(dense: torch.nn.Module, pruned: torch.nn.Module, batch: int, repeats: int,
-                      image_size: int) -> tuple[float, float]:
-    """Median forward wall time (ms) of the dense and the pruned model on the same ``batch`` random images.
-
-    The two models alternate (one warm-up pass each, then dense, pruned, dense, pruned, ...), so load that other
-    jobs put on a shared machine hits both alike and their ratio stays meaningful.
-
-    Returns:
-        ``(dense ms, pruned ms)``.
-    """
-    x = torch.randn(batch, 3, image_size, image_size, generator=torch.Generator().manual_seed(0))
-    times: dict[int, list[float]] = {0: [], 1: []}
-    for step in range(repeats + 1):
-        for which, model in enumerate((dense, pruned)):
-            start = time.perf_counter()
-            model(pixel_values=x)
-            if step:  # step 0 warms up
-                times[which].append(time.perf_counter() - start)
-    return 1000 * statistics.median(times[0]), 1000 * statistics.median(times[1])
+def latency_record(dense: torch.nn.Module, pruned: torch.nn.Module, batches: list[int], repeats: int) -> dict:
+    """Median forward ms of the pruned and the dense model, timed interleaved
+    (:func:`hf_snapvit.benchmark.measure_latency`, seeded random images), and their ratio, per batch size."""
+    if not batches:
+        return {"latency_ms": {}, "dense_latency_ms": {}, "latency_ratio": {}}
+    timed = measure_latency({"dense": dense, "pruned": pruned}, batches, repeats=repeats, warmup=1)
+    mine = {b: t["median_ms"] for b, t in timed["pruned"].items()}  # string keys, as they read back from JSON
+    reference = {b: t["median_ms"] for b, t in timed["dense"].items()}
+    return {"latency_ms": mine, "dense_latency_ms": reference,  # the dense model measured alongside, same run
+            "latency_ratio": {b: mine[b] / reference[b] for b in mine}}
 
 
 def format_tables(results: dict[str, Any]) -> str:
@@ -368,26 +364,100 @@ def _protocol(args: argparse.Namespace) -> dict[str, Any]:
             "fine_tuning": "none"}
 
 
-def _hardware() -> dict[str, Any]:
+def hardware() -> dict[str, Any]:
+    """:func:`hf_snapvit.benchmark.hardware_info` plus the Torch-Pruning version."""
     import torch_pruning
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "torch_pruning": getattr(torch_pruning, "__version__", "unknown"), "hf_snapvit": hf_snapvit.__version__,
-            "python": platform.python_version()}
+    return {**hardware_info(), "torch_pruning": getattr(torch_pruning, "__version__", "unknown")}
 
 
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+def write_json(path: Path, data: dict) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, default=str))
+
+
+def earlier_results(args: argparse.Namespace, protocol: dict[str, Any]) -> dict[str, Any]:
+    """``--output``'s results when they were made with the same evaluation settings (merged into), else a new one."""
+    if args.output.exists() and not args.no_merge:
+        previous = json.loads(args.output.read_text())
+        if previous.get("protocol") == protocol:
+            return previous
+        print(f"{args.output} has other evaluation settings; overwriting it")
+    return {"protocol": protocol, "methods": {}}
+
+
+def zero_sparsity_difference(model: torch.nn.Module, pixels: torch.Tensor, head_rule: str) -> float:
+    """Max |logit difference| of a 0 % Torch-Pruning pass: traced and re-assembled, the model must not change."""
+    zero, _ = prune_to_sparsity(model, 0.0, "l2", {"pixel_values": pixels[:1]}, head_rule=head_rule)
+    with torch.inference_mode():
+        return (zero(pixel_values=pixels[:8]).logits - model(pixel_values=pixels[:8]).logits).abs().max().item()
+
+
+def snapvit_record(elastic: str, sparsity: float, dense_params: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """hf_snapvit's elastic checkpoint loaded at ``sparsity``, with the same record fields as a pruned row."""
+    start = time.perf_counter()
+    pruned = hf_snapvit.ElasticViTModel.from_pretrained(elastic, sparsity=sparsity).eval()
+    heads, neurons = layer_widths(pruned)
+    params = backbone_parameters(pruned)
+    return pruned, {"target_sparsity": sparsity, "sparsity": 1.0 - params / dense_params,
+                    "target_params": round((1 - sparsity) * dense_params), "params": params,
+                    "params_with_head": sum(p.numel() for p in pruned.parameters()),
+                    "gflops": estimate_gflops(pruned), "heads": heads, "neurons": neurons,
+                    "load_seconds": time.perf_counter() - start}
+
+
+def method_setup(name: str, args: argparse.Namespace, model: torch.nn.Module,
+                 to_pixels: Callable) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+    """The method's JSON header (description, ranking or head rule) and, for Taylor importances, its gradients."""
+    method: dict[str, Any] = {"rows": []}
+    if name == "snapvit":
+        method["description"] = f"hf_snapvit ElasticViTModel.from_pretrained({args.elastic!r}, sparsity=s)"
+        config = json.loads((Path(args.elastic) / "config.json").read_text())
+        method["ranking"] = {k: config.get("elastic_ranking", {}).get("provenance", {}).get(k)
+                             for k in ("method", "settings", "seed")}
+        return method, None
+    method["head_rule"] = args.head_rule
+    spec = importances()[name]
+    method["description"] = spec.description
+    if not spec.gradients:
+        return method, None
+    start = time.perf_counter()
+    calib_images, calib_labels = draw(args.data, "train", args.num_bank, args.num_calib, args.seed + 1)
+    gradients = accumulate_gradients(model, to_pixels(calib_images),
+                                     calib_labels if spec.gradients == "labels" else None, show_progress=True)
+    method["gradient_images"] = args.num_calib
+    method["gradient_seconds"] = time.perf_counter() - start
+    return method, gradients
+
+
+def run_method(name: str, args: argparse.Namespace, model: torch.nn.Module, data: dict[str, Any],
+               results: dict[str, Any], run: dict[str, Any]) -> None:
+    """Every ``--sparsities`` row of one method, merged into ``results`` and written after each row."""
+    key = name if name == "snapvit" or args.head_rule == "proportional" else f"{name}-{args.head_rule}"
+    method, gradients = method_setup(name, args, model, data["to_pixels"])
+    # Rows of earlier runs at other sparsities stay; this run's rows replace any at the same sparsity.
+    earlier = results["methods"].get(key, {})
+    previous = [r for r in earlier.get("rows", []) if r["target_sparsity"] not in args.sparsities]
+    runs = [r for r in earlier.get("runs", []) if r["started"] in {row["run"] for row in previous}] + [run]
+    for sparsity in tqdm(args.sparsities, desc=name):
+        if name == "snapvit":
+            pruned, record = snapvit_record(args.elastic, sparsity, results["dense"]["params"])
+        else:
+            pruned, record = prune_to_sparsity(model, sparsity, name, data["example"], gradients=gradients,
+                                               head_rule=args.head_rule)
+        record.update(evaluate(pruned, data["val"], data["bank"], args.eval_batch, data["dense_embeddings"])[0])
+        record.update(latency_record(model, pruned, args.latency_batches, args.latency_repeats))
+        record["run"] = run["started"]
+        if "gradient_seconds" in method:  # paid once per run, shared by its sparsities
+            record["gradient_seconds"] = method["gradient_seconds"]
+        method["rows"].append(record)
+        results["methods"][key] = {**method, "runs": runs,
+                                   "rows": sorted(previous + method["rows"], key=lambda r: r["target_sparsity"])}
+        write_json(args.output, results)  # after every row: an interrupted run keeps what it finished
+        speed = " ".join(f"bs{b} {ratio:.2f}x" for b, ratio in record["latency_ratio"].items())
+        print(f"{key:13s} s={record['sparsity']:.3f} params={record['params'] / 1e6:.3f}M "
+              f"GFLOPs={record['gflops']:.3f} top-1 {record['top1']:.3f} k-NN {record['knn_top1']:.3f} "
+              f"latency {speed}", flush=True)
+        del pruned
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -402,24 +472,16 @@ def main(argv: list[str] | None = None) -> None:
 
     processor = AutoImageProcessor.from_pretrained(args.model)
     model = AutoModelForImageClassification.from_pretrained(args.model).eval()
-    image_size = int(model.config.image_size)
     protocol = _protocol(args)
-    results: dict[str, Any] = {"protocol": protocol, "methods": {}}
-    if args.output.exists() and not args.no_merge:
-        previous = json.loads(args.output.read_text())
-        if previous.get("protocol") == protocol:
-            results = previous  # same images and settings: add this run's methods to the earlier ones
-        else:
-            print(f"{args.output} has other evaluation settings; overwriting it")
-    results["protocol"], results["hardware"] = protocol, _hardware()
+    results = earlier_results(args, protocol)
+    results["protocol"], results["hardware"] = protocol, hardware()
     run = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:] if argv is None else argv,
            "hardware": results["hardware"]}
 
-    val_images, val_labels = load_split(args.data, "validation", 0, args.num_val, args.seed)
-    bank_images, bank_labels = load_split(args.data, "train", 0, args.num_bank, args.seed + 1)
+    val_images, val_labels = draw(args.data, "validation", 0, args.num_val, args.seed)
+    bank_images, bank_labels = draw(args.data, "train", 0, args.num_bank, args.seed + 1)
     to_pixels = lambda images: processor(images=images, return_tensors="pt")["pixel_values"]  # noqa: E731
     val, bank = (to_pixels(val_images), val_labels), (to_pixels(bank_images), bank_labels)
-    example = {"pixel_values": val[0][:1]}
 
     shape = model_shape(model)
     dense = {"params": shape.num_params(), "params_with_head": sum(p.numel() for p in model.parameters()),
@@ -429,75 +491,14 @@ def main(argv: list[str] | None = None) -> None:
     results["dense"] = dense
     print(f"dense: {dense['params'] / 1e6:.3f} M backbone params, {dense['gflops']:.3f} GFLOPs, "
           f"top-1 {dense['top1']:.3f}, k-NN {dense['knn_top1']:.3f}")
-    # Pruning to 0 % must be the identity (Torch-Pruning traced and re-assembled the model without changing it).
-    zero, _ = prune_to_sparsity(model, 0.0, "l2", example, head_rule=args.head_rule)
-    with torch.inference_mode():
-        diff = (zero(pixel_values=val[0][:8]).logits - model(pixel_values=val[0][:8]).logits).abs().max().item()
-    run["zero_sparsity_max_abs_logit_diff"] = diff
+    run["zero_sparsity_max_abs_logit_diff"] = diff = zero_sparsity_difference(model, val[0], args.head_rule)
     print(f"0 % pruning: max |logit difference| = {diff:.2e}")
-    del zero
 
-    table = importances()
+    data = {"val": val, "bank": bank, "example": {"pixel_values": val[0][:1]}, "to_pixels": to_pixels,
+            "dense_embeddings": dense_embeddings}
     for name in args.importances:
-        method: dict[str, Any] = {"rows": []}
-        key = name if name == "snapvit" or args.head_rule == "proportional" else f"{name}-{args.head_rule}"
-        if name != "snapvit":
-            method["head_rule"] = args.head_rule
-        # Rows of earlier runs at other sparsities stay; this run's rows replace any at the same sparsity.
-        earlier = results["methods"].get(key, {})
-        previous = [r for r in earlier.get("rows", []) if r["target_sparsity"] not in args.sparsities]
-        runs = [r for r in earlier.get("runs", []) if r["started"] in {row["run"] for row in previous}] + [run]
-        gradients = None
-        start = time.perf_counter()
-        if name == "snapvit":
-            method["description"] = f"hf_snapvit ElasticViTModel.from_pretrained({args.elastic!r}, sparsity=s)"
-            config = json.loads((Path(args.elastic) / "config.json").read_text())
-            method["ranking"] = {k: config.get("elastic_ranking", {}).get("provenance", {}).get(k)
-                                 for k in ("method", "settings", "seed")}
-        else:
-            spec = table[name]
-            method["description"] = spec.description
-            if spec.gradients:
-                calib_images, calib_labels = load_split(args.data, "train", args.num_bank, args.num_calib,
-                                                        args.seed + 1)
-                gradients = accumulate_gradients(model, to_pixels(calib_images),
-                                                 calib_labels if spec.gradients == "labels" else None,
-                                                 show_progress=True)
-                method["gradient_images"] = args.num_calib
-                method["gradient_seconds"] = time.perf_counter() - start
-        for sparsity in tqdm(args.sparsities, desc=name):
-            if name == "snapvit":
-                t0 = time.perf_counter()
-                pruned = hf_snapvit.ElasticViTModel.from_pretrained(args.elastic, sparsity=sparsity).eval()
-                heads, neurons = layer_widths(pruned)
-                params = backbone_parameters(pruned)
-                record = {"target_sparsity": sparsity, "sparsity": 1.0 - params / dense["params"],
-                          "target_params": round((1 - sparsity) * dense["params"]), "params": params,
-                          "params_with_head": sum(p.numel() for p in pruned.parameters()),
-                          "gflops": estimate_gflops(pruned), "heads": heads, "neurons": neurons,
-                          "load_seconds": time.perf_counter() - t0}
-            else:
-                pruned, record = prune_to_sparsity(model, sparsity, name, example, gradients=gradients,
-                                                   head_rule=args.head_rule)
-            record.update(evaluate(pruned, val, bank, args.eval_batch, dense_embeddings)[0])
-            timed = {str(b): paired_latency_ms(model, pruned, b, args.latency_repeats, image_size)
-                     for b in args.latency_batches}  # string keys, as they read back from JSON
-            record["latency_ms"] = {b: t[1] for b, t in timed.items()}
-            record["dense_latency_ms"] = {b: t[0] for b, t in timed.items()}  # measured alongside, same run
-            record["latency_ratio"] = {b: t[1] / t[0] for b, t in timed.items()}
-            record["run"] = run["started"]
-            if "gradient_seconds" in method:  # paid once per run, shared by its sparsities
-                record["gradient_seconds"] = method["gradient_seconds"]
-            method["rows"].append(record)
-            results["methods"][key] = {**method, "runs": runs,
-                                        "rows": sorted(previous + method["rows"], key=lambda r: r["target_sparsity"])}
-            _write_json(args.output, results)  # after every row: an interrupted run keeps what it finished
-            speed = " ".join(f"bs{b} {ratio:.2f}x" for b, ratio in record["latency_ratio"].items())
-            print(f"{key:13s} s={record['sparsity']:.3f} params={record['params'] / 1e6:.3f}M "
-                  f"GFLOPs={record['gflops']:.3f} top-1 {record['top1']:.3f} k-NN {record['knn_top1']:.3f} "
-                  f"latency {speed}", flush=True)
-            del pruned
-    _write_json(args.output, results)
+        run_method(name, args, model, data, results, run)
+    write_json(args.output, results)
     print(format_tables(results))
     print(f"wrote {args.output}")
 

@@ -12,22 +12,20 @@ Writes JSON (``--output``) with the ranking wall time per phase and the accuraci
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
 import torch
 import transformers
-from datasets import load_dataset
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit
-from hf_snapvit.slicing import slice_model_
-from hf_snapvit.evaluation import extract_features, knn_accuracy
+from hf_snapvit.benchmark import hardware_info, sliced_copy
+from hf_snapvit.data import to_rgb
+from hf_snapvit.evaluation import extract_features, knn_accuracy, load_split, top1_accuracy
+from hf_snapvit.files import write_text_atomic
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -49,15 +47,27 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def load_split(data_dir: str, split: str, n: int, seed: int):
-    ds = load_dataset("parquet", data_files={split: f"{data_dir}/{split}.parquet"}, split=split)
-    ds = ds.shuffle(seed=seed).select(range(min(n, len(ds))))
-    return [im.convert("RGB") for im in ds["image"]], torch.tensor(ds["label"])
+def pixels_and_labels(data_dir: str, split: str, n: int, seed: int, processor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded draw of ``n`` images of ``split`` (:func:`hf_snapvit.evaluation.load_split`), preprocessed once."""
+    rows = load_split(data_dir, split, num_samples=n, seed=seed)
+    pixels = processor(images=[to_rgb(image) for image in rows["image"]], return_tensors="pt")["pixel_values"]
+    return pixels, torch.tensor(rows["label"])
 
 
 def features_and_logits(model, pixels: torch.Tensor, batch: int = 100):
     features = extract_features(model, pixels, batch_size=batch, logits=True, show_progress=False)
     return features.embeddings, features.logits
+
+
+def snapvit_ranking(model, calibration, processor, args: argparse.Namespace):
+    """SnapViT with ``--preset``/``--mode``/``--score-definition``: (ranking, phase timings, search history)."""
+    config = hf_snapvit.SnapViTConfig.preset(args.preset, seed=args.seed, **({"mode": args.mode} if args.mode else {}))
+    if args.score_definition:
+        config = dataclasses.replace(config, scores=dataclasses.replace(config.scores,
+                                                                        definition=args.score_definition))
+    pruner = hf_snapvit.SnapViTPruner(config)  # the pruner, not rank(): the JSON keeps its per-generation history
+    ranking = pruner.fit(model, calibration, processor=processor)
+    return ranking, pruner.timings_, pruner.history_
 
 
 def main() -> None:
@@ -67,45 +77,33 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     processor = AutoImageProcessor.from_pretrained(args.model)
     model = AutoModelForImageClassification.from_pretrained(args.model).eval()
-    calibration = load_dataset("parquet", data_files={"train": f"{args.data}/train.parquet"}, split="train")
-    val_images, val_labels = load_split(args.data, "validation", args.num_val, args.seed)
-    bank_images, bank_labels = load_split(args.data, "train", args.num_bank, args.seed + 1)
-    val_pixels = processor(images=val_images, return_tensors="pt")["pixel_values"]
-    bank_pixels = processor(images=bank_images, return_tensors="pt")["pixel_values"]
+    calibration = load_split(args.data, "train")
+    val_pixels, val_labels = pixels_and_labels(args.data, "validation", args.num_val, args.seed, processor)
+    bank_pixels, bank_labels = pixels_and_labels(args.data, "train", args.num_bank, args.seed + 1, processor)
 
-    results = {"hardware": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-                            "transformers": transformers.__version__},
-               "args": {k: str(v) for k, v in vars(args).items()}, "methods": {}}
+    results = {"hardware": hardware_info(), "args": {k: str(v) for k, v in vars(args).items()}, "methods": {}}
     feats, logits = features_and_logits(model, val_pixels)
     bank, _ = features_and_logits(model, bank_pixels)
-    results["dense"] = {"top1": (logits.argmax(1) == val_labels).float().mean().item(),
+    results["dense"] = {"top1": top1_accuracy(logits, val_labels),
                         "knn_top1": knn_accuracy(bank, bank_labels, feats, val_labels)}
     print(f"dense: top-1 {results['dense']['top1']:.3f}  k-NN {results['dense']['knn_top1']:.3f}")
     for method in args.methods:
         start = time.perf_counter()
-        kwargs = {"mode": args.mode} if args.mode else {}
         if method == "snapvit":
-            config = hf_snapvit.SnapViTConfig.preset(args.preset, seed=args.seed, **kwargs)
-            if args.score_definition:
-                config = dataclasses.replace(config, scores=dataclasses.replace(config.scores,
-                                                                                definition=args.score_definition))
-            pruner = hf_snapvit.SnapViTPruner(config)
-            ranking = pruner.fit(model, calibration, processor=processor)
-            timings, history = pruner.timings_, pruner.history_
+            ranking, timings, history = snapvit_ranking(model, calibration, processor, args)
         else:
             ranking = hf_snapvit.rank(model, method=method, data=calibration, processor=processor,
-                                      preset=args.preset, seed=args.seed, **kwargs)
-            timings, history = {}, []
+                                      preset=args.preset, seed=args.seed, mode=args.mode)
+            timings, history = ranking.provenance["timings"]["phases"], []
         wall = time.perf_counter() - start
         rows = []
         for sparsity in args.sparsities:
             counts = ranking.keep_counts(min(sparsity, ranking.max_sparsity))
-            sliced = slice_model_(copy.deepcopy(model), ranking.keep_indices(counts))
+            sliced = sliced_copy(model, ranking, min(sparsity, ranking.max_sparsity))
             f, lg = features_and_logits(sliced, val_pixels)
             b, _ = features_and_logits(sliced, bank_pixels)
             row = {"sparsity": counts.sparsity, "gflops": counts.gflops,
-                   "top1": (lg.argmax(1) == val_labels).float().mean().item(),
+                   "top1": top1_accuracy(lg, val_labels),
                    "knn_top1": knn_accuracy(b, bank_labels, f, val_labels)}
             rows.append(row)
             print(f"{method:10s} s={row['sparsity']:.3f} GFLOPs={row['gflops']:.3f} top-1 {row['top1']:.3f} "
@@ -113,10 +111,7 @@ def main() -> None:
         results["methods"][method] = {"wall_seconds": wall, "timings": timings, "history": history, "rows": rows,
                                       "mode": ranking.mode, "settings": ranking.provenance.get("settings")}
         print(f"{method}: ranked in {wall:.1f} s {timings}")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.output.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=2, default=str))
-    os.replace(tmp, args.output)
+    write_text_atomic(args.output, json.dumps(results, indent=2, default=str))
     print(f"wrote {args.output}")
 
 

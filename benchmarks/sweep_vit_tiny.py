@@ -1,16 +1,16 @@
 """Sweep the shared ViT-Tiny (Tiny-ImageNet-200): every ranking method x sparsity, evaluated and timed.
 
-For each method the dense model is ranked on unlabelled train images (``hf_snapvit.benchmark.timed_rank``, which
+For each method the dense model is ranked on unlabelled train images (``hf_snapvit.rank``, whose provenance
 records the ranking wall time and SnapViT's per-phase times), or a saved elastic checkpoint is reused with
 ``--ranking NAME=PATH``. Every sparsity is then evaluated on a seeded subset of the validation split: top-1 with the
 model's head, k-NN (k = 20, L2-normalised final-norm CLS features, a seeded subset of the train split as the memory
 bank), the linear probe (trained on the bank, epoch chosen on 20 % of it) and representation retention; each sliced
-model is also timed against the dense one (interleaved, random input). ``hf_snapvit.sweep.run_sweep`` writes
+model is also timed against the dense one (interleaved, random input). ``hf_snapvit.evaluation.run_sweep`` writes
 ``sweep.json``, ``sweep.csv`` and the plots to ``--output-dir``.
 
     python benchmarks/sweep_vit_tiny.py --methods snapvit snip taylor-ce lamp magnitude random
     python benchmarks/sweep_vit_tiny.py --methods magnitude random lamp \
-        --ranking snapvit=/work/artifacts/vit-tiny-elastic-snapvit --num-val 300 --num-bank 1000 \
+        --ranking snapvit=PATH/TO/vit-tiny-elastic-snapvit --num-val 300 --num-bank 1000 \
         --output-dir benchmarks/results/sweep_vit_tiny_small
 
 A ``<PATH>.fit.json`` file next to a ``--ranking`` checkpoint (``{"timings": {...}}``, as written by the script that
@@ -30,8 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from hf_snapvit.evaluation import LinearProbeConfig  # noqa: E402
-from hf_snapvit.sweep import sweep_from_paths  # noqa: E402
+from hf_snapvit.evaluation import LinearProbeConfig, sweep_from_paths  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

@@ -10,15 +10,14 @@ import torch
 import hf_snapvit as hs
 from hf_snapvit.budget import layer_widths
 from hf_snapvit.benchmark import (
-    BenchmarkError,
     add_load_ratios,
     format_latency_table,
     hardware_info,
     latency_vs_sparsity,
     load_child_main,
     measure_latency,
-    timed_rank,
 )
+from hf_snapvit.errors import BenchmarkError, ConfigError
 from helpers import CASES
 
 CASE = {c.name: c for c in CASES}
@@ -68,22 +67,25 @@ def test_latency_vs_sparsity_reports_realised_and_theoretical_speedups():
         latency_vs_sparsity(model, ranking, [0.99], batch_sizes=[1], repeats=1, show_progress=False)
 
 
-def test_timed_rank_records_wall_time_and_snapvit_phases():
+def test_rank_records_wall_time_and_snapvit_phases():
     from hf_snapvit.views import MultiCropConfig
     from hf_snapvit.scoring import ScoreConfig
 
     model = CASE["vit"].build()
-    ranking, timing = timed_rank(model, "magnitude", show_progress=False)
-    assert timing["method"] == "magnitude" and timing["wall_seconds"] >= 0 and timing["phases"] == {}
+    ranking = hs.rank(model, "magnitude", show_progress=False)
+    timing = ranking.provenance["timings"]
+    assert ranking.provenance["method"] == "magnitude" and timing["wall_seconds"] >= 0 and timing["phases"] == {}
     assert ranking.provenance["method"] == "magnitude"
     config = hs.SnapViTConfig(num_gradient_images=2, num_fitness_images=4, max_generations=1, max_evaluations=None,
                               fitness_sparsities=(0.3,), pca_components=4,
                               scores=ScoreConfig(crops=MultiCropConfig(num_local=1)))
-    ranking, timing = timed_rank(model, "snapvit", torch.randn(6, 3, 32, 32), config=config, show_progress=False)
+    ranking = hs.rank(model, "snapvit", torch.randn(6, 3, 32, 32), config=config, show_progress=False)
+    timing = ranking.provenance["timings"]
     assert {"data", "gradients", "search"} <= set(timing["phases"])
     assert sum(timing["phases"][k] for k in ("data", "gradients", "search")) <= timing["wall_seconds"]
-    with pytest.raises(BenchmarkError, match="config= is for method='snapvit'"):
-        timed_rank(model, "magnitude", config=config)
+    # A full config and a preset at once is ambiguous (timed_rank raised BenchmarkError here; rank() ConfigError).
+    with pytest.raises(ConfigError, match="Give either config=SnapViTConfig"):
+        hs.rank(model, "snapvit", torch.randn(6, 3, 32, 32), config=config, preset="fast")
 
 
 def test_load_child_measures_one_configuration(tmp_path):

@@ -1,4 +1,5 @@
-"""benchmarks/defaults_vit_tiny.py: configuration specs map onto the fast preset with exactly the named changes."""
+"""benchmarks/defaults_vit_tiny.py: configuration specs map onto the fast preset at sigma 1 (the committed grid's base)
+with exactly the named changes."""
 
 from __future__ import annotations
 
@@ -30,8 +31,22 @@ def test_plain_spec_changes_definition_mode_and_budget_only():
     name, config = defaults.parse_config("fisher:paired:6", seed=3)
     assert name == "fisher-paired"
     expected = dataclasses.replace(FAST, scores=dataclasses.replace(FAST.scores, definition="fisher"), mode="paired",
-                                   max_generations=6, seed=3)
+                                   max_generations=6, seed=3, sigma=1.0)
     assert config == expected
+
+
+def test_specs_reproduce_the_committed_rows():
+    """Every committed fit records its settings; the script's config for its spec must be exactly those."""
+    import json
+
+    rankings = SCRIPT.parent / "results" / "defaults_vit_tiny" / "rankings"
+    fits = sorted(rankings.glob("*.fit.json"))
+    assert fits
+    for path in fits:
+        fit = json.loads(path.read_text())
+        name, config = defaults.parse_config(fit["spec"], seed=fit["settings"]["seed"])
+        assert path.name == f"{name}.fit.json"
+        assert json.loads(json.dumps(config.to_dict(), default=str)) == fit["settings"], path.name
 
 
 def test_options_reach_the_search_and_the_scores():

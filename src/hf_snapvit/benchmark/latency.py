@@ -1,0 +1,211 @@
+"""Forward latency and throughput of sliced models against the dense one, measured interleaved.
+
+Every speed number is meant to be read as a ratio to the dense model measured in the same run, because absolute
+timings on shared machines drift. :func:`measure_latency` therefore runs the models it compares round-robin (one
+timed forward of each per repeat, in a rotating order), and :func:`latency_vs_sparsity` puts the dense model and every
+sliced one into that same rotation, next to the theoretical GFLOP ratio.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+from huggingface_hub.utils import tqdm
+from transformers import PreTrainedModel
+
+from ..architectures import get_spec, input_size, patchify, vision_config
+from ..errors import BenchmarkError
+from ..ranking import ElasticRanking
+
+
+def dummy_inputs(model: PreTrainedModel, batch_size: int, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded random ``pixel_values`` of the model's configured input size (``[B, C, H, W]``; patch sequences for
+    backbones that take them, e.g. SigLIP2)."""
+    config = vision_config(model.config)
+    size = input_size(model.config)
+    channels = int(getattr(config, "num_channels", 3))
+    generator = torch.Generator().manual_seed(seed)
+    pixels = torch.randn(batch_size, channels, size, size, generator=generator)
+    if getattr(get_spec(model), "patch_inputs", False):
+        return patchify(pixels, int(config.patch_size))
+    return {"pixel_values": pixels}
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def measure_latency(
+    models: Mapping[str, nn.Module],
+    batch_sizes: Sequence[int] = (1, 8),
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    inputs: Callable[[nn.Module, int], Mapping[str, torch.Tensor]] | None = None,
+    seed: int = 0,
+    show_progress: bool = False,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Forward latency and throughput of several models, measured interleaved.
+
+    For each batch size every model gets ``warmup`` untimed forward passes; then each of ``repeats`` rounds times one
+    forward pass of every model, in an order rotated by one model per round, so slow phases of a shared machine hit
+    all models alike. Runs under ``torch.inference_mode()``; CUDA work is synchronised around every timed pass.
+
+    Args:
+        models: Name → model (in eval mode; each on its own device).
+        batch_sizes: Images per forward pass.
+        repeats: Timed rounds per batch size (the median is reported).
+        warmup: Untimed passes per model and batch size.
+        inputs: ``inputs(model, batch_size)`` → model inputs (default: :func:`dummy_inputs`, the same seeded
+            pixels for every model); floating-point inputs are cast to each model's device and dtype.
+        seed: Seed of the default inputs.
+        show_progress: Show a progress bar over rounds.
+
+    Returns:
+        ``{name: {str(batch_size): {"median_ms", "min_ms", "runs_ms", "throughput" (images/s at the median)}}}``.
+    """
+    if repeats < 1 or warmup < 0:
+        raise BenchmarkError(f"Need repeats >= 1 and warmup >= 0; got repeats={repeats}, warmup={warmup}.")
+    if not models:
+        raise BenchmarkError("measure_latency needs at least one model.")
+    if any(int(b) < 1 for b in batch_sizes) or not batch_sizes:
+        raise BenchmarkError(f"batch_sizes={list(batch_sizes)} must be positive integers.")
+    make = inputs or (lambda model, batch: dummy_inputs(model, batch, seed=seed))
+    names = list(models)
+    results: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in names}
+    with torch.inference_mode(), tqdm(total=len(batch_sizes) * repeats, desc="latency", unit="round",
+                                      disable=not show_progress) as bar:
+        for batch in batch_sizes:
+            prepared = {}
+            for name in names:
+                parameter = next(models[name].parameters())
+                device = parameter.device
+                prepared[name] = {k: v.to(device, dtype=parameter.dtype if v.is_floating_point() else v.dtype)
+                                  for k, v in make(models[name], int(batch)).items()}
+                for _ in range(warmup):
+                    models[name](**prepared[name])
+                _synchronize(device)
+            runs: dict[str, list[float]] = {name: [] for name in names}
+            for round_index in range(repeats):
+                shift = round_index % len(names)
+                for name in names[shift:] + names[:shift]:
+                    device = _device_of(models[name])
+                    _synchronize(device)
+                    start = time.perf_counter()
+                    models[name](**prepared[name])
+                    _synchronize(device)
+                    runs[name].append(time.perf_counter() - start)
+                bar.update(1)
+            for name in names:
+                median = statistics.median(runs[name])
+                results[name][str(batch)] = {
+                    "median_ms": median * 1e3,
+                    "min_ms": min(runs[name]) * 1e3,
+                    "runs_ms": [r * 1e3 for r in runs[name]],
+                    "throughput": int(batch) / median,
+                }
+    return results
+
+
+def sliced_copy(model: PreTrainedModel, ranking: ElasticRanking, sparsity: float) -> PreTrainedModel:
+    """A physically sliced deep copy of ``model`` at ``sparsity`` (``model`` is unchanged)."""
+    from ..slicing import slice_model_
+
+    counts = ranking.keep_counts(sparsity)
+    return slice_model_(copy.deepcopy(model), ranking.keep_indices(counts)).eval()
+
+
+def latency_vs_sparsity(
+    model: PreTrainedModel,
+    ranking: ElasticRanking,
+    sparsities: Sequence[float],
+    *,
+    batch_sizes: Sequence[int] = (1, 8, 32),
+    repeats: int = 5,
+    warmup: int = 1,
+    seed: int = 0,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Latency and throughput of sliced copies of ``model`` against the dense model, all measured interleaved.
+
+    Args:
+        model: The dense model ``ranking`` belongs to (units in the ranking's order).
+        ranking: The elastic ranking that decides what each sparsity keeps.
+        sparsities: Fractions of backbone parameters removed (each within ``ranking.max_sparsity``).
+        batch_sizes: Images per forward pass.
+        repeats: Timed rounds (median reported).
+        warmup: Untimed passes per model and batch size.
+        seed: Seed of the random input pixels.
+        show_progress: Show a progress bar.
+
+    Returns:
+        ``{"dense": {...}, "rows": [...]}``; each row has the sparsity, parameters, GFLOPs, per-block widths, the
+        latency per batch size, and ``speedup`` (dense median / sliced median) next to ``theoretical_speedup``
+        (dense GFLOPs / sliced GFLOPs) and their ratio ``efficiency``.
+    """
+    from ..budget import backbone_parameters, estimate_gflops, layer_widths, model_shape
+
+    ranking.check_matches(model_shape(model))
+    models: dict[str, nn.Module] = {"dense": model.eval()}
+    counts = {}
+    for sparsity in sparsities:
+        if not 0.0 <= sparsity <= ranking.max_sparsity:
+            raise BenchmarkError(f"sparsity={sparsity} is out of range: this ranking supports 0 <= sparsity <= "
+                                 f"{ranking.max_sparsity:.4f}.")
+        key = f"{sparsity:g}"
+        models[key] = sliced_copy(model, ranking, sparsity)
+        counts[key] = ranking.keep_counts(sparsity)
+    timings = measure_latency(models, batch_sizes, repeats=repeats, warmup=warmup, seed=seed,
+                              show_progress=show_progress)
+    dense_gflops = estimate_gflops(model)
+
+    def describe(name: str, sparsity: float) -> dict[str, Any]:
+        heads, neurons = layer_widths(models[name])
+        gflops = estimate_gflops(models[name])
+        entry = {"sparsity": sparsity, "backbone_params": backbone_parameters(models[name]), "gflops": gflops,
+                 "heads": heads, "neurons": neurons, "theoretical_speedup": dense_gflops / gflops,
+                 "latency": timings[name]}
+        entry["speedup"] = {b: timings["dense"][b]["median_ms"] / timings[name][b]["median_ms"] for b in timings[name]}
+        entry["efficiency"] = {b: s / entry["theoretical_speedup"] for b, s in entry["speedup"].items()}
+        return entry
+
+    rows = []
+    for sparsity in sparsities:
+        entry = describe(f"{sparsity:g}", sparsity)
+        entry["sparsity"] = counts[f"{sparsity:g}"].sparsity
+        entry["requested_sparsity"] = sparsity
+        rows.append(entry)
+    dense = describe("dense", 0.0)
+    models.clear()
+    gc.collect()
+    return {"dense": dense, "rows": rows}
+
+
+def format_latency_table(result: Mapping[str, Any]) -> str:
+    """A plain-text table of :func:`latency_vs_sparsity`'s result: GFLOPs, then per batch size the median latency,
+    the realised speedup and the theoretical (GFLOP) speedup."""
+    rows = [result["dense"], *result["rows"]]
+    batches = list(result["dense"]["latency"])
+    header = f"{'sparsity':>8} {'params M':>9} {'GFLOPs':>7} {'theory':>7}" + "".join(
+        f" {'b' + b + ' ms':>9} {'b' + b + ' x':>7} {'img/s':>8}" for b in batches)
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        line = (f"{row['sparsity']:>8.3f} {row['backbone_params'] / 1e6:>9.2f} {row['gflops']:>7.3f} "
+                f"{row['theoretical_speedup']:>7.2f}")
+        for b in batches:
+            entry = row["latency"][b]
+            line += f" {entry['median_ms']:>9.1f} {row['speedup'][b]:>7.2f} {entry['throughput']:>8.1f}"
+        lines.append(line)
+    return "\n".join(lines)
