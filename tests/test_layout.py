@@ -25,13 +25,13 @@ STAGES: dict[str, int] = {
     "methods": 6, "correction": 6, "modeling": 6,
     "plotting": 7, "benchmark": 7,
     "evaluation": 8,
-    "model_card": 9,
+    "model_card": 9, "card_source": 9, "card_results": 9, "card_sections": 9,
     "hub": 10,
     "cli": 11, "__main__": 11, "__init__": 11,
 }
 LOADING = "hf_snapvit.modeling"
 NOT_FOR_LOADING = ("methods", "scoring", "xnes", "fitness", "cka", "evaluation", "benchmark", "cli", "hub",
-                   "model_card", "plotting")
+                   "model_card", "card_source", "card_results", "card_sections", "plotting")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
@@ -84,10 +84,9 @@ def _stage(module: str) -> int:
     return STAGES[top]
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
+# The package's public surface and its entry point import from every stage.
+@pytest.mark.parametrize("name", sorted(set(MODULES) - {"hf_snapvit", "hf_snapvit.__main__"}))
 def test_imports_follow_the_data_flow(name):
-    if name in ("hf_snapvit", "hf_snapvit.__main__"):
-        pytest.skip("the package's public surface and entry point import from every stage")
     backward = [f"line {line}: {target} (stage {_stage(target)})" for target, line in _internal_targets(name)
                 if _stage(target) > _stage(name)]
     assert not backward, f"{name} (stage {_stage(name)}) imports later stages: {backward}"

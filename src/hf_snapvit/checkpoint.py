@@ -27,6 +27,25 @@ from .slicing import slice_model_
 
 HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
 
+def elastic_entries(config: Any, source: Any, *, how_to_create: str = "ranking = hf_snapvit.rank(model) and "
+                    "hf_snapvit.save_elastic(model, ranking, save_directory)") -> tuple[ElasticRanking | None, dict | None]:
+    """``(ranking, layout)`` stored in a checkpoint's config: an elastic checkpoint has a ranking, a sliced one a
+    layout (and its ranking when it kept one).
+
+    Raises:
+        RankingFormatError: Neither is there, or the ranking is corrupt; the message says how to create one
+            (``how_to_create``).
+    """
+    stored = getattr(config, "elastic_ranking", None)
+    layout = getattr(config, "elastic_layout", None)
+    if stored is None and layout is None:
+        raise RankingFormatError(
+            f"{str(source)!r} is not an elastic checkpoint: its config.json has no 'elastic_ranking'. Create one with "
+            f"{how_to_create}."
+        )
+    return (ElasticRanking.from_dict(stored) if stored is not None else None), layout
+
+
 def save_elastic(
     model: PreTrainedModel,
     ranking: ElasticRanking,

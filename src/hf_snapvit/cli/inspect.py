@@ -25,17 +25,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Read ``config.json`` of the checkpoint (no weights) and resolve the sparsity grid with its ranking."""
     from transformers import AutoConfig
 
-    from ..ranking import ElasticRanking
+    from ..checkpoint import elastic_entries
 
     check_checkpoint_source(args.checkpoint, "ELASTIC")
     config = AutoConfig.from_pretrained(args.checkpoint)
-    stored = getattr(config, "elastic_ranking", None)
-    layout = getattr(config, "elastic_layout", None)
-    if stored is None and layout is None:
-        raise RankingFormatError(
-            f"{args.checkpoint!r} is not an elastic checkpoint: its config.json has no 'elastic_ranking'. Create one "
-            "with 'hf-snapvit prune'."
-        )
+    ranking, layout = elastic_entries(config, args.checkpoint, how_to_create="'hf-snapvit prune'")
     result: dict[str, Any] = {
         "checkpoint": args.checkpoint,
         "model_type": config.model_type,
@@ -46,13 +40,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "grid": [],
         "plot": None,
     }
-    if stored is None:
+    if ranking is None:
         if args.sparsities or args.plot:
             raise RankingFormatError(f"{args.checkpoint!r} is a sliced checkpoint without a ranking; --sparsities and "
                                      "--plot need the elastic checkpoint it was exported from.")
         return result
-    ranking = ElasticRanking.from_dict(stored)
-    result["ranking"] = _ranking_summary(ranking, stored.get("format_version"))
+    result["ranking"] = _ranking_summary(ranking, config.elastic_ranking.get("format_version"))
     sparsities = args.sparsities or [s for s in _DEFAULT_GRID if s <= result["ranking"]["max_sparsity"]]
     result["grid"] = _grid(ranking, sparsities, layout, explicit=bool(args.sparsities))
     if args.plot:

@@ -20,6 +20,26 @@ from ...errors import EvaluationError
 METRIC_NAMES: tuple[str, ...] = ("knn_accuracy", "linear_probe_accuracy", "representation_retention", "top1_accuracy")
 
 
+# Feature kinds of the metric inputs: class ids, or one feature vector per image.
+_FEATURES = {"class": ("Value", "int64"), "vector": ("Sequence", "float32")}
+
+
+def metric_info(description: str, inputs_description: str, citation: str, *, predictions: str, references: str):
+    """The ``evaluate.MetricInfo`` of a shipped metric whose ``predictions`` and ``references`` are ``"class"`` ids or
+    feature ``"vector"``s."""
+    import datasets
+    import evaluate
+
+    def feature(kind: str):
+        wrapper, dtype = _FEATURES[kind]
+        value = datasets.Value(dtype)
+        return datasets.Sequence(value) if wrapper == "Sequence" else value
+
+    return evaluate.MetricInfo(description=description, citation=citation, inputs_description=inputs_description,
+                               features=datasets.Features({"predictions": feature(predictions),
+                                                           "references": feature(references)}))
+
+
 def metric_path(name: str) -> str:
     """Path of the shipped metric script ``name`` (one of :data:`METRIC_NAMES`), for ``evaluate.load(path)``."""
     if name not in METRIC_NAMES:
@@ -42,4 +62,4 @@ def load_metric(name: str, **kwargs: Any):
     return evaluate.load(metric_path(name), **kwargs)
 
 
-__all__ = ["METRIC_NAMES", "load_metric", "metric_path"]
+__all__ = ["METRIC_NAMES", "load_metric", "metric_info", "metric_path"]

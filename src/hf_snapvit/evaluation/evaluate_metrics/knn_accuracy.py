@@ -1,8 +1,8 @@
 """k-NN top-1 accuracy of frozen image features (hf_snapvit's protocol), as an ``evaluate`` metric."""
 
-import datasets
 import evaluate
 from hf_snapvit.errors import EvaluationError
+from hf_snapvit.evaluation.evaluate_metrics import metric_info
 from hf_snapvit.evaluation import knn_accuracy
 
 _DESCRIPTION = """
@@ -40,14 +40,7 @@ _CITATION = """
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class KnnAccuracy(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("int64")}
-            ),
-        )
+        return metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, predictions="vector", references="class")
 
     def _compute(self, predictions, references, bank_features=None, bank_labels=None, k=20):
         if bank_features is None or bank_labels is None:

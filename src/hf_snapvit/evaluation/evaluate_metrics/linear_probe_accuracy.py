@@ -1,8 +1,8 @@
 """Linear-probe top-1 accuracy of frozen image features (hf_snapvit's protocol), as an ``evaluate`` metric."""
 
-import datasets
 import evaluate
 from hf_snapvit.errors import EvaluationError
+from hf_snapvit.evaluation.evaluate_metrics import metric_info
 from hf_snapvit.evaluation import LinearProbeConfig, train_linear_probe
 
 _DESCRIPTION = """
@@ -33,14 +33,7 @@ _CITATION = ""
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class LinearProbeAccuracy(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Sequence(datasets.Value("float32")), "references": datasets.Value("int64")}
-            ),
-        )
+        return metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, predictions="vector", references="class")
 
     def _compute(self, predictions, references, train_features=None, train_labels=None, val_features=None,
                  val_labels=None, num_classes=None, epochs=100, lr=1e-3, momentum=0.9, weight_decay=0.0,

@@ -1,7 +1,7 @@
 """Representation retention: mean cosine similarity of a pruned model's embeddings to the dense model's."""
 
-import datasets
 import evaluate
+from hf_snapvit.evaluation.evaluate_metrics import metric_info
 from hf_snapvit.evaluation import representation_retention
 
 _DESCRIPTION = """
@@ -28,17 +28,7 @@ _CITATION = ""
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class RepresentationRetention(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {
-                    "predictions": datasets.Sequence(datasets.Value("float32")),
-                    "references": datasets.Sequence(datasets.Value("float32")),
-                }
-            ),
-        )
+        return metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, predictions="vector", references="vector")
 
     def _compute(self, predictions, references):
         return {"representation_retention": representation_retention(predictions, references)}

@@ -1,7 +1,7 @@
 """Top-1 accuracy of class predictions, as an ``evaluate`` metric that needs no Hub download."""
 
-import datasets
 import evaluate
+from hf_snapvit.evaluation.evaluate_metrics import metric_info
 from hf_snapvit.evaluation import top1_accuracy
 
 _DESCRIPTION = """
@@ -27,14 +27,7 @@ _CITATION = ""
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class Top1Accuracy(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
-            ),
-        )
+        return metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, predictions="class", references="class")
 
     def _compute(self, predictions, references):
         return {"top1_accuracy": top1_accuracy(predictions, references)}
