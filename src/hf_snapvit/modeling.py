@@ -13,7 +13,7 @@ from transformers import AutoConfig, PreTrainedModel
 
 from .architectures import get_spec
 from .budget import model_shape, skeleton
-from .checkpoint import HUB_KWARGS, CheckpointReader, load_sliced_state_dict
+from .checkpoint import HUB_KWARGS, CheckpointReader, elastic_entries, load_sliced_state_dict
 from .correction import CorrectionConfig, correct_model_
 from .errors import BudgetError, CheckpointError, CorrectionError, RankingFormatError
 from .ranking import ElasticRanking, KeepCounts
@@ -83,7 +83,7 @@ class ElasticViTModel:
         if unused:
             raise TypeError(f"ElasticViTModel.from_pretrained got unexpected keyword arguments {sorted(unused)}.")
         get_spec(config)  # unsupported architectures fail before any weight is touched
-        ranking, layout = _stored_ranking_and_layout(config, pretrained_model_name_or_path)
+        ranking, layout = elastic_entries(config, pretrained_model_name_or_path)
         _check_correction_arguments(correction, correction_data, layout)
         if build_kwargs["dtype"] is None:
             build_kwargs["dtype"] = getattr(config, "dtype", None) or torch.float32
@@ -140,18 +140,6 @@ def _check_correction_arguments(correction: Any, correction_data: Any, layout: d
             "Correction needs the dense weights, but this checkpoint is already sliced (config.elastic_layout is "
             "set). Load the dense elastic checkpoint with correction_data= instead."
         )
-
-
-def _stored_ranking_and_layout(config: Any, source: Any) -> tuple[ElasticRanking | None, dict | None]:
-    stored = getattr(config, "elastic_ranking", None)
-    layout = getattr(config, "elastic_layout", None)
-    if stored is None and layout is None:
-        raise RankingFormatError(
-            f"{str(source)!r} is not an elastic checkpoint: its config.json has no "
-            "'elastic_ranking'. Create one with ranking = hf_snapvit.rank(model) and "
-            "hf_snapvit.save_elastic(model, ranking, save_directory)."
-        )
-    return (ElasticRanking.from_dict(stored) if stored is not None else None), layout
 
 
 def _stored_widths(layout: dict | None, dense_shape: Any) -> tuple[list[int], list[int]]:
