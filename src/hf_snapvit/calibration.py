@@ -234,7 +234,7 @@ def draw_calibration(
     """One process's calibration sample: the gradient images (all, or this process's steps) and the fitness images.
 
     With one process, or any source but a streaming ``IterableDataset``, every process draws the one-process sample
-    (:func:`~hf_snapvit.data.split_calibration`, or :func:`~hf_snapvit.data.sample_images` when ``num_fitness`` is
+    (:func:`split_calibration`, or :func:`sample_images` when ``num_fitness`` is
     0) and :func:`~hf_snapvit.scoring.gradient_scores` takes its share of the steps. A stream on several processes is
     read as :func:`stream_steps` describes; the fitness images are the same on every process. A stream too short for
     both sets falls back to the full draw, so the sets overlap exactly as with one process.
@@ -244,7 +244,7 @@ def draw_calibration(
         num_gradient, num_fitness: Sizes of the two sets.
         step_size: Images per gradient step (``ScoreConfig.step_size``).
         seed: Seeds the draw.
-        image_column, label_column: As in :func:`~hf_snapvit.data.sample_images`.
+        image_column, label_column: As in :func:`sample_images`.
         state: The process state (default: :func:`process_state`).
 
     Returns:

@@ -155,8 +155,8 @@ def gradient_scores(
     Args:
         model: A dense model of a supported architecture; its weights are not changed.
         images: PIL images or a ``[N, C, H, W]`` tensor of pixel values (see :mod:`hf_snapvit.data`), the same on
-            every process; or a :class:`~hf_snapvit.distributed.GradientSteps` holding only this process's steps
-            (from :func:`~hf_snapvit.distributed.draw_calibration`), with their labels.
+            every process; or a :class:`~hf_snapvit.calibration.GradientSteps` holding only this process's steps
+            (from :func:`~hf_snapvit.calibration.draw_calibration`), with their labels.
         processor: The model's image processor (its normalisation is applied to every crop).
         config: Score settings.
         labels: Class labels of ``images``, for ``loss="ce"``.

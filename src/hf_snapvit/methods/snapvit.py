@@ -41,8 +41,8 @@ _NOT_PRESET_SETTINGS = ("seed", "min_head_keep_ratio", "min_neuron_keep_ratio", 
 class SnapViTConfig:
     """Settings of a SnapViT ranking run. ``SnapViTConfig.preset("default" | "fast" | "paper")`` gives the named
     presets. The defaults (OBD scores, global mode, 3 xNES generations at sigma 0.5) were chosen by a sweep of score
-    definition x mode x search budget on the shared ViT-Tiny (``benchmarks/defaults_vit_tiny.py``, README section
-    "How the defaults were chosen"); ``"paper"`` keeps the reference code's settings.
+    definition x mode x search budget on the shared ViT-Tiny (``benchmarks/defaults_vit_tiny.py``, see
+    ``docs/defaults.md``); ``"paper"`` keeps the reference code's settings.
 
     Args:
         num_gradient_images: Images whose gradients give the local scores.
