@@ -75,13 +75,15 @@ def test_budget_lands_within_one_unit(mode):
 
 
 @pytest.mark.parametrize("mode", ["global", "paired"])
-def test_keep_counts_are_monotone_and_respect_floors(mode):
+# int(12 * 0.2) heads and int(3072 * 0.05) neurons as in the reference; the default multiple rounds the latter up.
+@pytest.mark.parametrize("multiple, expected_floor", [(1, 153), (None, 192)])
+def test_keep_counts_are_monotone_and_respect_floors(mode, multiple, expected_floor):
     ranking = random_ranking(VIT_B, seed=1, mode=mode)
-    head_floor, neuron_floor = ranking.floors()
-    assert (head_floor, neuron_floor) == (2, 153)  # int(12 * 0.2), int(3072 * 0.05), as in the reference
+    head_floor, neuron_floor = ranking.floors(multiple)
+    assert (head_floor, neuron_floor) == (2, expected_floor)
     previous = None
-    for sparsity in np.linspace(0, ranking.max_sparsity, 25):
-        counts = ranking.keep_counts(float(sparsity))
+    for sparsity in np.linspace(0, ranking.max_sparsity_for(multiple), 25):
+        counts = ranking.keep_counts(float(sparsity), width_multiple=multiple)
         assert min(counts.heads) >= head_floor and min(counts.neurons) >= neuron_floor
         if previous is not None:
             assert all(a <= b for a, b in zip(counts.heads, previous.heads))

@@ -21,7 +21,8 @@ from .methods import available_methods, rank, register_method
 from .methods.snapvit import SnapViTConfig, SnapViTPruner
 from .modeling import ElasticViTModel
 from .plotting import plot_allocation
-from .ranking import ElasticRanking, Floors, KeepCounts
+from .budget import KeepCounts
+from .ranking import ElasticRanking, Floors
 from .scoring import ScoreConfig
 from .views import MultiCropConfig
 

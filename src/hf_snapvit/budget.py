@@ -8,6 +8,7 @@ ranking alone can turn a sparsity, parameter or GFLOP budget into per-layer keep
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Sequence
@@ -17,6 +18,57 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from .architectures import (get_attention, get_backbone, get_layers, get_mlp, get_spec, head_dim, model_class, num_heads,
                             vision_config)
+from .errors import BudgetError
+
+
+#: FFN widths are rounded to this multiple by default. GPU GEMM kernels (bf16/fp16 tensor cores, int8, TensorRT) want
+#: leading dimensions that are multiples of 8 to 64; at unaligned widths cuBLAS falls back to kernels several times
+#: slower, so a model sliced to arbitrary widths can be slower than the dense one.
+DEFAULT_WIDTH_MULTIPLE = 64
+# FFNs narrower than this many groups of the default multiple (toy models) keep exact widths by default.
+_MIN_GROUPS = 4
+
+
+def resolve_width_multiple(width_multiple: int | None, intermediate_size: int) -> int:
+    """The multiple kept FFN widths are rounded to.
+
+    Args:
+        width_multiple: A positive integer no larger than the FFN width, or ``None`` for the default:
+            :data:`DEFAULT_WIDTH_MULTIPLE` (64) for FFNs of at least 256 neurons (every ViT-Ti/S/B/L, DINOv2, SigLIP
+            and CLIP tower), exact widths for narrower ones. ``1`` keeps exact widths.
+        intermediate_size: The dense FFN width of one block.
+
+    Raises:
+        BudgetError: ``width_multiple`` is not an integer, or not between 1 and ``intermediate_size``.
+    """
+    if width_multiple is None:
+        return DEFAULT_WIDTH_MULTIPLE if intermediate_size >= _MIN_GROUPS * DEFAULT_WIDTH_MULTIPLE else 1
+    if isinstance(width_multiple, bool) or not isinstance(width_multiple, numbers.Integral):
+        raise BudgetError(f"width_multiple={width_multiple!r} must be an integer (1 keeps exact widths; 8, 16, 32 or "
+                          f"64 suit GPU kernels), got {type(width_multiple).__name__}.")
+    if not 1 <= width_multiple <= intermediate_size:
+        raise BudgetError(f"width_multiple={width_multiple!r} is out of range: it must be between 1 (exact widths) "
+                          f"and the FFN width {intermediate_size}.")
+    return int(width_multiple)
+
+
+@dataclass(frozen=True)
+class KeepCounts:
+    """How many heads and FFN neurons each block keeps.
+
+    Args:
+        heads: Heads kept in block ``l``.
+        neurons: FFN neurons kept in block ``l``.
+        num_params: Backbone parameters of the resulting model.
+        gflops: Theoretical GFLOPs of the resulting model (one image).
+        sparsity: Fraction of the dense backbone's parameters removed.
+    """
+
+    heads: list[int]
+    neurons: list[int]
+    num_params: int
+    gflops: float
+    sparsity: float
 
 
 @dataclass(frozen=True)

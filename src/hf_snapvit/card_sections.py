@@ -15,6 +15,7 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from ._version import __version__
+from .budget import resolve_width_multiple
 from .card_results import MetricColumns, percent
 from .card_source import CheckpointDescription
 from .errors import BudgetError, ModelCardError
@@ -86,11 +87,15 @@ def size_table(
 
 def table_intro(described: CheckpointDescription) -> str:
     """The sentence above the size table, saying what its columns count."""
+    shape = described.ranking.shape if described.ranking is not None else None
+    multiple = resolve_width_multiple(None, shape.intermediate_size) if shape is not None else 1
+    aligned = (f" Each block keeps a multiple of {multiple} FFN neurons (`width_multiple`, so that GPU kernels stay "
+               "fast); `width_multiple=1` loads exact widths." if multiple > 1 else "")
     if described.layout is None:
         return ("What each sparsity costs and keeps. Parameters count the backbone (embeddings included, task head "
-                "excluded); GFLOPs follow the SnapViT paper's formulas for one image, task head included.")
+                "excluded); GFLOPs follow the SnapViT paper's formulas for one image, task head included." + aligned)
     return ("This checkpoint, and the larger sparsities its ranking can still serve. Parameters count the backbone "
-            "(task head excluded); GFLOPs are for one image.")
+            "(task head excluded); GFLOPs are for one image." + aligned)
 
 
 def heatmap_caption(grid: Sequence[float]) -> str:

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoConfig, PreTrainedModel
 
 from .architectures import get_spec
-from .budget import model_shape, skeleton
+from .budget import model_shape, resolve_width_multiple, skeleton
 from .checkpoint import HUB_KWARGS, CheckpointReader, elastic_entries, load_sliced_state_dict
 from .correction import CorrectionConfig, correct_model_
 from .errors import BudgetError, CheckpointError, CorrectionError, RankingFormatError
@@ -42,6 +42,7 @@ class ElasticViTModel:
         *,
         target_params: int | None = None,
         target_gflops: float | None = None,
+        width_multiple: int | None = None,
         correction_data: Any = None,
         correction: CorrectionConfig | None = None,
         processor: Any = None,
@@ -55,6 +56,9 @@ class ElasticViTModel:
             sparsity: Fraction of the backbone's parameters to remove (embeddings included, task heads excluded).
             target_params: Alternatively, the number of backbone parameters to keep.
             target_gflops: Alternatively, the theoretical GFLOPs of one forward pass.
+            width_multiple: Kept FFN widths are multiples of this, so GPU kernels stay fast (bf16/fp16 GEMMs slow down
+                several-fold at unaligned widths); ``None``: 64 for ViT-S/B/L (smaller for narrow FFNs, see
+                :func:`hf_snapvit.budget.resolve_width_multiple`); ``1``: exact widths.
             correction_data: Unlabelled calibration images (PIL list, ``datasets`` Dataset or ``[N, C, H, W]`` pixel
                 tensor). When given, the dense weights are loaded, the removed heads' and neurons' contribution is
                 compensated into the kept weights (SparseGPT-style, :mod:`hf_snapvit.correction`), and the model is
@@ -85,10 +89,7 @@ class ElasticViTModel:
         get_spec(config)  # unsupported architectures fail before any weight is touched
         ranking, layout = elastic_entries(config, pretrained_model_name_or_path)
         _check_correction_arguments(correction, correction_data, layout)
-        if build_kwargs["dtype"] is None:
-            build_kwargs["dtype"] = getattr(config, "dtype", None) or torch.float32
-        if isinstance(build_kwargs["dtype"], str):
-            build_kwargs["dtype"] = getattr(torch, build_kwargs["dtype"])
+        build_kwargs["dtype"] = _dtype(build_kwargs["dtype"], config)
         if layout is not None:
             del config.elastic_layout  # the skeleton is built dense, then sliced
         model = skeleton(config, **build_kwargs)
@@ -96,8 +97,9 @@ class ElasticViTModel:
         if ranking is not None:
             ranking.check_matches(dense_shape)
         stored = _stored_widths(layout, dense_shape)
-        counts = _resolve_budget(ranking, dense_shape, stored, sparsity, target_params, target_gflops,
-                                 corrected=getattr(config, "elastic_correction", None) is not None)
+        counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
+                                           target_gflops, width_multiple,
+                                           corrected=getattr(config, "elastic_correction", None) is not None)
         keep = [(np.arange(h), np.arange(f)) for h, f in zip(counts.heads, counts.neurons)]
         # Correction works on the dense weights and slices afterwards.
         loaded = keep if correction_data is None else [(np.arange(h), np.arange(f)) for h, f in zip(*stored)]
@@ -111,10 +113,17 @@ class ElasticViTModel:
             _correct(model, keep, correction_data, processor, correction)
         model.config._name_or_path = str(pretrained_model_name_or_path)
         if counts.heads != dense_shape.dense_heads or counts.neurons != dense_shape.dense_neurons:
-            model.config.elastic_layout = {"num_heads": counts.heads, "intermediate_size": counts.neurons,
-                                           "sparsity": round(counts.sparsity, 6), "num_params": counts.num_params,
-                                           "gflops": round(counts.gflops, 6)}
+            model.config.elastic_layout = _layout(counts, multiple)
         return model
+
+
+def _layout(counts: KeepCounts, width_multiple: int | None) -> dict[str, Any]:
+    """``config.elastic_layout`` of a sliced model: its widths, size, and the multiple its FFN widths were cut to."""
+    layout = {"num_heads": counts.heads, "intermediate_size": counts.neurons, "sparsity": round(counts.sparsity, 6),
+              "num_params": counts.num_params, "gflops": round(counts.gflops, 6)}
+    if width_multiple is not None:
+        layout["width_multiple"] = width_multiple
+    return layout
 
 
 def _build_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -130,6 +139,12 @@ def _build_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     if isinstance(device, dict):
         raise TypeError("device_map must be one device (e.g. 'cuda:0'); multi-device maps are not supported yet.")
     return build_kwargs, device
+
+
+def _dtype(dtype: Any, config: Any) -> torch.dtype:
+    """The dtype asked for, else the checkpoint's own (``"auto"`` included), else float32."""
+    dtype = dtype if dtype is not None else getattr(config, "dtype", None) or torch.float32
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
 def _check_correction_arguments(correction: Any, correction_data: Any, layout: dict | None) -> None:
@@ -154,22 +169,26 @@ def _stored_widths(layout: dict | None, dense_shape: Any) -> tuple[list[int], li
     return list(heads), list(neurons)
 
 
-def _resolve_budget(ranking: ElasticRanking | None, dense_shape: Any, stored: tuple[list[int], list[int]],
-                    sparsity: float | None, target_params: int | None, target_gflops: float | None, *,
-                    corrected: bool) -> KeepCounts:
-    """The widths to load: the budget's (checked against what the checkpoint holds), else the stored ones."""
+def _resolve_budget(ranking: ElasticRanking | None, dense_shape: Any, layout: dict | None,
+                    stored: tuple[list[int], list[int]], sparsity: float | None, target_params: int | None,
+                    target_gflops: float | None, width_multiple: int | None, *,
+                    corrected: bool) -> tuple[KeepCounts, int | None]:
+    """The widths to load and their width multiple: the budget's (checked against what the checkpoint holds), else
+    the stored ones."""
     stored_heads, stored_neurons = stored
+    multiple = resolve_width_multiple(width_multiple, dense_shape.intermediate_size)
     if all(v is None for v in (sparsity, target_params, target_gflops)):
         params = dense_shape.num_params(stored_heads, stored_neurons)
         return KeepCounts(heads=stored_heads, neurons=stored_neurons, num_params=params,
                           gflops=dense_shape.gflops(stored_heads, stored_neurons),
-                          sparsity=1.0 - params / dense_shape.num_params())
+                          sparsity=1.0 - params / dense_shape.num_params()), (layout or {}).get("width_multiple")
     if ranking is None:
         raise RankingFormatError(
             "This sliced checkpoint has no elastic_ranking, so it can only be loaded at its saved size; "
             "call from_pretrained without sparsity/target_params/target_gflops."
         )
-    counts = ranking.keep_counts(sparsity, target_params=target_params, target_gflops=target_gflops)
+    counts = ranking.keep_counts(sparsity, target_params=target_params, target_gflops=target_gflops,
+                                 width_multiple=width_multiple)
     if corrected and (counts.heads != stored_heads or counts.neurons != stored_neurons):
         raise BudgetError(
             "This checkpoint was weight-corrected for its saved size, so it cannot be sliced further (the "
@@ -186,7 +205,7 @@ def _resolve_budget(ranking: ElasticRanking | None, dense_shape: Any, stored: tu
             f"requested budget needs more units than it holds in blocks {too_big}. Ask for a sparsity >= "
             f"{saved_sparsity:.4f}, or load the dense elastic checkpoint."
         )
-    return counts
+    return counts, multiple
 
 
 def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], reader: CheckpointReader

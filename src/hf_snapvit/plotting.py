@@ -25,13 +25,14 @@ DEFAULT_SPARSITIES: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 
 
 def allocation_table(
-    ranking: "ElasticRanking", sparsities: Sequence[float] = DEFAULT_SPARSITIES
+    ranking: "ElasticRanking", sparsities: Sequence[float] = DEFAULT_SPARSITIES, width_multiple: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Kept fractions behind the heatmap.
 
     Args:
         ranking: The elastic ranking to resolve.
         sparsities: Fractions of backbone parameters removed, each in ``[0, ranking.max_sparsity]``.
+        width_multiple: As in :meth:`~hf_snapvit.ElasticRanking.keep_counts`.
 
     Returns:
         ``(heads, neurons)``, two ``[len(sparsities), num_layers]`` arrays: the fraction of each block's heads
@@ -44,7 +45,8 @@ def allocation_table(
     heads = np.empty((len(sparsities), shape.num_layers))
     neurons = np.empty((len(sparsities), shape.num_layers))
     for row, sparsity in enumerate(sparsities):
-        counts = ranking.keep_counts(sparsity=sparsity)  # raises BudgetError naming the valid range
+        # raises BudgetError naming the valid range
+        counts = ranking.keep_counts(sparsity=sparsity, width_multiple=width_multiple)
         heads[row] = np.asarray(counts.heads) / shape.num_heads
         neurons[row] = np.asarray(counts.neurons) / shape.intermediate_size
     return heads, neurons
@@ -55,6 +57,7 @@ def plot_allocation(
     path: str | os.PathLike | None = None,
     sparsities: Sequence[float] = DEFAULT_SPARSITIES,
     ax: "Sequence[Axes] | None" = None,
+    width_multiple: int | None = None,
 ) -> "Figure":
     """Draw the per-layer allocation heatmap: kept fraction of heads and of FFN neurons per block and sparsity.
 
@@ -63,6 +66,7 @@ def plot_allocation(
         path: Where to write a PNG (atomically: temp file + ``os.replace``); ``None`` writes nothing.
         sparsities: Sparsities (rows), each in ``[0, ranking.max_sparsity]``; the paper's grid by default.
         ax: Two matplotlib axes to draw into (heads, neurons); by default a new figure with two panels.
+        width_multiple: As in :meth:`~hf_snapvit.ElasticRanking.keep_counts`.
 
     Returns:
         The matplotlib figure holding the two panels.
@@ -82,7 +86,7 @@ def plot_allocation(
             raise ConfigError(f"ax must hold exactly two axes (heads, neurons); got {len(axes)}.")
         figure = axes[0].get_figure()
 
-    heads, neurons = allocation_table(ranking, sparsities)
+    heads, neurons = allocation_table(ranking, sparsities, width_multiple)
     shape = ranking.shape
     labels = [f"{s:.0%}" for s in sparsities]
     blocks = np.arange(shape.num_layers)

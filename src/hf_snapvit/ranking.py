@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ._version import __version__
-from .budget import ModelShape
+from .budget import KeepCounts, ModelShape, resolve_width_multiple
 from .score_curves import decode_scores, encode_scores, log10_scores
 from .errors import BudgetError, RankingFormatError
 
@@ -46,25 +46,6 @@ class Floors:
     def to_dict(self) -> dict[str, float]:
         return {"min_head_keep_ratio": self.min_head_keep_ratio, "min_neuron_keep_ratio": self.min_neuron_keep_ratio,
                 "paired_head_offset": self.paired_head_offset}
-
-
-@dataclass(frozen=True)
-class KeepCounts:
-    """How many heads and FFN neurons each block keeps.
-
-    Args:
-        heads: Heads kept in block ``l``.
-        neurons: FFN neurons kept in block ``l``.
-        num_params: Backbone parameters of the resulting model.
-        gflops: Theoretical GFLOPs of the resulting model (one image).
-        sparsity: Fraction of the dense backbone's parameters removed.
-    """
-
-    heads: list[int]
-    neurons: list[int]
-    num_params: int
-    gflops: float
-    sparsity: float
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,33 +109,47 @@ class ElasticRanking:
         neurons = np.stack([f[o] for f, (_, o) in zip(self.neuron_scores, orders)])
         return replace(self, head_scores=heads, neuron_scores=neurons)
 
-    def floors(self) -> tuple[int, int]:
-        """``(heads, neurons)`` every block keeps at least."""
-        return (
-            max(1, int(self.shape.num_heads * self.min_head_keep_ratio)),
-            max(1, int(self.shape.intermediate_size * self.min_neuron_keep_ratio)),
-        )
+    def floors(self, width_multiple: int | None = None) -> tuple[int, int]:
+        """``(heads, neurons)`` every block keeps at least; the neuron floor is rounded up to ``width_multiple``."""
+        F = self.shape.intermediate_size
+        m = resolve_width_multiple(width_multiple, F)
+        neurons = max(1, int(F * self.min_neuron_keep_ratio))
+        return max(1, int(self.shape.num_heads * self.min_head_keep_ratio)), min(F, -(-neurons // m) * m)
 
-    def _removal_order(self, kind: int) -> tuple[np.ndarray, np.ndarray]:
-        """Removable units of one kind (0 heads, 1 neurons), least important first: ``(layers, priorities)``."""
+    def _removal_order(self, kind: int, multiple: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Removable groups of one kind (0 heads, 1 neurons), least important first: ``(layers, priorities, sizes)``.
+
+        A group is one head, or the neurons between two kept widths that are multiples of ``multiple`` (the first
+        group of a block whose width is not a multiple is smaller). Its priority is its mean score per parameter;
+        within a block, groups are removed from the last-ranked end.
+        """
         scores = (self.head_scores, self.neuron_scores)[kind]
-        floor = self.floors()[kind]
+        width = scores.shape[1]
+        floor = self.floors(multiple)[kind]
+        step = multiple if kind else 1
+        # Kept widths along the path: the full width, then every multiple of `step` below it down to the floor.
+        kept = np.array([width] + list(range(((width - 1) // step) * step, floor - 1, -step)), dtype=np.int64)
+        kept = kept[kept >= floor]
+        starts, ends = kept[1:], kept[:-1]
         cost = (self.shape.params_per_head, self.shape.params_per_neuron)[kind]
-        ranked = -np.sort(-scores, axis=1, kind="stable")[:, floor:]  # per block, most to least important
-        layers = np.repeat(np.arange(scores.shape[0]), ranked.shape[1])
-        positions = np.tile(np.arange(floor, scores.shape[1]), scores.shape[0])
-        priority = log10_scores(ranked.ravel()) - math.log10(cost)
-        # Ties go to the later position within a block, so each block always loses its last-ranked unit first.
+        ranked = -np.sort(-scores, axis=1, kind="stable")  # per block, most to least important
+        prefix = np.concatenate([np.zeros((scores.shape[0], 1)), np.cumsum(ranked, axis=1)], axis=1)
+        sizes = ends - starts
+        means = (prefix[:, ends] - prefix[:, starts]) / sizes  # [L, groups]
+        layers = np.repeat(np.arange(scores.shape[0]), len(sizes))
+        positions = np.tile(starts, scores.shape[0])
+        priority = log10_scores(means.ravel()) - math.log10(cost)
+        # Ties go to the later position within a block, so each block always loses its last-ranked group first.
         order = np.lexsort((-positions, layers, priority))
-        return layers[order], priority[order]
+        return layers[order], priority[order], np.tile(sizes, scores.shape[0])[order]
 
-    def _schedule(self) -> tuple[np.ndarray, np.ndarray]:
+    def _schedule(self, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """Cumulative removals along the budget path: ``(heads removed [T+1, L], neurons removed [T+1, L])``."""
-        if "schedule" in self._cache:
-            return self._cache["schedule"]
+        if ("schedule", multiple) in self._cache:
+            return self._cache[("schedule", multiple)]
         L = self.shape.num_layers
-        head_layers, head_priority = self._removal_order(0)
-        neuron_layers, neuron_priority = self._removal_order(1)
+        head_layers, head_priority, _ = self._removal_order(0)
+        neuron_layers, neuron_priority, neuron_sizes = self._removal_order(1, multiple)
         if self.mode == "global":
             kinds = np.concatenate([np.zeros(len(head_layers), int), np.ones(len(neuron_layers), int)])
             layers = np.concatenate([head_layers, neuron_layers])
@@ -164,27 +159,28 @@ class ElasticRanking:
             kinds, layers = kinds[order], layers[order]
             heads = np.zeros((len(layers) + 1, L), dtype=np.int32)
             neurons = np.zeros((len(layers) + 1, L), dtype=np.int32)
+            sizes = np.concatenate([np.ones(len(head_layers), int), neuron_sizes])[order]
             heads[1:][np.arange(len(layers))[kinds == 0], layers[kinds == 0]] = 1
-            neurons[1:][np.arange(len(layers))[kinds == 1], layers[kinds == 1]] = 1
+            neurons[1:][np.arange(len(layers))[kinds == 1], layers[kinds == 1]] = sizes[kinds == 1]
             heads, neurons = np.cumsum(heads, axis=0), np.cumsum(neurons, axis=0)
         else:
             total_neurons = L * self.shape.intermediate_size
             total_heads = L * self.shape.num_heads
-            n = np.arange(len(neuron_layers) + 1)
+            n = np.concatenate([[0], np.cumsum(neuron_sizes)])
             ratio = np.maximum(0.0, n / total_neurons - self.paired_head_offset)
             h = np.minimum(np.floor(total_heads * ratio + 1e-9).astype(np.int32), len(head_layers))
             neuron_steps = np.zeros((len(neuron_layers) + 1, L), dtype=np.int32)
-            neuron_steps[np.arange(1, len(neuron_layers) + 1), neuron_layers] = 1
+            neuron_steps[np.arange(1, len(neuron_layers) + 1), neuron_layers] = neuron_sizes
             head_steps = np.zeros((len(head_layers) + 1, L), dtype=np.int32)
             head_steps[np.arange(1, len(head_layers) + 1), head_layers] = 1
             neurons = np.cumsum(neuron_steps, axis=0)
             heads = np.cumsum(head_steps, axis=0)[h]
-        self._cache["schedule"] = (heads, neurons)
+        self._cache[("schedule", multiple)] = (heads, neurons)
         return heads, neurons
 
     # ----------------------------------------------------------------------------------------------- budgets
-    def _counts_at(self, t: int) -> tuple[list[int], list[int]]:
-        heads, neurons = self._schedule()
+    def _counts_at(self, t: int, multiple: int = 1) -> tuple[list[int], list[int]]:
+        heads, neurons = self._schedule(multiple)
         return (
             (self.shape.num_heads - heads[t]).tolist(),
             (self.shape.intermediate_size - neurons[t]).tolist(),
@@ -202,9 +198,14 @@ class ElasticRanking:
 
     @property
     def max_sparsity(self) -> float:
-        """The largest sparsity the per-block floors allow."""
-        heads, neurons = self._schedule()
-        return self._result(*self._counts_at(len(heads) - 1)).sparsity
+        """The largest sparsity the per-block floors allow, at the default width multiple."""
+        return self.max_sparsity_for()
+
+    def max_sparsity_for(self, width_multiple: int | None = None) -> float:
+        """The largest sparsity the per-block floors allow when FFN widths are multiples of ``width_multiple``."""
+        m = resolve_width_multiple(width_multiple, self.shape.intermediate_size)
+        heads, _ = self._schedule(m)
+        return self._result(*self._counts_at(len(heads) - 1, m)).sparsity
 
     def keep_counts(
         self,
@@ -212,29 +213,34 @@ class ElasticRanking:
         *,
         target_params: int | None = None,
         target_gflops: float | None = None,
+        width_multiple: int | None = None,
     ) -> KeepCounts:
         """Resolve exactly one budget to per-block keep counts.
 
         Args:
             sparsity: Fraction of the dense backbone's parameters to remove (embeddings included, task heads
-                excluded), in ``[0, max_sparsity]``.
+                excluded), in ``[0, max_sparsity_for(width_multiple)]``.
             target_params: Backbone parameters to keep.
             target_gflops: Theoretical GFLOPs (one image) to stay at.
+            width_multiple: Kept FFN widths are multiples of this (or the full width); ``None``: the default of
+                :func:`resolve_width_multiple` (64 for ViT-S/B/L), ``1``: exact widths.
 
         Returns:
-            The keep counts whose parameter count (or GFLOPs) is closest to the budget; it lands within one head or
-            neuron of it.
+            The keep counts whose parameter count (or GFLOPs) is closest to the budget. Units leave in aligned groups
+            (one head, or the neurons between two aligned widths), in the ranking's order, so the result lands within
+            one group of the budget.
         """
+        m = resolve_width_multiple(width_multiple, self.shape.intermediate_size)
         given = {k: v for k, v in (("sparsity", sparsity), ("target_params", target_params),
                                    ("target_gflops", target_gflops)) if v is not None}
         if len(given) != 1:
             raise BudgetError(
                 f"Give exactly one of sparsity, target_params or target_gflops; got {sorted(given) or 'none'}."
             )
-        heads_path, _ = self._schedule()
+        heads_path, _ = self._schedule(m)
         last = len(heads_path) - 1
-        dense = self._result(*self._counts_at(0))
-        smallest = self._result(*self._counts_at(last))
+        dense = self._result(*self._counts_at(0, m))
+        smallest = self._result(*self._counts_at(last, m))
         floors = (
             f"(the per-block floors keep >= {self.min_head_keep_ratio:.0%} of heads and >= "
             f"{self.min_neuron_keep_ratio:.0%} of neurons; re-rank with smaller min_head_keep_ratio / "
@@ -263,7 +269,7 @@ class ElasticRanking:
             target, metric = float(target_gflops), "gflops"
 
         def value(t: int) -> float:
-            return getattr(self._result(*self._counts_at(t)), metric)
+            return getattr(self._result(*self._counts_at(t, m)), metric)
 
         # Smallest t whose model fits the budget; the budget path is monotone, so bisect.
         lo, hi = 0, last
@@ -275,7 +281,7 @@ class ElasticRanking:
                 lo = mid + 1
         if lo > 0 and abs(value(lo - 1) - target) < abs(value(lo) - target):
             lo -= 1
-        return self._result(*self._counts_at(lo))
+        return self._result(*self._counts_at(lo, m))
 
     def keep_counts_for_ratios(self, neuron_ratio: float, head_ratio: float) -> KeepCounts:
         """The reference code's budget: remove ``int(L·F·neuron_ratio)`` neurons and ``int(L·H·head_ratio)`` heads.
@@ -287,7 +293,7 @@ class ElasticRanking:
             width = (self.shape.num_heads, self.shape.intermediate_size)[kind]
             total = self.shape.num_layers * width
             remove = int(total * ratio)
-            layers, _ = self._removal_order(kind)
+            layers, _, _ = self._removal_order(kind)
             if not 0.0 <= ratio < 1.0 or remove > len(layers):
                 raise BudgetError(
                     f"{('head', 'neuron')[kind]}_ratio={ratio} is out of range: at most {len(layers)} of {total} "

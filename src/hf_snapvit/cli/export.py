@@ -13,6 +13,7 @@ from .options import (
     fraction,
     load_data,
     load_processor,
+    add_width_multiple,
     output_folder,
     positive_int,
 )
@@ -25,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     budget.add_argument("--sparsity", type=fraction, metavar="S", help="fraction of backbone parameters to remove")
     budget.add_argument("--target-params", type=positive_int, metavar="N", help="backbone parameters to keep")
     budget.add_argument("--target-gflops", type=float, metavar="G", help="GFLOPs of one forward pass")
+    add_width_multiple(parser)
     parser.add_argument("--output", required=True, metavar="DIR", help="folder for the sliced checkpoint")
     parser.add_argument("--correct", action="store_true",
                         help="compensate the removed units in the kept weights with calibration images (--data)")
@@ -56,7 +58,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     output = output_folder(args.output)
     kwargs: dict[str, Any] = {"sparsity": args.sparsity, "target_params": args.target_params,
-                              "target_gflops": args.target_gflops, **_correction_kwargs(args)}
+                              "target_gflops": args.target_gflops, "width_multiple": args.width_multiple,
+                              **_correction_kwargs(args)}
     check_checkpoint_source(args.model, "--model")
     model = ElasticViTModel.from_pretrained(args.model, **kwargs)
     processor = load_processor(args.model, required=False)
@@ -75,6 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gflops": float(estimate_gflops(model)),
         "heads": heads,
         "neurons": neurons,
+        "width_multiple": layout.get("width_multiple"),
         "correction": getattr(model.config, "elastic_correction", None),
         "architecture": type(model).__name__,
     }

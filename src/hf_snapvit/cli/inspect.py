@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import RankingFormatError
 from .formatting import gflops, millions, widths
-from .options import check_checkpoint_source, fraction
+from .options import add_width_multiple, check_checkpoint_source, fraction
 
 _DEFAULT_GRID = tuple(round(0.1 * i, 1) for i in range(10))
 
@@ -19,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sparsities", type=fraction, nargs="+", default=None, metavar="S",
                         help="sparsity grid (default: 0, 0.1, ... up to the largest the ranking allows)")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the per-block allocation heatmap")
+    add_width_multiple(parser)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -45,21 +46,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise RankingFormatError(f"{args.checkpoint!r} is a sliced checkpoint without a ranking; --sparsities and "
                                      "--plot need the elastic checkpoint it was exported from.")
         return result
-    result["ranking"] = _ranking_summary(ranking, config.elastic_ranking.get("format_version"))
+    result["ranking"] = _ranking_summary(ranking, config.elastic_ranking.get("format_version"), args.width_multiple)
     sparsities = args.sparsities or [s for s in _DEFAULT_GRID if s <= result["ranking"]["max_sparsity"]]
-    result["grid"] = _grid(ranking, sparsities, layout, explicit=bool(args.sparsities))
+    result["grid"] = _grid(ranking, sparsities, layout, args.width_multiple, explicit=bool(args.sparsities))
     if args.plot:
         from ..plotting import plot_allocation
 
-        plot_allocation(ranking, args.plot, sparsities=sparsities)
+        plot_allocation(ranking, args.plot, sparsities=sparsities, width_multiple=args.width_multiple)
         result["plot"] = str(Path(args.plot).resolve())
     return result
 
 
-def _ranking_summary(ranking: Any, format_version: Any) -> dict[str, Any]:
+def _ranking_summary(ranking: Any, format_version: Any, width_multiple: int | None) -> dict[str, Any]:
+    from ..budget import resolve_width_multiple
+
     shape = ranking.shape
     provenance = dict(ranking.provenance)
-    head_floor, neuron_floor = ranking.floors()
+    head_floor, neuron_floor = ranking.floors(width_multiple)
     return {
         "method": provenance.get("method"),
         "mode": ranking.mode,
@@ -73,16 +76,17 @@ def _ranking_summary(ranking: Any, format_version: Any) -> dict[str, Any]:
         "num_heads": shape.num_heads,
         "intermediate_size": shape.intermediate_size,
         "floors": {"heads": head_floor, "neurons": neuron_floor},
-        "max_sparsity": float(ranking.max_sparsity),
+        "max_sparsity": float(ranking.max_sparsity_for(width_multiple)),
+        "width_multiple": resolve_width_multiple(width_multiple, shape.intermediate_size),
     }
 
 
-def _grid(ranking: Any, sparsities: list[float], layout: dict[str, Any] | None, *,
+def _grid(ranking: Any, sparsities: list[float], layout: dict[str, Any] | None, width_multiple: int | None, *,
           explicit: bool) -> list[dict[str, Any]]:
     """Keep counts and costs per sparsity; for a sliced checkpoint, whether its weights hold that size."""
     rows = []
     for s in sparsities:
-        counts = ranking.keep_counts(sparsity=s)
+        counts = ranking.keep_counts(sparsity=s, width_multiple=width_multiple)
         row: dict[str, Any] = {"requested_sparsity": s, "num_params": int(counts.num_params),
                                "gflops": float(counts.gflops), "sparsity": float(counts.sparsity),
                                "heads": list(counts.heads), "neurons": list(counts.neurons)}
@@ -136,7 +140,7 @@ def _render_ranking(k: dict[str, Any]) -> list[str]:
     return lines + [
         (f"shape:        {k['num_layers']} blocks x {k['num_heads']} heads x {k['intermediate_size']} FFN neurons; "
          f"each block keeps >= {k['floors']['heads']} heads and >= {k['floors']['neurons']} neurons"),
-        f"max sparsity: {k['max_sparsity']:.4f}",
+        f"max sparsity: {k['max_sparsity']:.4f}; FFN widths in multiples of {k['width_multiple']}",
         "",
         f"{'sparsity':>8}  {'actual':>6}  {'params':>9}  {'GFLOPs':>7}  heads per block | neurons per block",
     ]

@@ -82,6 +82,13 @@ def check_checkpoint_source(name_or_path: str, option: str) -> None:
             f"{option} {name_or_path!r}: no such folder. Give a checkpoint folder or a Hub model id.")
 
 
+def add_width_multiple(parser: argparse.ArgumentParser) -> None:
+    """``--width-multiple``: the multiple kept FFN widths are rounded to."""
+    parser.add_argument("--width-multiple", type=positive_int, default=None, metavar="M",
+                        help="round kept FFN widths to multiples of M, so GPU kernels stay fast (default: 64 for FFNs "
+                             "of >= 256 neurons, else exact; 1: exact widths)")
+
+
 def output_folder(text: str) -> Path:
     """``--output`` as a folder to write a checkpoint to; an existing file there fails before any work."""
     output = Path(text)
