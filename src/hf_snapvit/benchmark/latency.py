@@ -119,11 +119,13 @@ def measure_latency(
     return results
 
 
-def sliced_copy(model: PreTrainedModel, ranking: ElasticRanking, sparsity: float) -> PreTrainedModel:
-    """A physically sliced deep copy of ``model`` at ``sparsity`` (``model`` is unchanged)."""
+def sliced_copy(model: PreTrainedModel, ranking: ElasticRanking, sparsity: float,
+                width_multiple: int | None = None) -> PreTrainedModel:
+    """A physically sliced deep copy of ``model`` at ``sparsity`` (``model`` is unchanged); ``width_multiple`` as in
+    :meth:`~hf_snapvit.ElasticRanking.keep_counts`."""
     from ..slicing import slice_model_
 
-    counts = ranking.keep_counts(sparsity)
+    counts = ranking.keep_counts(sparsity, width_multiple=width_multiple)
     return slice_model_(copy.deepcopy(model), ranking.keep_indices(counts)).eval()
 
 
@@ -137,6 +139,8 @@ def latency_vs_sparsity(
     warmup: int = 1,
     seed: int = 0,
     show_progress: bool = True,
+    width_multiple: int | None = None,
+    compile: bool = False,
 ) -> dict[str, Any]:
     """Latency and throughput of sliced copies of ``model`` against the dense model, all measured interleaved.
 
@@ -149,6 +153,8 @@ def latency_vs_sparsity(
         warmup: Untimed passes per model and batch size.
         seed: Seed of the random input pixels.
         show_progress: Show a progress bar.
+        width_multiple: Kept FFN widths are multiples of this (see :meth:`~hf_snapvit.ElasticRanking.keep_counts`).
+        compile: Time each model through ``torch.compile`` (its compilation happens in the warm-up passes).
 
     Returns:
         ``{"dense": {...}, "rows": [...]}``; each row has the sparsity, parameters, GFLOPs, per-block widths, the
@@ -160,14 +166,16 @@ def latency_vs_sparsity(
     ranking.check_matches(model_shape(model))
     models: dict[str, nn.Module] = {"dense": model.eval()}
     counts = {}
+    limit = ranking.max_sparsity_for(width_multiple)
     for sparsity in sparsities:
-        if not 0.0 <= sparsity <= ranking.max_sparsity:
+        if not 0.0 <= sparsity <= limit:
             raise BenchmarkError(f"sparsity={sparsity} is out of range: this ranking supports 0 <= sparsity <= "
-                                 f"{ranking.max_sparsity:.4f}.")
+                                 f"{limit:.4f} at width_multiple={width_multiple}.")
         key = f"{sparsity:g}"
-        models[key] = sliced_copy(model, ranking, sparsity)
-        counts[key] = ranking.keep_counts(sparsity)
-    timings = measure_latency(models, batch_sizes, repeats=repeats, warmup=warmup, seed=seed,
+        models[key] = sliced_copy(model, ranking, sparsity, width_multiple)
+        counts[key] = ranking.keep_counts(sparsity, width_multiple=width_multiple)
+    timed = {name: torch.compile(m) for name, m in models.items()} if compile else models
+    timings = measure_latency(timed, batch_sizes, repeats=repeats, warmup=warmup, seed=seed,
                               show_progress=show_progress)
     dense_gflops = estimate_gflops(model)
 
