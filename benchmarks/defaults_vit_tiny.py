@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-val", type=int, default=1000)
     parser.add_argument("--num-bank", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--width-multiple", type=int, default=None,
+                        help="round kept FFN widths to multiples of this (default: the library's, 64 here; 1: exact "
+                             "widths, as the stored results were measured)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results" / "defaults_vit_tiny")
     return parser.parse_args(argv)
@@ -141,7 +144,7 @@ def eval_stage(args: argparse.Namespace) -> None:
     bank_data = load_split(args.data, "train", num_samples=args.num_bank, seed=args.seed + 1)
     result = run_sweep(model, rankings, args.sparsities, eval_data, bank_data=bank_data,
                        processor=AutoImageProcessor.from_pretrained(args.model), output_dir=args.output_dir,
-                       metrics=("top1", "knn"), latency=False, ranking_info=info)
+                       metrics=("top1", "knn"), latency=False, ranking_info=info, width_multiple=args.width_multiple)
     summary = {"dense": result.dense, "sparsities": args.sparsities,
                "num_val": args.num_val, "num_bank": args.num_bank, "hardware": hardware_info(), "rankings": {}}
     for name in rankings:

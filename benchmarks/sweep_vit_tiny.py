@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", default="fast", help="SnapViT preset (and the gradient baselines' images)")
     parser.add_argument("--mode", default=None, choices=["global", "paired"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--width-multiple", type=int, default=None,
+                        help="round kept FFN widths to multiples of this (default: the library's, 64 here; 1: exact "
+                             "widths, as the stored results were measured)")
     parser.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     parser.add_argument("--num-val", type=int, default=1000, help="validation images evaluated on (seeded subset)")
     parser.add_argument("--num-bank", type=int, default=2000, help="train images in the k-NN / probe bank")
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         mode=args.mode, ranking_info=info, metrics=args.metrics, k=args.k,
         probe=LinearProbeConfig(epochs=args.probe_epochs, seed=args.seed), batch_size=args.batch_size,
         latency=not args.no_latency, latency_batch_size=args.latency_batch_size,
-        latency_repeats=args.latency_repeats)
+        latency_repeats=args.latency_repeats, width_multiple=args.width_multiple)
     for method, entry in result.methods.items():
         seconds = entry.get("ranking_seconds")
         print(f"{method}: ranking {'-' if seconds is None else f'{seconds:.1f} s'} {entry.get('phases') or ''}")

@@ -118,16 +118,17 @@ def _checked_grid(rankings: Mapping[str, Any], sparsities: Sequence[float]) -> l
 
 def _sweep_method(name: str, base: PreTrainedModel, ranking: ElasticRanking, info: dict[str, Any],
                   sparsities: Sequence[float], evaluator: Evaluator, dense: Mapping[str, Any],
-                  timer: _LatencyPairs | None) -> list[dict[str, Any]]:
+                  timer: _LatencyPairs | None, width_multiple: int | None) -> list[dict[str, Any]]:
     """The rows of one method: ``base`` sliced by ``ranking`` at every sparsity it reaches, evaluated and timed."""
     rows = []
+    limit = ranking.max_sparsity_for(width_multiple)
     for sparsity in sparsities:
-        if sparsity > ranking.max_sparsity:
+        if sparsity > limit:
             warnings.warn(f"Method {name!r}: sparsity {sparsity} exceeds the ranking's maximum "
-                          f"{ranking.max_sparsity:.4f} (per-block floors); skipped.", stacklevel=4)
+                          f"{limit:.4f} (per-block floors); skipped.", stacklevel=4)
             info["skipped"].append(sparsity)
             continue
-        sliced = sliced_copy(base, ranking, sparsity)
+        sliced = sliced_copy(base, ranking, sparsity, width_multiple)
         row = result_row(name, sparsity, evaluator.evaluate(sliced, name=f"{name}@{sparsity:g}"))
         row["theoretical_speedup"] = dense["gflops"] / row["gflops"]
         row["ranking_seconds"] = info.get("ranking_seconds")
@@ -161,6 +162,7 @@ def run_sweep(
     ranking_info: Mapping[str, Mapping[str, Any]] | None = None,
     plots: bool = True,
     show_progress: bool = True,
+    width_multiple: int | None = None,
 ) -> SweepResult:
     """Evaluate ``model`` sliced by every ranking at every sparsity; write JSON, CSV and plots to ``output_dir``.
 
@@ -189,6 +191,8 @@ def run_sweep(
             method's ``ranking_seconds`` unless that is given.
         plots: Write the PNG plots.
         show_progress: Show progress bars.
+        width_multiple: Kept FFN widths are multiples of this (see :meth:`~hf_snapvit.ElasticRanking.keep_counts`;
+            ``1`` for exact widths); recorded in the settings.
 
     Returns:
         The :class:`SweepResult` (also in ``output_dir/sweep.json``).
@@ -205,13 +209,14 @@ def run_sweep(
     dense["theoretical_speedup"] = 1.0
     timer = _LatencyPairs(model, latency_batch_size, latency_repeats, latency_warmup)
     rows, methods, kept_rankings = _sweep_methods(model, rankings, ranking_info or {}, sparsities, evaluator, dense,
-                                                  timer if latency else None)
+                                                  timer if latency else None, width_multiple)
     if latency and rows:
         # The dense model's latency: the median of its runs, one paired with every sliced model.
         dense["latency_ms"] = float(torch.tensor([row["dense_latency_ms"] for row in rows]).median())
         dense.update(dense_latency_ms=dense["latency_ms"], speedup=1.0)
     result = SweepResult(dense=dense, rows=rows, methods=methods,
-                         settings=_settings(evaluator, model, dense, sparsities, timer.settings(latency)),
+                         settings={**_settings(evaluator, model, dense, sparsities, timer.settings(latency)),
+                                   "width_multiple": width_multiple},
                          hardware=hardware_info(torch.get_num_threads(), next(model.parameters()).device))
     _write_files(result, kept_rankings, output, plots, started)
     return result
@@ -219,7 +224,7 @@ def run_sweep(
 
 def _sweep_methods(model: PreTrainedModel, rankings: Mapping[str, ElasticRanking | str | os.PathLike],
                    ranking_info: Mapping[str, Mapping[str, Any]], sparsities: Sequence[float], evaluator: Evaluator,
-                   dense: Mapping[str, Any], timer: _LatencyPairs | None
+                   dense: Mapping[str, Any], timer: _LatencyPairs | None, width_multiple: int | None
                    ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], dict[str, ElasticRanking]]:
     """Every method's rows, its facts, and its ranking, method after method (one checkpoint in memory at a time)."""
     rows: list[dict[str, Any]] = []
@@ -227,7 +232,8 @@ def _sweep_methods(model: PreTrainedModel, rankings: Mapping[str, ElasticRanking
     kept_rankings: dict[str, ElasticRanking] = {}
     for name, entry in rankings.items():
         base, kept_rankings[name], methods[name] = _resolve(entry, model, name, ranking_info.get(name, {}))
-        rows += _sweep_method(name, base, kept_rankings[name], methods[name], sparsities, evaluator, dense, timer)
+        rows += _sweep_method(name, base, kept_rankings[name], methods[name], sparsities, evaluator, dense, timer,
+                              width_multiple)
         if base is not model:
             del base
             gc.collect()
