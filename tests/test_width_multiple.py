@@ -162,3 +162,19 @@ def test_the_model_card_table_shows_the_aligned_widths(tmp_path):
     assert aligned(counts.neurons, 64, 256)
     assert f"| {sum(counts.heads)} / 12 | {sum(counts.neurons)} / 768 |" in card.text  # kept heads / neurons
     assert "multiple of 64 FFN neurons" in card.text
+
+
+@pytest.mark.parametrize("multiple, expected", [(None, 64), (1, 1), (32, 32)])
+def test_the_search_scores_candidates_at_the_widths_users_load(monkeypatch, multiple, expected):
+    from hf_snapvit.fitness import EmbeddingFitness
+
+    model = wide_vit()
+    fitness = EmbeddingFitness(model, torch.randn(4, 3, 32, 32), sparsities=(0.3, 0.5), pca_components=8,
+                               width_multiple=multiple)
+    seen = []
+    embed = fitness.embed
+    monkeypatch.setattr(fitness, "embed", lambda keep: seen.append([len(n) for _, n in keep]) or embed(keep))
+    fitness.loss(hs.rank(model, method="random", seed=2))
+    assert len(seen) == 2 and all(aligned(widths, expected, 256) for widths in seen)
+    if expected > 1:
+        assert any(w != 256 for widths in seen for w in widths)

@@ -38,6 +38,8 @@ class EmbeddingFitness:
         sparsities: Budgets each candidate is evaluated at (clamped to the ranking's maximum).
         pca_components: Dimensions kept by the PCA (all, if the embedding is smaller).
         batch_size: Images per forward pass.
+        width_multiple: FFN widths of the evaluated candidates, as in :meth:`ElasticRanking.keep_counts` (the
+            default is the loading default).
     """
 
     def __init__(
@@ -48,8 +50,11 @@ class EmbeddingFitness:
         sparsities: Sequence[float] = (0.1, 0.3, 0.5, 0.6),
         pca_components: int = 192,
         batch_size: int = 64,
+        width_multiple: int | None = None,
     ) -> None:
         self.model = model
+        # Candidates are scored at the widths a user loads (aligned by default), so the search optimises those models.
+        self.width_multiple = width_multiple
         self.spec = get_spec(model)
         self.device = next(model.parameters()).device
         self.pixel_values = pixel_values.to(self.device)
@@ -86,7 +91,8 @@ class EmbeddingFitness:
 
     def similarity(self, ranking: ElasticRanking, sparsity: float) -> float:
         """Mean cosine similarity of the PCA projections at one sparsity."""
-        counts = ranking.keep_counts(min(sparsity, ranking.max_sparsity))
+        m = self.width_multiple
+        counts = ranking.keep_counts(min(sparsity, ranking.max_sparsity_for(m)), width_multiple=m)
         pruned = self.project(self.embed(ranking.keep_indices(counts)))
         return F.cosine_similarity(pruned, self.target, dim=1).mean().item()
 
