@@ -223,7 +223,8 @@ def test_push_without_a_token_fails_before_ranking(model_dir, tmp_path, capsys, 
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     code, _, err = run(capsys, "prune", "--model", model_dir, "--method", "magnitude", "--output", tmp_path / "e",
                        "--push-to-hub", "me/x")
-    assert_one_line_error(code, err, "token")
+    assert_one_line_error(code, err, "--token", "hf auth login")
+    assert "token=" not in err  # the flag, not the library's argument (issue 16, item 9)
     assert not (tmp_path / "e").exists()
 
 

@@ -8,6 +8,7 @@ process, taking only that process's gradient steps (see :mod:`hf_snapvit.distrib
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,9 +20,10 @@ from accelerate import PartialState
 from accelerate.utils import gather_object
 from PIL import Image
 
-from .data import ImageSource, find_image_column, to_rgb
+from .data import ImageSource, find_image_column, read_valid_rows, to_rgb
 from .distributed import process_state, raise_if_failed_anywhere
 from .errors import DataError
+from .views import check_pixel_values
 
 
 def sample_images(
@@ -31,19 +33,24 @@ def sample_images(
     seed: int = 0,
     image_column: str | None = None,
     label_column: str | None = None,
+    model: Any = None,
 ) -> tuple[list[Image.Image] | torch.Tensor, torch.Tensor | None]:
     """Draw up to ``num_samples`` images (and their labels), uniformly and deterministically for a given ``seed``.
 
     Returns RGB PIL images, or a tensor slice when ``data`` is a tensor of pixel values, and the labels of
     ``label_column`` for datasets (``None`` otherwise). Fewer images are returned only when the source has fewer; an
-    empty source raises.
+    empty source raises. A corrupt image of a ``datasets.Dataset`` is skipped and replaced (see
+    :func:`~hf_snapvit.data.read_valid_rows`); pixel tensors are checked with
+    :func:`~hf_snapvit.views.check_pixel_values` (the patch size too, given ``model``).
     """
     rng = np.random.default_rng(seed)
+    _refuse_unsupported(data)
     if isinstance(data, torch.Tensor):
         if data.ndim != 4 or data.shape[0] == 0:
             raise DataError(
                 f"A tensor of calibration pixel values must have shape [N, C, H, W] with N >= 1, got {tuple(data.shape)}."
             )
+        data = check_pixel_values(data, model=model)
         return data[torch.as_tensor(rng.permutation(data.shape[0])[:num_samples])], None
     try:
         import datasets
@@ -53,9 +60,8 @@ def sample_images(
         if len(data) == 0:
             raise DataError("The calibration dataset is empty; give at least one image.")
         column = image_column or find_image_column(data.column_names, data.features)
-        chosen = data.select(rng.permutation(len(data))[:num_samples])
-        images = [to_rgb(image) for image in chosen[column]]
-        labels = _labels(chosen, label_column)
+        images, rows = read_valid_rows(data, rng.permutation(len(data)), column, num_samples)
+        labels = _labels(data.select(rows), label_column)
     elif datasets is not None and isinstance(data, datasets.IterableDataset):
         column = image_column or find_image_column(list(data.features or {}) or data.column_names or [],
                                                    data.features)
@@ -79,6 +85,23 @@ def sample_images(
             "datasets Dataset with a label column."
         )
     return images, labels
+
+
+def _refuse_unsupported(data: Any) -> None:
+    """A path, a dataset name or a dict as calibration data fails, saying what to pass instead."""
+    if isinstance(data, (str, bytes, os.PathLike)):
+        raise DataError(
+            f"Calibration data of type {type(data).__name__} ({str(data)!r}) is where images are, not images: load "
+            f"them first, e.g. data=hf_snapvit.load_image_dataset({str(data)!r}, num_samples=256) (a .parquet file or "
+            "folder, an image folder, or a Hub dataset id)."
+        )
+    if isinstance(data, Mapping):
+        fix = ("data['pixel_values'] (a [N, C, H, W] tensor of preprocessed pixel values)" if "pixel_values" in data
+               else "datasets.Dataset.from_dict(data) (a column of PIL images)")
+        raise DataError(
+            f"Calibration data of type {type(data).__name__} (keys {sorted(map(str, data))}) is not supported here "
+            f"(only weight correction takes a dict of model inputs): pass {fix}."
+        )
 
 
 def seeded_stream(data: Any, num_samples: int, seed: int) -> Any:
@@ -130,10 +153,11 @@ def split_calibration(
     seed: int = 0,
     image_column: str | None = None,
     label_column: str | None = None,
+    model: Any = None,
 ) -> CalibrationSplit:
     """Draw the gradient set and the fitness set in one seeded draw, so they do not share images."""
     images, labels = sample_images(data, num_gradient + num_fitness, seed=seed, image_column=image_column,
-                                   label_column=label_column)
+                                   label_column=label_column, model=model)
     available = len(images)
     if available >= num_gradient + num_fitness:
         gradient, fitness = images[:num_gradient], images[num_gradient:]
@@ -230,6 +254,7 @@ def draw_calibration(
     image_column: str | None = None,
     label_column: str | None = None,
     state: PartialState | None = None,
+    model: Any = None,
 ) -> tuple[Any, Any, dict[str, Any], torch.Tensor | None]:
     """One process's calibration sample: the gradient images (all, or this process's steps) and the fitness images.
 
@@ -246,6 +271,7 @@ def draw_calibration(
         seed: Seeds the draw.
         image_column, label_column: As in :func:`sample_images`.
         state: The process state (default: :func:`process_state`).
+        model: The model the images are for: pixel tensors smaller than one of its patches fail here.
 
     Returns:
         ``(gradient images or GradientSteps, fitness images (empty list if num_fitness is 0), description,
@@ -270,10 +296,10 @@ def draw_calibration(
     def full_draw() -> tuple[Any, Any, dict[str, Any], torch.Tensor | None]:
         if num_fitness == 0:
             images, labels = sample_images(data, num_gradient, seed=seed, image_column=image_column,
-                                           label_column=label_column)
+                                           label_column=label_column, model=model)
             return images, [], description(len(images), 0), labels
         split = split_calibration(data, num_gradient, num_fitness, seed=seed, image_column=image_column,
-                                  label_column=label_column)
+                                  label_column=label_column, model=model)
         return split.gradient, split.fitness, split.description, split.gradient_labels
 
     if not streaming:
@@ -305,6 +331,7 @@ def calibration_batches(
     num_samples: int | None = 1000,
     batch_size: int = 16,
     seed: int = 0,
+    model: Any = None,
 ) -> tuple[list[Any], int]:
     """Draw calibration images and split them into model-input batches.
 
@@ -316,6 +343,7 @@ def calibration_batches(
         num_samples: Images to draw (seeded); ``None`` for all.
         batch_size: Images per batch.
         seed: Seed of the draw.
+        model: The model the images are for: pixel tensors smaller than one of its patches fail here.
 
     Returns:
         ``(batches, num_images)``. Image batches are preprocessed lazily, so each entry is either a dict of tensors or
@@ -329,6 +357,7 @@ def calibration_batches(
                 f"A dict of calibration inputs needs a 'pixel_values' tensor and tensors of one batch size; got "
                 f"keys {sorted(data)} with batch sizes {sorted(sizes)}."
             )
+        tensors["pixel_values"] = check_pixel_values(tensors["pixel_values"], model=model)
         total = sizes.pop()
         count = total if num_samples is None else min(num_samples, total)
         index = torch.as_tensor(np.random.default_rng(seed).permutation(total)[:count])
@@ -345,7 +374,7 @@ def calibration_batches(
                     "num_samples=None (use every image) needs data with a length; give CorrectionConfig(num_samples=N) "
                     "for a stream."
                 ) from None
-    images, _ = sample_images(data, num_samples, seed=seed)
+    images, _ = sample_images(data, num_samples, seed=seed, model=model)
     if isinstance(images, torch.Tensor):
         return [{"pixel_values": images[i:i + batch_size]} for i in range(0, len(images), batch_size)], len(images)
     if processor is None:

@@ -36,7 +36,7 @@ def find_image_column(column_names: Sequence[str], features: Any = None) -> str:
             return name
     raise DataError(
         f"Cannot find an image column among the dataset's columns {list(column_names)}. "
-        "Pass image_column='<name>' to choose one."
+        "Pass image_column='<name>' (--image-column) to choose one."
     )
 
 
@@ -90,6 +90,53 @@ class _ValidImages:
             logger.warning("Skipping corrupt image %s of %s (%d skipped so far): %s",
                            where or f"#{self.checked}", self.source, self.skipped, error)
             return False
+
+
+#: The largest share of the images looked at in an in-memory dataset that may be corrupt (one is always allowed):
+#: beyond it a draw fails, since the file is more likely damaged than holding a few bad images.
+MAX_CORRUPT_FRACTION = 0.1
+
+
+def read_valid_rows(dataset: Any, order: Sequence[int], column: str, count: int) -> tuple[list[Image.Image],
+                                                                                           list[int]]:
+    """The first ``count`` decodable images of rows ``order`` of a ``datasets.Dataset``, and their row indices.
+
+    A row whose image cannot be decoded is skipped, logged with its index and replaced by the next row of ``order``.
+
+    Raises:
+        DataError: More than :data:`MAX_CORRUPT_FRACTION` of the rows looked at (and more than one) are corrupt.
+    """
+    import datasets
+
+    feature = dataset.features.get(column)
+    if isinstance(feature, datasets.Image) and feature.decode:  # decode row by row, to catch each failure
+        dataset = dataset.cast_column(column, datasets.Image(mode=feature.mode, decode=False))
+    images: list[Image.Image] = []
+    rows: list[int] = []
+    corrupt: list[int] = []
+    position = 0
+    while len(images) < count and position < len(order):
+        chunk = [int(i) for i in order[position:position + count - len(images)]]
+        position += len(chunk)
+        for row, value in zip(chunk, dataset.select(chunk)[column]):
+            try:
+                if value is None:
+                    raise ValueError("the image is missing")
+                images.append(to_rgb(value))
+                rows.append(row)
+            except DataError:
+                raise
+            except Exception as error:  # PIL raises many types for bad files (see _ValidImages)
+                corrupt.append(row)
+                logger.warning("Skipping corrupt image at row %d of the dataset (%d skipped so far): %s", row,
+                               len(corrupt), error)
+    if len(corrupt) > max(1, MAX_CORRUPT_FRACTION * position):
+        raise DataError(
+            f"{len(corrupt)} of the {position} images read from the dataset cannot be decoded (rows "
+            f"{sorted(corrupt)[:20]}{' ...' if len(corrupt) > 20 else ''}), more than the {MAX_CORRUPT_FRACTION:.0%} "
+            "that are skipped: the data is likely damaged. Drop those rows (dataset.select) or re-encode the images."
+        )
+    return images, rows
 
 
 def looks_like_path(source: str) -> bool:
@@ -241,10 +288,12 @@ def _columns(features: Any, image_column: str | None, label_column: str | None) 
     if image_column is None:
         image_column = find_image_column(columns, features)
     elif image_column not in columns:
-        raise DataError(f"image_column={image_column!r} is not among the dataset's columns {columns}.")
+        raise DataError(f"image_column={image_column!r} (--image-column) is not among the dataset's columns "
+                        f"{columns}.")
     _check_image_feature(image_column, features[image_column], columns)
     if label_column is not None and label_column not in columns:
-        raise DataError(f"label_column={label_column!r} is not among the dataset's columns {columns}.")
+        raise DataError(f"label_column={label_column!r} (--label-column) is not among the dataset's columns "
+                        f"{columns}.")
     keep = [image_column] + ([label_column] if label_column not in (None, image_column) else [])
     return image_column, keep
 

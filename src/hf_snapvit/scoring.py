@@ -22,7 +22,7 @@ steps and the float64 sums are added across processes.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from .architectures import input_size as architecture_input_size
 from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding
 from .views import MultiCropConfig, Normalizer, multi_crops, processor_inputs
 from .errors import ConfigError, DataError
+from .views import require_choice, require_int
 from .calibration import GradientSteps
 from .distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
 
@@ -59,6 +60,15 @@ class ScoreConfig:
     head_rows: Literal["v", "qkv"] = "v"
     batch_size: int = 16
     crops: MultiCropConfig = field(default_factory=MultiCropConfig)
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        require_choice(owner, "loss", self.loss, ("dino", "ce"))
+        require_choice(owner, "definition", self.definition, get_args(ScoreDefinition))
+        require_choice(owner, "head_rows", self.head_rows, ("v", "qkv"))
+        require_int(owner, "batch_size", self.batch_size, 1)
+        if not isinstance(self.crops, MultiCropConfig):
+            raise ConfigError(f"{owner}(crops={self.crops!r}): crops must be a MultiCropConfig.")
 
     @property
     def step_size(self) -> int:

@@ -8,7 +8,9 @@ a model's processor, :func:`model_inputs` the one place that turns a batch into 
 from __future__ import annotations
 
 import math
+import numbers
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,9 +19,29 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .architectures import unpatchify
+from .architectures import unpatchify, vision_config
 from .data import to_rgb
-from .errors import DataError
+from .errors import ConfigError, DataError
+
+
+def require_int(owner: str, name: str, value: Any, minimum: int, *, optional: bool = False) -> None:
+    """Raise a ConfigError unless ``value`` is an integer >= ``minimum`` (or ``None`` when ``optional``)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ConfigError(f"{owner}({name}={value!r}): {name} must be an integer >= {minimum}"
+                          + (" or None" if optional else "") + ".")
+
+
+def require_choice(owner: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Raise a ConfigError unless ``value`` is one of ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(f"{owner}({name}={value!r}): {name} must be one of {', '.join(map(repr, choices))}.")
+
+
+def is_real(value: Any) -> bool:
+    """A finite real number (not a bool)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class Normalizer:
@@ -64,6 +86,58 @@ def processor_inputs(images: list[Image.Image] | torch.Tensor, processor: Any, b
     return torch.cat(chunks)
 
 
+#: Preprocessed pixel values above this, none negative, look like raw 0-255 values (a processor's rescale and
+#: normalisation give about [-3, 3]).
+RAW_PIXEL_THRESHOLD = 25.0
+
+
+def patch_size(model: Any) -> int | None:
+    """The patch size of ``model``'s vision backbone, if its config has one."""
+    size = getattr(vision_config(model.config), "patch_size", None) if model is not None else None
+    return int(size) if isinstance(size, numbers.Integral) else None
+
+
+def check_pixel_values(pixels: torch.Tensor, *, model: Any = None, what: str = "calibration pixel values"
+                       ) -> torch.Tensor:
+    """Preprocessed pixel values, checked: floating, finite, not raw 0-255 values, at least one patch in size.
+
+    Args:
+        pixels: ``[N, C, H, W]`` pixel values (or a patch sequence ``[N, P, D]``, checked for values only).
+        model: The model they are for; gives the patch size (default: not checked).
+        what: How errors name the tensor.
+
+    Returns:
+        ``pixels``, detached (with a warning) if it required gradients.
+
+    Raises:
+        DataError: Integer pixels, NaN or infinite values (naming the first bad image), or images smaller than one
+            patch. Values that look like raw 0-255 floats only warn.
+    """
+    fix = ("preprocess the images with the model's image processor (processor(images=..., return_tensors='pt')"
+           "['pixel_values']), or pass the PIL images with processor=...")
+    if not pixels.is_floating_point():
+        raise DataError(f"The {what} are {pixels.dtype}, not the normalised floats a model takes: {fix}.")
+    if pixels.requires_grad:
+        warnings.warn(f"The {what} have requires_grad=True; they are used detached (no gradient flows back to "
+                      "them).", UserWarning, stacklevel=3)
+        pixels = pixels.detach()
+    bad = torch.cat([(~torch.isfinite(chunk)).flatten(1).any(1) for chunk in pixels.split(256)]) \
+        if pixels.numel() else torch.zeros(0, dtype=torch.bool)
+    if bad.any():
+        first = int(bad.nonzero()[0])
+        raise DataError(f"The {what} are not finite (NaN or inf) in {int(bad.sum())} of {len(pixels)} images, the "
+                        f"first being image {first}; drop or fix those images.")
+    size = patch_size(model)
+    if size and pixels.ndim == 4 and min(pixels.shape[-2:]) < size:
+        raise DataError(f"The {what} are {pixels.shape[-2]}x{pixels.shape[-1]} px, smaller than one {size}-px patch "
+                        f"of the model: {fix}.")
+    low, high = (float(pixels.amin()), float(pixels.amax())) if pixels.numel() else (0.0, 0.0)
+    if low >= 0 and high > RAW_PIXEL_THRESHOLD:
+        warnings.warn(f"The {what} range from {low:g} to {high:g}: they look like raw 0-255 values, not normalised "
+                      f"ones; {fix}.", UserWarning, stacklevel=3)
+    return pixels
+
+
 @dataclass(frozen=True)
 class MultiCropConfig:
     """DINO-style views: ``num_global`` crops of ``global_scale`` and ``num_local`` of ``local_scale`` (area fractions).
@@ -78,6 +152,19 @@ class MultiCropConfig:
     local_scale: tuple[float, float] = (0.05, 0.25)
     global_size: int | None = None
     local_size: int | None = None
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        require_int(owner, "num_global", self.num_global, 1)  # the DINO teacher embeds the global crops
+        require_int(owner, "num_local", self.num_local, 0)
+        for name in ("global_size", "local_size"):
+            require_int(owner, name, getattr(self, name), 1, optional=True)
+        for name in ("global_scale", "local_scale"):
+            scale = getattr(self, name)
+            if not (isinstance(scale, (tuple, list)) and len(scale) == 2 and all(map(is_real, scale))
+                    and 0 < scale[0] <= scale[1] <= 1):
+                raise ConfigError(f"{owner}({name}={scale!r}): {name} must be two area fractions (low, high) with "
+                                  "0 < low <= high <= 1, e.g. (0.25, 1.0).")
 
 
 def _crop_box(width: int, height: int, scale: tuple[float, float], rng: np.random.Generator) -> tuple[int, ...]:

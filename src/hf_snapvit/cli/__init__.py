@@ -101,8 +101,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 @contextlib.contextmanager
 def _logging_to_stderr(args: argparse.Namespace) -> Iterator[None]:
     """hf_snapvit's logs on the current stderr for the length of one call (main may run many times in a process)."""
-    from transformers.utils import logging as hf_logging
-
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     package = logging.getLogger("hf_snapvit")
@@ -110,17 +108,40 @@ def _logging_to_stderr(args: argparse.Namespace) -> Iterator[None]:
     package.addHandler(handler)
     package.setLevel(logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO)
     package.propagate = False
-    bars = hf_logging.is_progress_bar_enabled()
-    if args.quiet:
-        hf_logging.disable_progress_bar()
+    with _progress_bars_off(args.quiet):
+        try:
+            yield
+        finally:
+            package.removeHandler(handler)
+            package.setLevel(previous_level)
+            package.propagate = previous_propagate
+
+
+@contextlib.contextmanager
+def _progress_bars_off(quiet: bool) -> Iterator[None]:
+    """With ``quiet``, no progress bars from transformers, datasets or huggingface_hub for the length of one call;
+    each library's setting is restored afterwards."""
+    if not quiet:
+        yield
+        return
+    import datasets
+    import huggingface_hub.utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    switches = [(hf_logging.is_progress_bar_enabled(), hf_logging.disable_progress_bar,
+                 hf_logging.enable_progress_bar),
+                (not datasets.utils.are_progress_bars_disabled(), datasets.disable_progress_bars,
+                 datasets.enable_progress_bars),
+                (not hub_utils.are_progress_bars_disabled(), hub_utils.disable_progress_bars,
+                 hub_utils.enable_progress_bars)]
+    for _, disable, _ in switches:
+        disable()
     try:
         yield
     finally:
-        package.removeHandler(handler)
-        package.setLevel(previous_level)
-        package.propagate = previous_propagate
-        if bars:
-            hf_logging.enable_progress_bar()
+        for was_on, _, enable in switches:
+            if was_on:
+                enable()
 
 
 def _jsonable(value: Any) -> Any:

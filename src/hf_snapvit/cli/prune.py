@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, HubUploadError
 from .formatting import gflops, millions
 from .options import add_data_arguments, load_data, load_dense_model, load_processor, output_folder
 
@@ -74,7 +74,14 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.push_to_hub:  # a missing token should fail now, not after the ranking
         from ..hub import resolve_token
 
-        resolve_token(args.token)
+        try:
+            resolve_token(args.token)
+        except HubUploadError as error:  # its words name the library's token= argument
+            raise HubUploadError(
+                f"--push-to-hub {args.push_to_hub} needs a Hugging Face token with write access and none was found: "
+                "log in with `hf auth login`, set the HF_TOKEN environment variable, or pass --token hf_... (from "
+                "https://huggingface.co/settings/tokens)."
+            ) from error
     show = not args.quiet and state.is_local_main_process
 
     model = load_dense_model(args.model)

@@ -154,7 +154,8 @@ class Evaluator:
             raise EvaluationError(f"k={self.k} exceeds the bank's {len(self.bank_set)} images; use a larger bank "
                                   "or a smaller k.")
         if "retention" in self.metrics and self.dense_model is None:
-            raise EvaluationError("The retention metric needs the dense model: pass dense_model=...")
+            raise EvaluationError("The retention metric needs the dense model: pass dense_model=... "
+                                  "(--dense-model, or --sparsity with an elastic checkpoint).")
 
     def _wanted(self, metric: str, model: PreTrainedModel) -> bool:
         possible = {
@@ -268,7 +269,8 @@ def evaluate(
         model: A model, or a path/Hub id of a checkpoint (an elastic checkpoint is loaded at ``sparsity``).
         eval_data: Evaluation images (PIL images with ``eval_labels``, a ``datasets.Dataset`` with image and label
             columns, or a pixel tensor), or a path/dataset name whose ``"validation"`` split is read.
-        sparsity: Budget at which to load an elastic checkpoint given by path (ignored for a model object).
+        sparsity: Budget at which to load an elastic checkpoint given by path (ignored for a model object). A sliced
+            checkpoint (one with ``elastic_layout``) holds no dense model, so slicing it further needs ``dense_model``.
         bank_data: Labelled train images for k-NN and the linear probe, or a path/dataset name whose ``"train"``
             split is read.
         eval_labels: Labels of ``eval_data`` when it is not a labelled dataset.
@@ -286,6 +288,10 @@ def evaluate(
     Returns:
         The :class:`EvaluationResult`.
 
+    Raises:
+        EvaluationError: A sliced checkpoint given by path with a ``sparsity`` and no ``dense_model``, or a metric
+            asked for whose inputs are missing.
+
     Example:
         >>> result = evaluate("vit-tiny-elastic", "../shared/data/tiny-imagenet-200", sparsity=0.3)  # doctest: +SKIP
         >>> result.top1, result.retention  # doctest: +SKIP
@@ -294,6 +300,7 @@ def evaluate(
     if isinstance(model, (str, os.PathLike)):
         name = str(model) + (f"@{sparsity}" if sparsity is not None else "")
         if dense_model is None and sparsity:
+            _refuse_resliced(model, sparsity)
             dense_model = model
         model = load_model(model, sparsity)
     if isinstance(dense_model, (str, os.PathLike)):
@@ -309,6 +316,22 @@ def evaluate(
     if output is not None:
         result.to_json(output)
     return result
+
+
+def _refuse_resliced(path_or_repo_id: str | os.PathLike, sparsity: float) -> None:
+    """A sliced checkpoint loaded at a new sparsity has no dense model to compare with: refuse, saying what to do."""
+    from transformers import AutoConfig
+
+    layout = getattr(AutoConfig.from_pretrained(path_or_repo_id), "elastic_layout", None)
+    if layout is None:
+        return
+    saved = layout.get("sparsity") if isinstance(layout, Mapping) else None
+    raise EvaluationError(
+        f"{str(path_or_repo_id)!r} is a sliced checkpoint (saved at sparsity {saved}), so it holds no dense model: "
+        f"loaded at sparsity {sparsity} its retention would be measured against itself and its sparsity against its "
+        f"own size. Evaluate the dense elastic checkpoint at sparsity {sparsity} (--sparsity), evaluate this one as "
+        "saved (without a sparsity), or pass the dense model it was cut from (dense_model=..., --dense-model)."
+    )
 
 
 def load_model(path_or_repo_id: str | os.PathLike, sparsity: float | None = None) -> PreTrainedModel:

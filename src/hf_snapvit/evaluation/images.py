@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,17 +155,23 @@ def load_split(
     Args:
         path_or_name: ``data/validation.parquet``, a folder holding ``{split}.parquet``, or anything
             ``datasets.load_dataset`` accepts (a Hub id or a local dataset folder).
-        split: The split to read (``"train"``, ``"validation"``, ...).
+        split: The split to read (``"train"``, ``"validation"``, ...). A single file is read as this split; one
+            whose name says it holds training images while a held-out split is asked for (or the reverse) fails.
         num_samples: Keep a seeded random subset of this size (default: all).
         seed: Seed of the subset's shuffle.
 
     Returns:
         The (sub)split, a ``datasets.Dataset``.
+
+    Raises:
+        EvaluationError: A single file named for training (``train``, ``training``) when a held-out split is asked
+            for, or named for a held-out split (``validation``, ``val``, ``dev``, ``test``, ...) when ``train`` is.
     """
     import datasets
 
     path = Path(path_or_name)
     if path.is_file() or path.suffix == ".parquet":
+        _check_file_split(path, split)
         dataset = datasets.load_dataset("parquet", data_files={split: str(path)}, split=split)
     elif (path / f"{split}.parquet").is_file():
         dataset = datasets.load_dataset("parquet", data_files={split: str(path / f"{split}.parquet")}, split=split)
@@ -176,3 +183,27 @@ def load_split(
         dataset = dataset.shuffle(seed=seed).select(range(min(num_samples, len(dataset))))
     return dataset
 
+
+
+#: Words in a file name that say which split it holds (those ``datasets`` infers splits from).
+SPLIT_WORDS = {"train": ("train", "training"), "validation": ("validation", "valid", "val", "dev"),
+               "test": ("test", "testing", "eval", "evaluation")}
+
+
+def split_named_by(name: str) -> str | None:
+    """The split a file name or split name says it holds (``"train-00000-of-00001"`` -> ``"train"``), or None."""
+    words = set(re.split(r"[-._ 0-9\[\]:%]+", name.lower()))
+    return next((split for split, keywords in SPLIT_WORDS.items() if words & set(keywords)), None)
+
+
+def _check_file_split(path: Path, split: str) -> None:
+    """A single file is read as ``split``: refuse one whose name says it holds the other side of train/held-out."""
+    named = split_named_by(path.stem)
+    asked = split_named_by(split) or split
+    if named is not None and (named == "train") != (asked == "train"):
+        raise EvaluationError(
+            f"{path.name!r} looks like the {named!r} split (by its file name), but split {split!r} was asked for: "
+            "evaluating on training images, or building the bank from held-out ones, gives meaningless results. "
+            f"Give the {split!r} file (or the folder holding the split files), or ask for split {named!r} (--split / "
+            "--bank-split) to use this file deliberately."
+        )

@@ -29,7 +29,7 @@ from ..errors import ConfigError
 from ..fitness import EmbeddingFitness
 from ..ranking import ElasticRanking, Floors, RankingMode
 from ..scoring import ScoreConfig, gradient_scores
-from ..views import MultiCropConfig, load_processor, processor_inputs
+from ..views import MultiCropConfig, is_real, load_processor, processor_inputs, require_choice, require_int
 from ..xnes import XNES
 
 PRESETS = ("default", "fast", "paper")
@@ -83,11 +83,35 @@ class SnapViTConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        owner = type(self).__name__
         if self.max_generations is None and self.max_evaluations is None:
             raise ConfigError("Give a search budget: max_generations and/or max_evaluations.")
-        for name in ("num_gradient_images", "num_fitness_images"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1.")
+        for name, minimum in (("num_gradient_images", 1), ("num_fitness_images", 1), ("pca_components", 1),
+                              ("fitness_batch_size", 1), ("seed", 0)):
+            require_int(owner, name, getattr(self, name), minimum)
+        for name, minimum in (("max_generations", 0), ("max_evaluations", 0), ("population_size", 2)):
+            require_int(owner, name, getattr(self, name), minimum, optional=True)
+        sparsities = self.fitness_sparsities
+        if not (isinstance(sparsities, (tuple, list)) and sparsities
+                and all(is_real(s) and 0 <= s < 1 for s in sparsities)):
+            raise ConfigError(f"{owner}(fitness_sparsities={sparsities!r}): give a non-empty tuple of sparsities in "
+                              "[0, 1) to evaluate candidates at, e.g. (0.1, 0.3, 0.5, 0.6).")
+        object.__setattr__(self, "fitness_sparsities", tuple(float(s) for s in sparsities))
+        if not is_real(self.sigma) or self.sigma <= 0:
+            raise ConfigError(f"{owner}(sigma={self.sigma!r}): sigma must be a positive finite number, e.g. 0.5.")
+        if not (isinstance(self.init_mean, (tuple, list)) and len(self.init_mean) == 2
+                and all(map(is_real, self.init_mean))):
+            raise ConfigError(f"{owner}(init_mean={self.init_mean!r}): give two finite factors (first block, last "
+                              "block), e.g. (1.2, 0.8).")
+        require_choice(owner, "covariance", self.covariance, ("identity", "cka"))
+        require_choice(owner, "mode", self.mode, ("global", "paired"))
+        for name in ("min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset"):
+            value = getattr(self, name)
+            if not is_real(value) or not 0 <= value < 1:
+                raise ConfigError(f"{owner}({name}={value!r}): {name} must be a fraction in [0, 1).")
+        if not isinstance(self.scores, ScoreConfig):
+            raise ConfigError(f"{owner}(scores={self.scores!r}): scores must be a ScoreConfig, e.g. "
+                              "ScoreConfig(definition='obd').")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "SnapViTConfig":
