@@ -138,6 +138,11 @@ def test_pixels_smaller_than_one_patch_fail_naming_the_patch_size():
         calibration_batches(torch.randn(8, 3, 4, 4), num_samples=4, model=model)
     draw_calibration(torch.randn(8, 3, 32, 32), 4, 4, step_size=1, model=model)
 
+    # The public entry points pass the model on, so a ranking or a correction fails the same way.
+    for method in ("snapvit", "snip"):
+        with pytest.raises(DataError, match=r"4x4.*8-px patch"):
+            hs.rank(model, method=method, data=torch.randn(8, 3, 4, 4), preset="fast", show_progress=False)
+
 
 def test_a_model_built_in_code_without_a_processor_asks_for_one():
     model = CASE["vit"].build()

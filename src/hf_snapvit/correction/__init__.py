@@ -208,7 +208,7 @@ def correct_model_(
     was_training = model.training
     model.eval()
     batches, num_images = calibration_batches(images_or_pixels, processor, num_samples=config.num_samples,
-                                              batch_size=config.batch_size, seed=config.seed)
+                                              batch_size=config.batch_size, seed=config.seed, model=model)
     inputs = _capture_first_block_inputs(model, spec, batches, processor, show_progress)
     num_tokens = sum(int(np.prod(item.hidden.shape[:-1])) for item in inputs)
 

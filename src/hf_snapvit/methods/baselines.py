@@ -115,7 +115,8 @@ def gradient_baseline_scores(
     labelled = scores.loss == "ce"
     state = process_state()
     images, _, _, labels = draw_calibration(data, num_images, 0, step_size=scores.step_size, seed=seed,
-                                            label_column=label_column if labelled else None, state=state)
+                                            label_column=label_column if labelled else None, state=state,
+                                            model=model)
     if processor is None and not hasattr(images, "shape"):
         processor = load_processor(model, purpose=f"preprocess the calibration images of method={method!r}")
     with on_process_device(model, state):

@@ -233,7 +233,7 @@ class SnapViTPruner:
         start = time.perf_counter()
         gradient_images, fitness_images, calibration, _ = draw_calibration(
             data, config.num_gradient_images, config.num_fitness_images, step_size=config.scores.step_size,
-            seed=config.seed, image_column=image_column)
+            seed=config.seed, image_column=image_column, model=model)
         if processor is None and not hasattr(fitness_images, "shape"):
             processor = load_processor(model, purpose="preprocess the calibration images")
         fitness_pixels = processor_inputs(fitness_images, processor)
