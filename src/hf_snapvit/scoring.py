@@ -153,7 +153,8 @@ def gradient_scores(
     precision (:func:`hf_snapvit.distributed.autocast`).
 
     Args:
-        model: A dense model of a supported architecture; its weights are not changed.
+        model: A dense model of a supported architecture; its weights, gradients (``.grad``), ``requires_grad``
+            flags and train/eval mode are as they were when this returns.
         images: PIL images or a ``[N, C, H, W]`` tensor of pixel values (see :mod:`hf_snapvit.data`), the same on
             every process; or a :class:`~hf_snapvit.calibration.GradientSteps` holding only this process's steps
             (from :func:`~hf_snapvit.calibration.draw_calibration`), with their labels.
@@ -181,6 +182,7 @@ def gradient_scores(
     input_size = architecture_input_size(model.config)
     head_weights, neuron_weights = _scored_weights(model, config.head_rows)
     weights = [w for group in head_weights + neuron_weights for w in group]
+    grads = {p: p.grad for p in model.parameters()}  # the caller's gradients, restored afterwards
     flags, was_training = _only_these_require_grad(model, {id(w) for w in weights})
     per_image = config.definition in ("fisher", "obd")
     # Per-image squared gradients, or (batched definitions) the batch-mean gradients summed over batches, as the
@@ -207,7 +209,7 @@ def gradient_scores(
     finally:
         for p, flag in flags.items():
             p.requires_grad_(flag)
-            p.grad = None
+            p.grad = grads[p]
         model.train(was_training)
     hd = head_dim(get_attention(get_layers(model, spec)[0], spec), spec)
     squared_sum = config.definition == "taylor"
