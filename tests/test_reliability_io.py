@@ -54,10 +54,12 @@ def test_an_optimizer_made_before_the_save_steps_every_tensor(tmp_path):
     logits = model(**CASE["vit-cls"].inputs(2)).logits
     (logits**2).sum().backward()
     optimizer.step()
-    with_grad = {k for k, v in model.named_parameters() if v.grad is not None and v.grad.abs().sum() > 0}
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in model.parameters()}
+    # Every tensor with a gradient that moves it changes (k_proj biases get ~1e-10: softmax ignores them).
+    moved = {k for k, v in model.named_parameters() if v.grad is not None and v.grad.abs().max() > 1e-6}
     changed = {k for k, v in model.named_parameters() if not torch.equal(v.detach(), before[k])}
-    assert len(with_grad) == len(before)  # every tensor of this model takes part in the loss
-    assert changed == with_grad
+    assert changed == moved and len(moved) > 0.9 * len(before)
 
 
 def _set_grads(model):
@@ -272,8 +274,8 @@ def test_an_interrupt_between_the_two_renames_restores_the_old_checkpoint(tmp_pa
     before = {p.name: p.read_bytes() for p in target.iterdir()}
     rename = os.rename
 
-    def interrupted(source, destination):
-        if Path(destination) == target:
+    def interrupted(source, destination):  # the second rename: staging folder -> target
+        if Path(destination) == target and ".tmp-" in Path(source).name:
             raise KeyboardInterrupt
         rename(source, destination)
 
@@ -311,3 +313,15 @@ def test_a_save_killed_between_the_renames_is_recovered_by_the_next(tmp_path):
     hs.save_elastic(model, hs.rank(model, method="random"), tmp_path / "e")
     assert (tmp_path / "e" / "README.md").read_text() == "card"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e"]
+
+
+def test_writing_into_a_folder_removes_the_shards_of_an_earlier_save_only(tmp_path, monkeypatch):
+    model = CASE["vit"].build()
+    monkeypatch.chdir(tmp_path)
+    hs.save_elastic(model, hs.rank(model), ".", max_shard_size="20KB")
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    (tmp_path / "model_backup.safetensors").write_text("mine")
+    hs.save_elastic(model, hs.rank(model, method="random"), ".")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors",
+                                                          "model_backup.safetensors"]
+    load(".", sparsity=0.3)

@@ -182,8 +182,7 @@ def gradient_scores(
     input_size = architecture_input_size(model.config)
     head_weights, neuron_weights = _scored_weights(model, config.head_rows)
     weights = [w for group in head_weights + neuron_weights for w in group]
-    grads = {p: p.grad for p in model.parameters()}  # the caller's gradients, restored afterwards
-    flags, was_training = _only_these_require_grad(model, {id(w) for w in weights})
+    saved, was_training = _only_these_require_grad(model, {id(w) for w in weights})
     per_image = config.definition in ("fisher", "obd")
     # Per-image squared gradients, or (batched definitions) the batch-mean gradients summed over batches, as the
     # reference accumulates them; float64 on every process so that the cross-process sum is exact up to rounding.
@@ -207,9 +206,9 @@ def gradient_scores(
         sums = reduce_sum(sums)
         stats = _weight_statistics(config.definition, weights, sums, num_images)
     finally:
-        for p, flag in flags.items():
+        for p, (flag, grad) in saved.items():
             p.requires_grad_(flag)
-            p.grad = grads[p]
+            p.grad = grad
         model.train(was_training)
     hd = head_dim(get_attention(get_layers(model, spec)[0], spec), spec)
     squared_sum = config.definition == "taylor"
@@ -255,10 +254,11 @@ def _weight_statistics(definition: str, weights: list[torch.Tensor], sums: list[
 
 
 def _only_these_require_grad(model: PreTrainedModel, scored: set[int]) -> tuple[dict, bool]:
-    """Make only the scored weights require gradients and put the model in eval mode; return what to restore."""
-    flags = {p: p.requires_grad for p in model.parameters()}
+    """Make only the scored weights require gradients and put the model in eval mode; return what to restore:
+    every parameter's ``requires_grad`` flag and gradient (the caller's ``.grad``), and the train mode."""
+    saved = {p: (p.requires_grad, p.grad) for p in model.parameters()}
     was_training = model.training
     for p in model.parameters():
         p.requires_grad_(id(p) in scored)
     model.eval()
-    return flags, was_training
+    return saved, was_training
