@@ -325,3 +325,19 @@ def test_writing_into_a_folder_removes_the_shards_of_an_earlier_save_only(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors",
                                                           "model_backup.safetensors"]
     load(".", sparsity=0.3)
+
+
+def test_an_interrupted_save_into_the_working_directory_changes_nothing(tmp_path, monkeypatch):
+    model = CASE["vit"].build()
+    monkeypatch.chdir(tmp_path)
+    hs.save_elastic(model, hs.rank(model), ".")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def crash(self, folder, **kwargs):
+        (Path(folder) / "model.safetensors").write_bytes(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(model), "save_pretrained", crash)
+    with pytest.raises(KeyboardInterrupt):
+        hs.save_elastic(model, hs.rank(model, method="random"), ".")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

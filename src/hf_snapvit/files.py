@@ -67,7 +67,7 @@ def atomic_directory(save_directory: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty staging folder; on success its files become ``save_directory``, as ``save_pretrained`` would
     have written them.
 
-    * A new folder, or one that holds a checkpoint (``config.json`` and weights), is replaced in one rename: if the
+    * A new folder, or one that holds a checkpoint (``config.json`` and weights), is swapped in by renames: if the
       body raises or the process dies, ``save_directory`` is as it was. An interrupt between the two renames puts the
       old folder back; a save killed there is recovered, and its staging folders removed, by the next save. Files of
       the old folder that are not part of a checkpoint (a README, a preprocessor config not re-written) are carried
@@ -75,7 +75,8 @@ def atomic_directory(save_directory: str | os.PathLike) -> Iterator[Path]:
     * Files and folders written into the staging folder get the modes the umask gives new ones.
     * Any other existing folder (the working directory or one holding it, a folder of other files, a symbolic link
       to a folder) is kept: the staged files are moved into it one by one, each atomically, ``config.json`` last,
-      after checkpoint files the new save does not have (stale shards) are removed. Nothing else in it is touched.
+      after the weight files of an earlier save that this one does not write (stale shards) are removed. Nothing
+      else in it is touched.
 
     Raises:
         CheckpointError: ``save_directory`` exists and is not a folder.
@@ -83,7 +84,7 @@ def atomic_directory(save_directory: str | os.PathLike) -> Iterator[Path]:
     target = Path(os.path.abspath(save_directory))
     if os.path.lexists(target) and not target.is_dir():
         raise CheckpointError(
-            f"Cannot save a checkpoint to {str(target)!r}: it is a file, not a folder. Choose a folder path (it is "
+            f"Cannot save a checkpoint to {str(target)!r}: it is a file (or a broken link), not a folder. Choose a folder path (it is "
             "created if missing), or remove the file."
         )
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +162,11 @@ def _clean_stale(folder: Path, name: str, target: Path | None = None) -> None:
     """Remove the staging and backup folders of saves to ``name`` that were killed; if ``target`` is missing because
     a save was killed between its two renames, put the newest backup back first."""
     pattern = _staging_pattern(name)
-    stale = [(match.group(1), item) for item in folder.iterdir()
+    try:
+        items = list(folder.iterdir())
+    except OSError:  # a folder we may write to but not list: nothing to clean
+        return
+    stale = [(match.group(1), item) for item in items
              if (match := pattern.fullmatch(item.name)) and item.is_dir() and not item.is_symlink()
              and not _running(match.group(2))]
     backups = [item / "old" for kind, item in stale if kind == "old" and (item / "old").is_dir()]
