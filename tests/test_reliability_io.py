@@ -341,3 +341,20 @@ def test_an_interrupted_save_into_the_working_directory_changes_nothing(tmp_path
     with pytest.raises(KeyboardInterrupt):
         hs.save_elastic(model, hs.rank(model, method="random"), ".")
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_the_recipe_in_the_warning_adds_a_fingerprint_to_an_old_checkpoint(tmp_path):
+    model = CASE["vit"].build()
+    stored = hs.save_elastic(model, hs.rank(model), tmp_path / "e")
+    config = json.loads((tmp_path / "e" / "config.json").read_text())
+    del config["elastic_ranking"]["provenance"]["weights_fingerprint"]  # as written before fingerprints
+    (tmp_path / "e" / "config.json").write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match=UNVERIFIED):
+        hs.ElasticViTModel.from_pretrained(tmp_path / "e", sparsity=0.3)
+    old = AutoModel.from_pretrained(tmp_path / "e")
+    hs.save_elastic(old, hs.ElasticRanking.from_dict(old.config.elastic_ranking), tmp_path / "new")
+    sparsity = 0.5 * stored.max_sparsity
+    inputs = CASE["vit"].inputs(2)
+    torch.testing.assert_close(load(tmp_path / "new", sparsity=sparsity)(**inputs).last_hidden_state,
+                               hs.ElasticViTModel.from_pretrained(tmp_path / "e", sparsity=sparsity)(
+                                   **inputs).last_hidden_state)

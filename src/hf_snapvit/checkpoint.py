@@ -301,8 +301,10 @@ def check_weight_order(config: Any, ranking: ElasticRanking | None, source: Any,
         warnings.warn(
             f"The elastic_ranking of {str(source)!r} has no weights fingerprint (it was written before hf_snapvit "
             "recorded one, or stored with plain save_pretrained), so whether the weights are in its rank order "
-            f"cannot be verified. If this checkpoint came from hf_snapvit.save_elastic, {_RESAVE} to add one; if the "
-            "ranking was pasted beside unpermuted weights, the loaded models keep the wrong units.",
+            "cannot be verified. If this checkpoint came from hf_snapvit.save_elastic, re-save it to add one: model = "
+            "transformers.AutoModel.from_pretrained(path); hf_snapvit.save_elastic(model, hf_snapvit.ElasticRanking."
+            "from_dict(model.config.elastic_ranking), folder). If the ranking was pasted beside unpermuted weights, "
+            "the loaded models keep the wrong units: save the ranked model with hf_snapvit.save_elastic instead.",
             UserWarning, stacklevel=4,  # the caller of from_pretrained
         )
         return
