@@ -8,8 +8,10 @@ budget keeps, straight from the safetensors files.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -19,7 +21,8 @@ from transformers import PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from transformers.utils.hub import cached_file
 
-from .budget import model_shape
+from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from .budget import model_shape, skeleton
 from .errors import CheckpointError, RankingFormatError
 from .files import atomic_directory
 from .ranking import ElasticRanking
@@ -56,8 +59,11 @@ def save_elastic(
 ) -> ElasticRanking:
     """Write the elastic checkpoint of ``model``: its weights permuted into rank order plus the ranking.
 
-    The write is atomic: an interrupted save leaves ``save_directory`` as it was. ``model`` itself is permuted for
-    the write and restored afterwards, so it is unchanged when this returns.
+    The write is atomic (:func:`hf_snapvit.files.atomic_directory`): an interrupted save leaves ``save_directory``
+    as it was. ``model`` is not touched: the permuted weights are new tensors of a shallow copy, so the model's
+    parameter objects, values, gradients and config stay as they are (optimizers, hooks and EMA copies made before
+    the save keep working). The stored ranking carries a fingerprint of the permuted weights
+    (``provenance["weights_fingerprint"]``), which ``ElasticViTModel.from_pretrained`` checks.
 
     Args:
         model: The dense model that ``ranking`` was computed on.
@@ -78,22 +84,13 @@ def save_elastic(
             "elastic checkpoint or the original model instead."
         )
     data = ranking.sorted().to_dict()
-    orders = ranking.orders()
-    inverse = [(np.argsort(h), np.argsort(f)) for h, f in orders]
-    previous = getattr(model.config, "elastic_ranking", None)
-    slice_model_(model, orders)
-    try:
-        model.config.elastic_ranking = data
-        with atomic_directory(save_directory) as staging:
-            model.save_pretrained(staging, **save_kwargs)
-            if image_processor is not None:
-                image_processor.save_pretrained(staging)
-    finally:
-        slice_model_(model, inverse)
-        if previous is None:
-            del model.config.elastic_ranking
-        else:
-            model.config.elastic_ranking = previous
+    permuted = slice_model_(_shadow_copy(model), ranking.orders())
+    data["provenance"]["weights_fingerprint"] = _fingerprint_of(permuted)
+    permuted.config.elastic_ranking = data
+    with atomic_directory(save_directory) as staging:
+        permuted.save_pretrained(staging, **save_kwargs)
+        if image_processor is not None:
+            image_processor.save_pretrained(staging)
     return ElasticRanking.from_dict(data)
 
 
@@ -221,3 +218,150 @@ def load_sliced_state_dict(
         # reachable for column slices, and the file mapped for the model's lifetime.
         state[name] = torch.empty(expected, dtype=target.dtype).copy_(reader.read(key, expected, chunk))
     return state
+
+
+# ------------------------------------------------------------------------------------ weight-order fingerprint
+# A ranking describes one order of the units. save_elastic records, per block, the first weight (column 0) of each
+# head's first value row and of the first FINGERPRINT_NEURONS FFN input rows, in stored order; the loader reads the
+# same few values (one small slice per head, one per FFN) and refuses a ranking whose weights are in another order.
+# Input rows are what a weight correction leaves alone; a prefix is what a sliced checkpoint keeps.
+FINGERPRINT_NEURONS = 32
+FINGERPRINT_TOLERANCE = 0.05  # relative L2 distance: a lower-precision re-save passes, a permutation does not
+_RESAVE = "re-save it with hf_snapvit.save_elastic(model, ranking, folder)"
+
+
+def _shadow_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A copy of ``model``'s module tree and config that shares its parameters and buffers: slicing the copy
+    assigns new tensors to the copy's modules and leaves ``model`` as it is."""
+    copies: dict[int, torch.nn.Module] = {}
+
+    def shadow(module: torch.nn.Module) -> torch.nn.Module:
+        if id(module) not in copies:
+            clone = copy.copy(module)
+            copies[id(module)] = clone
+            clone._parameters = dict(module._parameters)
+            clone._buffers = dict(module._buffers)
+            clone._modules = {name: None if child is None else shadow(child) for name, child in module._modules.items()}
+        return copies[id(module)]
+
+    clone = shadow(model)
+    clone.config = copy.deepcopy(model.config)
+    return clone
+
+
+def _unit_rows(model: PreTrainedModel) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
+    """Per block: the value projection's weight, the head width and the first FFN input projection's weight."""
+    spec = get_spec(model)
+    rows = []
+    for layer in get_layers(model, spec):
+        attention = get_attention(layer, spec)
+        mlp, variant = get_mlp(layer, spec)
+        rows.append((getattr(attention, spec.v_proj).weight, head_dim(attention, spec),
+                     getattr(mlp, variant.in_proj[0]).weight))
+    return rows
+
+
+def _rounded(values: torch.Tensor) -> list[float]:
+    values = torch.nan_to_num(values.detach().double().reshape(-1), nan=0.0, posinf=0.0, neginf=0.0)
+    return [float(f"{v:.6g}") for v in values.cpu().tolist()]
+
+
+def _fingerprint_of(model: PreTrainedModel) -> dict[str, Any]:
+    """The weight-order fingerprint of an in-memory (permuted) model."""
+    heads, neurons = [], []
+    for v_weight, hd, in_weight in _unit_rows(model):
+        heads.append(_rounded(v_weight[::hd, 0]))
+        neurons.append(_rounded(in_weight[:FINGERPRINT_NEURONS, 0]))
+    return {"version": 1, "heads": heads, "neurons": neurons}
+
+
+def verified_elastic_entries(config: Any, source: Any, **hub_kwargs: Any) -> tuple[ElasticRanking | None, dict | None]:
+    """:func:`elastic_entries`, with the stored weights checked against the ranking's order
+    (:func:`check_weight_order`)."""
+    ranking, layout = elastic_entries(config, source)
+    check_weight_order(config, ranking, source, **hub_kwargs)
+    return ranking, layout
+
+
+def check_weight_order(config: Any, ranking: ElasticRanking | None, source: Any, **hub_kwargs: Any) -> None:
+    """Check that the stored weights are in the order ``config.elastic_ranking`` describes.
+
+    Raises:
+        RankingFormatError: The fingerprint is corrupt, or the weights are in another order (a ranking stored beside
+            unpermuted weights, or copied from another checkpoint).
+
+    A ranking without a fingerprint (written before fingerprints, or stored with plain ``save_pretrained``) loads
+    with a warning.
+    """
+    if ranking is None:
+        return
+    stored = config.elastic_ranking.get("provenance")
+    fingerprint = stored.get("weights_fingerprint") if isinstance(stored, dict) else None
+    if fingerprint is None:
+        warnings.warn(
+            f"The elastic_ranking of {str(source)!r} has no weights fingerprint (it was written before hf_snapvit "
+            "recorded one, or stored with plain save_pretrained), so whether the weights are in its rank order "
+            "cannot be verified. If this checkpoint came from hf_snapvit.save_elastic, re-save it to add one: model = "
+            "transformers.AutoModel.from_pretrained(path); hf_snapvit.save_elastic(model, hf_snapvit.ElasticRanking."
+            "from_dict(model.config.elastic_ranking), folder). If the ranking was pasted beside unpermuted weights, "
+            "the loaded models keep the wrong units: save the ranked model with hf_snapvit.save_elastic instead.",
+            UserWarning, stacklevel=4,  # the caller of from_pretrained
+        )
+        return
+    model = skeleton(config)
+    ranking.check_matches(model_shape(model))
+    expected = _expected(fingerprint, ranking)
+    reader = CheckpointReader(source, **hub_kwargs)
+    names = {id(p): n for n, p in model.named_parameters()}
+    disk = disk_names(model, reader.keys())
+    for block, ((v_weight, hd, in_weight), (heads, neurons)) in enumerate(zip(_unit_rows(model), expected)):
+        found = [_read_units(reader, disk.get(names[id(v_weight)]), hd, len(heads)),
+                 _read_units(reader, disk.get(names[id(in_weight)]), None, len(neurons))]
+        for kind, want, got in zip(("heads", "FFN neurons"), (heads, neurons), found):
+            if got is not None and not _close(want[:len(got)], got):
+                raise RankingFormatError(
+                    f"The weights of {str(source)!r} are not in the weight order its elastic_ranking describes "
+                    f"(block {block}: the {kind} differ from the ranking's weights fingerprint). The ranking was "
+                    "stored beside weights it was not made for (plain save_pretrained of an unpermuted model, or a "
+                    f"config.json copied from another checkpoint); {_RESAVE} from the model it was ranked on."
+                )
+
+
+def _expected(fingerprint: Any, ranking: ElasticRanking) -> list[tuple[list[float], list[float]]]:
+    """The fingerprint's per-block ``(heads, neurons)`` values, checked against the ranking's shape."""
+    shape = ranking.shape
+    try:
+        blocks = list(zip(fingerprint["heads"], fingerprint["neurons"], strict=True))
+        values = [([float(v) for v in h], [float(v) for v in f]) for h, f in blocks]
+        ok = len(values) == shape.num_layers and all(
+            len(h) == shape.num_heads and len(f) == min(shape.intermediate_size, FINGERPRINT_NEURONS)
+            for h, f in values)
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise RankingFormatError(
+            "elastic_ranking.provenance.weights_fingerprint is corrupt: expected {'heads': [L][H] numbers, "
+            f"'neurons': [L][min(F, {FINGERPRINT_NEURONS})] numbers}} for L={shape.num_layers} blocks of "
+            f"H={shape.num_heads} heads and F={shape.intermediate_size} neurons; {_RESAVE}."
+        )
+    return values
+
+
+def _read_units(reader: CheckpointReader, found: tuple[str, tuple[int, int] | None] | None, head_width: int | None,
+                count: int) -> list[float] | None:
+    """Column 0 of the first row of each stored head (``head_width`` rows each), or of the first ``count`` rows."""
+    if found is None:
+        return None  # the loader reports a missing tensor
+    key, (part, parts) = found[0], found[1] or (0, 1)
+    rows = reader.shape(key)[0] // parts
+    if head_width is None:
+        return _rounded(reader.read(key, (min(rows, count), 1), found[1]))
+    stored = min(rows // head_width, count)
+    # The i-th of parts·stored equal parts starts at head i's first row within projection ``part``.
+    return [_rounded(reader.read(key, (1, 1), (part * (rows // head_width) + h, parts * (rows // head_width))))[0]
+            for h in range(stored)]
+
+
+def _close(expected: list[float], found: list[float]) -> bool:
+    a, b = np.asarray(expected, dtype=np.float64), np.asarray(found, dtype=np.float64)
+    return float(np.linalg.norm(a - b)) <= FINGERPRINT_TOLERANCE * float(np.linalg.norm(a)) + 1e-12 * len(a)

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
+from .errors import CheckpointError
+
 
 def default_file_mode() -> int:
     """The mode ``open()`` gives a new file under the current umask (``mkstemp`` creates files 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+    return 0o666 & ~_umask()
 
 
 @contextlib.contextmanager
@@ -51,6 +53,10 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 _CHECKPOINT_FILES = ("config.json", SAFE_WEIGHTS_INDEX_NAME, "pytorch_model.bin.index.json")
 
 
+# Weight files by the names transformers gives them (a single file, its shards and their index).
+_WEIGHTS = re.compile(r"(model|pytorch_model)(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?")
+
+
 def _is_checkpoint_file(name: str) -> bool:
     return name in _CHECKPOINT_FILES or (name.startswith(("model", "pytorch_model")) and
                                          name.endswith((".safetensors", ".bin")))
@@ -58,26 +64,171 @@ def _is_checkpoint_file(name: str) -> bool:
 
 @contextlib.contextmanager
 def atomic_directory(save_directory: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty staging folder; on success it replaces ``save_directory`` in one rename.
+    """Yield an empty staging folder; on success its files become ``save_directory``, as ``save_pretrained`` would
+    have written them.
 
-    If the body raises (or the process dies), ``save_directory`` is untouched. Files already in ``save_directory``
-    that are not part of a checkpoint (a README, a preprocessor config not re-written) are carried over.
+    * A new folder, or one that holds a checkpoint (``config.json`` and weights), is swapped in by renames: if the
+      body raises or the process dies, ``save_directory`` is as it was. An interrupt between the two renames puts the
+      old folder back; a save killed there is recovered, and its staging folders removed, by the next save. Files of
+      the old folder that are not part of a checkpoint (a README, a preprocessor config not re-written) are carried
+      over, symbolic links as links. The folder's mode is the old folder's, or for a new one the umask's.
+    * Files and folders written into the staging folder get the modes the umask gives new ones.
+    * Any other existing folder (the working directory or one holding it, a folder of other files, a symbolic link
+      to a folder) is kept: the staged files are moved into it one by one, each atomically, ``config.json`` last,
+      after the weight files of an earlier save that this one does not write (stale shards) are removed. Nothing
+      else in it is touched.
+
+    Raises:
+        CheckpointError: ``save_directory`` exists and is not a folder.
     """
-    target = Path(save_directory).absolute()
+    target = Path(os.path.abspath(save_directory))
+    if os.path.lexists(target) and not target.is_dir():
+        raise CheckpointError(
+            f"Cannot save a checkpoint to {str(target)!r}: it is a file (or a broken link), not a folder. Choose a folder path (it is "
+            "created if missing), or remove the file."
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    _clean_stale(target.parent, target.name, target)
+    if target.is_dir() and (target.is_symlink() or _holds_working_directory(target) or not _is_checkpoint(target)):
+        with _into_existing(target) as staging:
+            yield staging
+        return
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
     try:
         yield staging
+        _umask_modes(staging)
+        os.chmod(staging, stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o777 & ~_umask())
         if target.exists():
-            for item in target.iterdir():
-                if not _is_checkpoint_file(item.name) and not (staging / item.name).exists():
-                    (shutil.copytree if item.is_dir() else shutil.copy2)(item, staging / item.name)
-            backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            os.rename(target, backup / "old")
-            os.rename(staging, target)
-            shutil.rmtree(backup, ignore_errors=True)
+            _carry_over(target, staging)
+            _swap(staging, target)
         else:
             os.rename(staging, target)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def _umask_modes(staging: Path) -> None:
+    """Give the staged files and folders the modes the umask gives new ones (safetensors writes files 0600)."""
+    umask = _umask()
+    for root, folders, names in os.walk(staging):
+        for name, mode in [(n, 0o777 & ~umask) for n in folders] + [(n, 0o666 & ~umask) for n in names]:
+            if not os.path.islink(os.path.join(root, name)):
+                os.chmod(os.path.join(root, name), mode)
+
+
+def _is_checkpoint(folder: Path) -> bool:
+    """Whether ``folder`` holds a checkpoint: a ``config.json`` and weights."""
+    names = {item.name for item in folder.iterdir()}
+    return "config.json" in names and any(_is_checkpoint_file(n) for n in names - {"config.json"})
+
+
+def _holds_working_directory(folder: Path) -> bool:
+    try:
+        cwd = Path.cwd().resolve()
+    except OSError:
+        return False
+    folder = folder.resolve()
+    return cwd == folder or folder in cwd.parents
+
+
+def _staging_pattern(name: str) -> re.Pattern:
+    """Names of staging (``tmp``) and backup (``old``) folders for ``name``, with the pid of the saving process."""
+    return re.compile(rf"\.{re.escape(name)}\.(tmp|old)-(?:(\d+)-)?[A-Za-z0-9_]+")
+
+
+def _running(pid: str | None) -> bool:
+    """Whether process ``pid`` may still be saving (folders of older versions carry no pid: never)."""
+    if pid is None:
+        return False
+    if int(pid) == os.getpid() or os.name == "nt":  # on Windows, os.kill(pid, 0) would end the process
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _clean_stale(folder: Path, name: str, target: Path | None = None) -> None:
+    """Remove the staging and backup folders of saves to ``name`` that were killed; if ``target`` is missing because
+    a save was killed between its two renames, put the newest backup back first."""
+    pattern = _staging_pattern(name)
+    try:
+        items = list(folder.iterdir())
+    except OSError:  # a folder we may write to but not list: nothing to clean
+        return
+    stale = [(match.group(1), item) for item in items
+             if (match := pattern.fullmatch(item.name)) and item.is_dir() and not item.is_symlink()
+             and not _running(match.group(2))]
+    backups = [item / "old" for kind, item in stale if kind == "old" and (item / "old").is_dir()]
+    if target is not None and backups and not os.path.lexists(target):
+        os.rename(max(backups, key=lambda old: old.stat().st_mtime), target)
+    for _, item in stale:
+        shutil.rmtree(item, ignore_errors=True)
+
+
+def _carry_over(target: Path, staging: Path) -> None:
+    """Copy the files of ``target`` that are not part of a checkpoint into ``staging``; links stay links."""
+    leftovers = _staging_pattern("hf_snapvit")
+    for item in target.iterdir():
+        destination = staging / item.name
+        if _is_checkpoint_file(item.name) or os.path.lexists(destination) or leftovers.fullmatch(item.name):
+            continue
+        if item.is_symlink():
+            os.symlink(os.readlink(item), destination)
+        elif item.is_dir():
+            shutil.copytree(item, destination, symlinks=True)
+        else:
+            shutil.copy2(item, destination)
+
+
+def _swap(staging: Path, target: Path) -> None:
+    """Replace ``target`` by ``staging`` in two renames; an interrupt between them puts ``target`` back."""
+    backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-{os.getpid()}-", dir=target.parent))
+    old = backup / "old"
+    try:
+        os.rename(target, old)
+        os.rename(staging, target)
+    except BaseException:
+        if old.exists() and not os.path.lexists(target):
+            os.rename(old, target)
+        raise
+    finally:
+        if os.path.lexists(target):  # else the old checkpoint is only in the backup: the next save restores it
+            shutil.rmtree(backup, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _into_existing(target: Path) -> Iterator[Path]:
+    """Stage inside ``target``, then move the staged files into it one by one (``config.json`` last)."""
+    _clean_stale(target, "hf_snapvit")
+    staging = Path(tempfile.mkdtemp(prefix=f".hf_snapvit.tmp-{os.getpid()}-", dir=target))
+    try:
+        yield staging
+        _umask_modes(staging)
+        staged = {item.name: item for item in staging.iterdir()}
+        config = staged.pop("config.json", None)
+        for item in staged.values():
+            _replace(item, target / item.name)
+        for stale in target.iterdir():  # the weights of an earlier, differently sharded save
+            if _WEIGHTS.fullmatch(stale.name) and stale.name not in staged and not stale.is_dir():
+                stale.unlink()
+        if config is not None:
+            _replace(config, target / config.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _replace(item: Path, destination: Path) -> None:
+    if destination.is_dir() and not destination.is_symlink():
+        shutil.rmtree(destination)
+    os.replace(item, destination)

@@ -13,7 +13,7 @@ from transformers import AutoConfig, PreTrainedModel
 
 from .architectures import get_spec
 from .budget import model_shape, resolve_width_multiple, skeleton
-from .checkpoint import HUB_KWARGS, CheckpointReader, elastic_entries, load_sliced_state_dict
+from .checkpoint import HUB_KWARGS, CheckpointReader, load_sliced_state_dict, verified_elastic_entries
 from .correction import CorrectionConfig, correct_model_
 from .errors import BudgetError, CheckpointError, CorrectionError, RankingFormatError
 from .ranking import ElasticRanking, KeepCounts
@@ -87,7 +87,7 @@ class ElasticViTModel:
         if unused:
             raise TypeError(f"ElasticViTModel.from_pretrained got unexpected keyword arguments {sorted(unused)}.")
         get_spec(config)  # unsupported architectures fail before any weight is touched
-        ranking, layout = elastic_entries(config, pretrained_model_name_or_path)
+        ranking, layout = verified_elastic_entries(config, pretrained_model_name_or_path, **hub_kwargs)
         _check_correction_arguments(correction, correction_data, layout)
         build_kwargs["dtype"] = _dtype(build_kwargs["dtype"], config)
         if layout is not None:

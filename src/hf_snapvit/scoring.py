@@ -163,7 +163,8 @@ def gradient_scores(
     precision (:func:`hf_snapvit.distributed.autocast`).
 
     Args:
-        model: A dense model of a supported architecture; its weights are not changed.
+        model: A dense model of a supported architecture; its weights, gradients (``.grad``), ``requires_grad``
+            flags and train/eval mode are as they were when this returns.
         images: PIL images or a ``[N, C, H, W]`` tensor of pixel values (see :mod:`hf_snapvit.data`), the same on
             every process; or a :class:`~hf_snapvit.calibration.GradientSteps` holding only this process's steps
             (from :func:`~hf_snapvit.calibration.draw_calibration`), with their labels.
@@ -191,7 +192,7 @@ def gradient_scores(
     input_size = architecture_input_size(model.config)
     head_weights, neuron_weights = _scored_weights(model, config.head_rows)
     weights = [w for group in head_weights + neuron_weights for w in group]
-    flags, was_training = _only_these_require_grad(model, {id(w) for w in weights})
+    saved, was_training = _only_these_require_grad(model, {id(w) for w in weights})
     per_image = config.definition in ("fisher", "obd")
     # Per-image squared gradients, or (batched definitions) the batch-mean gradients summed over batches, as the
     # reference accumulates them; float64 on every process so that the cross-process sum is exact up to rounding.
@@ -215,9 +216,9 @@ def gradient_scores(
         sums = reduce_sum(sums)
         stats = _weight_statistics(config.definition, weights, sums, num_images)
     finally:
-        for p, flag in flags.items():
+        for p, (flag, grad) in saved.items():
             p.requires_grad_(flag)
-            p.grad = None
+            p.grad = grad
         model.train(was_training)
     hd = head_dim(get_attention(get_layers(model, spec)[0], spec), spec)
     squared_sum = config.definition == "taylor"
@@ -263,10 +264,11 @@ def _weight_statistics(definition: str, weights: list[torch.Tensor], sums: list[
 
 
 def _only_these_require_grad(model: PreTrainedModel, scored: set[int]) -> tuple[dict, bool]:
-    """Make only the scored weights require gradients and put the model in eval mode; return what to restore."""
-    flags = {p: p.requires_grad for p in model.parameters()}
+    """Make only the scored weights require gradients and put the model in eval mode; return what to restore:
+    every parameter's ``requires_grad`` flag and gradient (the caller's ``.grad``), and the train mode."""
+    saved = {p: (p.requires_grad, p.grad) for p in model.parameters()}
     was_training = model.training
     for p in model.parameters():
         p.requires_grad_(id(p) in scored)
     model.eval()
-    return flags, was_training
+    return saved, was_training

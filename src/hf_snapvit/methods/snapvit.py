@@ -209,7 +209,8 @@ class SnapViTPruner:
         device meanwhile). Progress bars show on the main process only.
 
         Args:
-            model: A dense model of a supported architecture; its weights are not changed.
+            model: A dense model of a supported architecture; its weights, gradients and ``requires_grad`` flags
+                are as they were when this returns.
             data: Calibration images (see :mod:`hf_snapvit.calibration`).
             processor: The model's image processor.
             image_column: The image column of a dataset (detected if not given).
