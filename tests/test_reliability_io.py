@@ -16,6 +16,7 @@ from transformers import AutoModel
 
 import hf_snapvit as hs
 from hf_snapvit import files
+from hf_snapvit.architectures import get_layers, get_mlp, get_spec
 from hf_snapvit.budget import layer_widths
 from hf_snapvit.ranking import ElasticRanking
 from hf_snapvit.scoring import ScoreConfig
@@ -169,6 +170,27 @@ def test_a_lower_precision_resave_still_matches(tmp_path):
     AutoModel.from_pretrained(tmp_path / "e", dtype=torch.bfloat16).save_pretrained(tmp_path / "bf16")
     loaded = load(tmp_path / "bf16", sparsity=0.5 * stored.max_sparsity)
     assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+
+
+def test_a_fine_tuned_sliced_model_reloads_and_a_reordered_one_does_not(tmp_path):
+    """Fine-tuning moves weights by some percent (within the tolerance); another unit order moves them by ~140 %."""
+    model = CASE["vit"].build()
+    stored = hs.save_elastic(model, hs.rank(model), tmp_path / "e")
+    small = load(tmp_path / "e", sparsity=0.5 * stored.max_sparsity)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in small.parameters():
+            p.add_(0.1 * p.abs().mean() * torch.randn(p.shape, generator=generator))  # fine-tuning by ~10 %
+    small.save_pretrained(tmp_path / "tuned")
+    assert layer_widths(load(tmp_path / "tuned")) == layer_widths(small)
+    spec = get_spec(small)
+    mlp, variant = get_mlp(get_layers(small, spec)[0], spec)
+    fc1 = getattr(mlp, variant.in_proj[0])
+    with torch.no_grad():  # reverse block 0's FFN input rows: the stored order no longer holds
+        fc1.weight.copy_(fc1.weight.flip(0))
+    small.save_pretrained(tmp_path / "reordered")
+    with pytest.raises(hs.RankingFormatError, match="save_elastic"):
+        load(tmp_path / "reordered")
 
 
 @pytest.mark.parametrize("bad", ["abc", {"heads": [[1.0]]}, {"heads": "x", "neurons": []}])

@@ -226,7 +226,9 @@ def load_sliced_state_dict(
 # same few values (one small slice per head, one per FFN) and refuses a ranking whose weights are in another order.
 # Input rows are what a weight correction leaves alone; a prefix is what a sliced checkpoint keeps.
 FINGERPRINT_NEURONS = 32
-FINGERPRINT_TOLERANCE = 0.05  # relative L2 distance: a lower-precision re-save passes, a permutation does not
+# Relative L2 distance per block. Other units in those places differ by about 140 % (independent values), while a
+# bf16 re-save or ordinary fine-tuning of a sliced model (Trainer, recovery) moves the values by a few percent.
+FINGERPRINT_TOLERANCE = 0.25
 _RESAVE = "re-save it with hf_snapvit.save_elastic(model, ranking, folder)"
 
 
