@@ -100,17 +100,24 @@ def save_elastic(
 class CheckpointReader:
     """Random access to the tensors of a (possibly sharded) safetensors checkpoint, local or on the Hub.
 
-    Tensors are memory-mapped; :meth:`read` materialises only the requested prefix of each dimension.
+    Tensors are memory-mapped; :meth:`read` materialises only the requested prefix of each dimension. An empty,
+    truncated or garbage weights file, a corrupt shard index and a tensor missing from its shard raise
+    :class:`CheckpointError` naming the file.
     """
 
     def __init__(self, path_or_repo_id: str | os.PathLike, **hub_kwargs: Any) -> None:
         hub_kwargs = {k: v for k, v in hub_kwargs.items() if v is not None}
         common = dict(_raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False)
-        index = cached_file(path_or_repo_id, SAFE_WEIGHTS_INDEX_NAME, **hub_kwargs, **common)
-        if index is not None:
-            with open(index) as f:
-                weight_map: dict[str, str] = json.load(f)["weight_map"]
-            files = {name: cached_file(path_or_repo_id, name, **hub_kwargs) for name in sorted(set(weight_map.values()))}
+        self._handles: dict[str, Any] = {}
+        self._index = cached_file(path_or_repo_id, SAFE_WEIGHTS_INDEX_NAME, **hub_kwargs, **common)
+        if self._index is not None:
+            weight_map = _read_index(self._index)
+            files = {}
+            for name in sorted(set(weight_map.values())):
+                try:
+                    files[name] = cached_file(path_or_repo_id, name, **hub_kwargs)
+                except OSError as error:
+                    raise _damaged(self._index, f"lists the shard {name!r}, which cannot be read ({error})") from None
             self._file_of = {key: files[name] for key, name in weight_map.items()}
         else:
             single = cached_file(path_or_repo_id, SAFE_WEIGHTS_NAME, **hub_kwargs, **common)
@@ -119,21 +126,30 @@ class CheckpointReader:
                     f"No {SAFE_WEIGHTS_NAME} or {SAFE_WEIGHTS_INDEX_NAME} found in {str(path_or_repo_id)!r}. "
                     "Elastic checkpoints are stored as safetensors; re-save the model with save_pretrained()."
                 )
-            with safe_open(single, "pt") as f:
-                self._file_of = {key: single for key in f.keys()}
-        self._handles: dict[str, Any] = {}
+            self._file_of = {key: single for key in self._open(single).keys()}
 
     def keys(self) -> set[str]:
         return set(self._file_of)
 
-    def _handle(self, key: str):
-        path = self._file_of[key]
+    def _open(self, path: str):
         if path not in self._handles:
-            self._handles[path] = safe_open(path, "pt")
+            try:
+                self._handles[path] = safe_open(path, "pt")
+            except Exception as error:  # safetensors raises its own error types, and OSError
+                raise _damaged(path, f"is not a readable safetensors file ({error})") from None
         return self._handles[path]
 
+    def _slice(self, key: str):
+        path = self._file_of[key]
+        handle = self._open(path)
+        try:
+            return handle.get_slice(key)
+        except Exception as error:
+            raise _damaged(path, f"does not hold the tensor {key!r} that {self._index} assigns to it ({error})"
+                           ) from None
+
     def shape(self, key: str) -> tuple[int, ...]:
-        return tuple(self._handle(key).get_slice(key).get_shape())
+        return tuple(self._slice(key).get_shape())
 
     def read(self, key: str, shape: tuple[int, ...], chunk: tuple[int, int] | None = None) -> torch.Tensor:
         """Read the leading ``shape`` block of tensor ``key``.
@@ -141,12 +157,38 @@ class CheckpointReader:
         ``chunk=(i, n)`` reads from the ``i``-th of ``n`` equal parts along dimension 0 (fused tensors such as a
         SwiGLU ``weights_in`` that stores two projections stacked).
         """
-        view = self._handle(key).get_slice(key)
+        view = self._slice(key)
         start = 0
         if chunk is not None:
             start = chunk[0] * (view.get_shape()[0] // chunk[1])
         index = tuple(slice(start, start + n) if d == 0 else slice(0, n) for d, n in enumerate(shape))
         return view[index] if index else view[...]
+
+
+def _damaged(path: str | os.PathLike, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"{str(path)!r} {why}: the checkpoint is damaged (or was not completely written or downloaded). Re-download "
+        "it (from_pretrained(..., force_download=True) for a Hub repo) or save it again."
+    )
+
+
+def _read_index(path: str) -> dict[str, str]:
+    """The ``weight_map`` of a shard index: tensor name -> shard file name in the checkpoint's folder."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            index = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise _damaged(path, f"is not valid JSON ({error})") from None
+    if not isinstance(index, dict) or "weight_map" not in index:
+        raise _damaged(path, "has no 'weight_map'")
+    weight_map = index["weight_map"]
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise _damaged(path, f"has a weight_map that is not a non-empty JSON object ({type(weight_map).__name__})")
+    for key, name in weight_map.items():
+        if not isinstance(name, str) or not name or os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+            raise _damaged(path, f"maps {key!r} to {name!r} in its weight_map, which is not a file name in the "
+                           "checkpoint's folder")
+    return weight_map
 
 
 def disk_names(model: PreTrainedModel, keys: set[str]) -> dict[str, tuple[str, tuple[int, int] | None]]:
@@ -186,11 +228,15 @@ def disk_names(model: PreTrainedModel, keys: set[str]) -> dict[str, tuple[str, t
 
 
 def load_sliced_state_dict(
-    model: PreTrainedModel, reader: CheckpointReader, sliceable: set[str]
+    model: PreTrainedModel, reader: CheckpointReader, sliceable: set[str], stored: dict[str, tuple[int, ...]],
+    described_by: str = "config.json",
 ) -> dict[str, torch.Tensor]:
     """Read the tensors of ``model``'s (meta) state dict from ``reader``, taking prefixes for ``sliceable`` ones.
 
-    Tensors the checkpoint lacks (e.g. a pooler saved without) are left out, for the caller to initialise.
+    Every tensor read must have exactly the shape ``stored`` gives it (what ``described_by``, the config or its
+    elastic layout, says the checkpoint holds), as stock transformers requires of a dense checkpoint: a tensor that
+    is larger, smaller or of another rank raises :class:`CheckpointError` naming it, whatever the budget. Tensors the
+    checkpoint lacks (e.g. a pooler saved without) are left out, for the caller to initialise.
     """
     mapping = disk_names(model, reader.keys())
     state = {}
@@ -203,21 +249,15 @@ def load_sliced_state_dict(
                 )
             continue
         key, chunk = mapping[name]
-        stored = reader.shape(key)
-        expected = tuple(target.shape)
-        if chunk is not None:
-            stored = (stored[0] // chunk[1], *stored[1:])
-        if name not in sliceable and stored != expected:
-            raise RankingFormatError(
-                f"Checkpoint tensor {key!r} has shape {stored}, but the model expects {expected}. The checkpoint does "
-                "not match its config.json (elastic_layout / architecture); re-export it with hf_snapvit."
-            )
-        if len(stored) != len(expected) or any(e > s for e, s in zip(expected, stored)):
+        found, held = reader.shape(key), tuple(stored[name])
+        expected = held if chunk is None else (held[0] * chunk[1], *held[1:])
+        if found != expected:
             raise CheckpointError(
-                f"Checkpoint tensor {key!r} has shape {stored}, smaller than the {expected} this budget needs. A sliced "
-                "checkpoint cannot grow back: load the dense elastic checkpoint for larger models."
+                f"Checkpoint tensor {key!r} has shape {found}, but {described_by} says it holds {expected}. The "
+                "weights do not match the config: the checkpoint is damaged or was edited; re-export it with "
+                "hf_snapvit (save_elastic, or save_pretrained of a model ElasticViTModel loaded)."
             )
         # Copy into memory the model owns: a view into the memory-mapped file would keep the whole dense matrix
         # reachable for column slices, and the file mapped for the model's lifetime.
-        state[name] = torch.empty(expected, dtype=target.dtype).copy_(reader.read(key, expected, chunk))
+        state[name] = torch.empty(target.shape, dtype=target.dtype).copy_(reader.read(key, tuple(target.shape), chunk))
     return state
