@@ -8,17 +8,18 @@ ranking alone can turn a sparsity, parameter or GFLOP budget into per-layer keep
 
 from __future__ import annotations
 
+import math
 import numbers
 import warnings
 from dataclasses import asdict, dataclass, fields
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch.nn as nn
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from .architectures import (get_attention, get_backbone, get_layers, get_mlp, get_spec, head_dim, model_class, num_heads,
                             vision_config)
-from .errors import BudgetError
+from .errors import BudgetError, CheckpointError, RankingFormatError
 
 
 #: FFN widths are rounded to this multiple by default. GPU GEMM kernels (bf16/fp16 tensor cores, int8, TensorRT) want
@@ -27,6 +28,23 @@ from .errors import BudgetError
 DEFAULT_WIDTH_MULTIPLE = 64
 # FFNs narrower than this many groups of the default multiple (toy models) keep exact widths by default.
 _MIN_GROUPS = 4
+#: The largest model a config or a stored ranking may describe; beyond these it is corrupt (or hostile) and is refused
+#: before anything of that size is built. ViT-22B has 48 blocks of 48 heads and 24,576 neurons, width 6,144.
+MAX_LAYERS = 1024
+MAX_WIDTH = 2**20  # heads, head width, hidden and FFN widths, tokens, image and patch sides, channels
+MAX_UNITS, MAX_MATRIX = 2**24, 2**32  # heads and neurons of all blocks (what a ranking decodes); one weight matrix
+
+
+def budget_number(name: str, value: Any) -> Any:
+    """``value`` if it is a finite real number (``int``, ``float``, a NumPy scalar), else a :class:`BudgetError`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        hint = ("; for a tensor or array, pass float(value)" if hasattr(value, "item")
+                else "; pass the number itself, not its text" if isinstance(value, str) else "")
+        raise BudgetError(f"{name}={value!r} must be a real number (int, float or a NumPy scalar), got "
+                          f"{type(value).__name__}{hint}.")
+    if math.isfinite(value):
+        return value
+    raise BudgetError(f"{name}={value!r} must be a finite number.")
 
 
 def resolve_width_multiple(width_multiple: int | None, intermediate_size: int) -> int:
@@ -149,12 +167,58 @@ class ModelShape:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelShape":
-        names = {f.name for f in fields(cls)}
-        missing = names - set(data) - {"head_flops"}
-        if missing:
-            raise KeyError(f"shape is missing {sorted(missing)}")
-        return cls(**{k: v for k, v in data.items() if k in names})
+    def from_dict(cls, data: Any) -> "ModelShape":
+        """Parse a stored shape; a missing field, a wrong type, a sign or a size no model has raises
+        :class:`RankingFormatError` naming the field, before anything of that size is built."""
+        if not isinstance(data, dict):
+            raise RankingFormatError(f"shape must be a JSON object, got {type(data).__name__}.")
+        names = [f.name for f in fields(cls)]
+        if missing := [name for name in names if name not in data and name != "head_flops"]:
+            raise RankingFormatError(f"shape has no {missing}.")
+        values = {name: data[name] for name in names if name in data}
+        if not isinstance(values["model_type"], str) or not values["model_type"]:
+            raise RankingFormatError(f"shape.model_type={values['model_type']!r} must be a non-empty string.")
+        for name, value in values.items():
+            if name != "model_type" and (why := _out_of_range(name, value)):
+                raise RankingFormatError(f"shape.{name}={value!r} {why}.")
+        if (units := values["num_layers"] * (values["num_heads"] + values["intermediate_size"])) > MAX_UNITS:
+            raise RankingFormatError(f"shape.num_layers × (num_heads + intermediate_size) = {units} heads and neurons "
+                                     f"is too large: no supported model has more than {MAX_UNITS}.")
+        return cls(**{name: value if name == "model_type" else int(value) for name, value in values.items()})
+
+    def mismatch(self, other: "ModelShape") -> str:
+        """``""`` when ``other`` is this shape, else each differing field with both values and what it means."""
+        found, hints = [], set()
+        for f in fields(self):
+            mine, theirs, hint = getattr(self, f.name), getattr(other, f.name), _MISMATCH_HINTS.get(f.name, "")
+            if mine != theirs:
+                found.append(f"the ranking has {f.name}={mine!r}, the model has {f.name}={theirs!r}"
+                             f"{'' if hint in hints else hint}")
+                hints.add(hint)
+        return "; ".join(found)
+
+
+# (least, largest) value of the integer fields of a stored ModelShape and of a config; others: 1 to MAX_WIDTH.
+_RANGES = {"num_layers": (1, MAX_LAYERS), "num_hidden_layers": (1, MAX_LAYERS), "ffn_matrices": (2, 3),
+           "params_per_head": (1, None), "params_per_neuron": (1, None), "fixed_params": (0, None),
+           "head_flops": (0, None), "num_register_tokens": (0, MAX_WIDTH)}
+
+
+def _out_of_range(name: str, value: Any) -> str:
+    """Why ``value`` is no valid ``name`` (not an integer, too small, too large), or ``""``."""
+    low, high = _RANGES.get(name, (1, MAX_WIDTH))
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return f"must be an integer, got {type(value).__name__}"
+    if value < low:
+        return f"must be >= {low}"
+    return f"is too large: no supported model has more than {high}" if high is not None and value > high else ""
+
+
+_SIZE = " (another image or patch size: its GFLOP counts would be wrong)"
+_COST = " (another parameter cost: biases such as qkv_bias, a gated FFN or other layers differ)"
+_MISMATCH_HINTS = {"num_tokens": _SIZE, "num_patches": _SIZE, "patch_size": _SIZE, "params_per_head": _COST,
+                   "params_per_neuron": _COST, "fixed_params": _COST, "ffn_matrices": _COST,
+                   "head_flops": " (another task head: ranked with or without the classifier)"}
 
 
 def _linear_params(linear: nn.Linear) -> int:
@@ -263,6 +327,7 @@ def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
     """
     from accelerate import init_empty_weights
 
+    check_config_sizes(config)
     cls = model_class(config)
     if cls.__module__.startswith("transformers.models.auto"):
         build = lambda: cls.from_config(config, **kwargs)  # noqa: E731
@@ -275,6 +340,36 @@ def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
         # Meta tensors hold no data, so initialising them is wasted time.
         with init_empty_weights(), no_init_weights():
             return build()
+
+
+_CONFIG_SIZES = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "image_size",
+                 "patch_size", "num_channels", "num_patches", "num_register_tokens")
+
+
+def check_config_sizes(config: PretrainedConfig) -> None:
+    """Raise :class:`CheckpointError` naming the field if the config has sizes no model has (``intermediate_size =
+    1e12``, a million blocks), before anything is built from it: building would exhaust memory or time."""
+    vision = vision_config(config)
+
+    def refuse(name: str, value: Any, why: str) -> CheckpointError:
+        return CheckpointError(f"The config (config.json) has {name}={value!r}, which {why}: the config is corrupt. "
+                               "Fix the value or re-save the checkpoint with save_pretrained.")
+
+    for name in _CONFIG_SIZES:
+        value = getattr(vision, name, None)
+        for item in value if isinstance(value, (list, tuple)) else [] if value is None else [value]:
+            if why := _out_of_range(name, item):
+                raise refuse(name, value, why)
+    hidden = getattr(vision, "hidden_size", None) or 1
+    ratio = getattr(vision, "mlp_ratio", None)
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, numbers.Real)
+                              or not 0 < ratio * hidden <= MAX_WIDTH):
+        raise refuse("mlp_ratio", ratio, f"does not give an FFN width between 1 and {MAX_WIDTH}")
+    width = max(getattr(vision, "intermediate_size", None) or 1, int((ratio or 0) * hidden))
+    layers = getattr(vision, "num_hidden_layers", None) or 1
+    if hidden * width > MAX_MATRIX or layers * width > MAX_UNITS:
+        raise refuse("intermediate_size", width, f"is too large with hidden_size={hidden} and "
+                     f"num_hidden_layers={layers}")
 
 
 def estimate_gflops(

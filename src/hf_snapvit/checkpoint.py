@@ -14,17 +14,16 @@ import os
 import warnings
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from transformers import PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from transformers.utils.hub import cached_file
 
-from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
 from .budget import model_shape, skeleton
 from .errors import CheckpointError, RankingFormatError
 from .files import atomic_directory
+from .fingerprint import RESAVE, close, expected_values, fingerprint_of, read_units, unit_rows
 from .ranking import ElasticRanking
 from .slicing import slice_model_
 
@@ -85,7 +84,7 @@ def save_elastic(
         )
     data = ranking.sorted().to_dict()
     permuted = slice_model_(_shadow_copy(model), ranking.orders())
-    data["provenance"]["weights_fingerprint"] = _fingerprint_of(permuted)
+    data["provenance"]["weights_fingerprint"] = fingerprint_of(permuted)
     permuted.config.elastic_ranking = data
     with atomic_directory(save_directory) as staging:
         permuted.save_pretrained(staging, **save_kwargs)
@@ -97,17 +96,24 @@ def save_elastic(
 class CheckpointReader:
     """Random access to the tensors of a (possibly sharded) safetensors checkpoint, local or on the Hub.
 
-    Tensors are memory-mapped; :meth:`read` materialises only the requested prefix of each dimension.
+    Tensors are memory-mapped; :meth:`read` materialises only the requested prefix of each dimension. An empty,
+    truncated or garbage weights file, a corrupt shard index and a tensor missing from its shard raise
+    :class:`CheckpointError` naming the file.
     """
 
     def __init__(self, path_or_repo_id: str | os.PathLike, **hub_kwargs: Any) -> None:
         hub_kwargs = {k: v for k, v in hub_kwargs.items() if v is not None}
         common = dict(_raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False)
-        index = cached_file(path_or_repo_id, SAFE_WEIGHTS_INDEX_NAME, **hub_kwargs, **common)
-        if index is not None:
-            with open(index) as f:
-                weight_map: dict[str, str] = json.load(f)["weight_map"]
-            files = {name: cached_file(path_or_repo_id, name, **hub_kwargs) for name in sorted(set(weight_map.values()))}
+        self._handles: dict[str, Any] = {}
+        self._index = cached_file(path_or_repo_id, SAFE_WEIGHTS_INDEX_NAME, **hub_kwargs, **common)
+        if self._index is not None:
+            weight_map = _read_index(self._index)
+            files = {}
+            for name in sorted(set(weight_map.values())):
+                try:
+                    files[name] = cached_file(path_or_repo_id, name, **hub_kwargs)
+                except OSError as error:
+                    raise _damaged(self._index, f"lists the shard {name!r}, which cannot be read ({error})") from None
             self._file_of = {key: files[name] for key, name in weight_map.items()}
         else:
             single = cached_file(path_or_repo_id, SAFE_WEIGHTS_NAME, **hub_kwargs, **common)
@@ -116,21 +122,30 @@ class CheckpointReader:
                     f"No {SAFE_WEIGHTS_NAME} or {SAFE_WEIGHTS_INDEX_NAME} found in {str(path_or_repo_id)!r}. "
                     "Elastic checkpoints are stored as safetensors; re-save the model with save_pretrained()."
                 )
-            with safe_open(single, "pt") as f:
-                self._file_of = {key: single for key in f.keys()}
-        self._handles: dict[str, Any] = {}
+            self._file_of = {key: single for key in self._open(single).keys()}
 
     def keys(self) -> set[str]:
         return set(self._file_of)
 
-    def _handle(self, key: str):
-        path = self._file_of[key]
+    def _open(self, path: str):
         if path not in self._handles:
-            self._handles[path] = safe_open(path, "pt")
+            try:
+                self._handles[path] = safe_open(path, "pt")
+            except Exception as error:  # safetensors raises its own error types, and OSError
+                raise _damaged(path, f"is not a readable safetensors file ({error})") from None
         return self._handles[path]
 
+    def _slice(self, key: str):
+        path = self._file_of[key]
+        handle = self._open(path)
+        try:
+            return handle.get_slice(key)
+        except Exception as error:
+            raise _damaged(path, f"does not hold the tensor {key!r} that {self._index} assigns to it ({error})"
+                           ) from None
+
     def shape(self, key: str) -> tuple[int, ...]:
-        return tuple(self._handle(key).get_slice(key).get_shape())
+        return tuple(self._slice(key).get_shape())
 
     def read(self, key: str, shape: tuple[int, ...], chunk: tuple[int, int] | None = None) -> torch.Tensor:
         """Read the leading ``shape`` block of tensor ``key``.
@@ -138,12 +153,38 @@ class CheckpointReader:
         ``chunk=(i, n)`` reads from the ``i``-th of ``n`` equal parts along dimension 0 (fused tensors such as a
         SwiGLU ``weights_in`` that stores two projections stacked).
         """
-        view = self._handle(key).get_slice(key)
+        view = self._slice(key)
         start = 0
         if chunk is not None:
             start = chunk[0] * (view.get_shape()[0] // chunk[1])
         index = tuple(slice(start, start + n) if d == 0 else slice(0, n) for d, n in enumerate(shape))
         return view[index] if index else view[...]
+
+
+def _damaged(path: str | os.PathLike, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"{str(path)!r} {why}: the checkpoint is damaged (or was not completely written or downloaded). Re-download "
+        "it (from_pretrained(..., force_download=True) for a Hub repo) or save it again."
+    )
+
+
+def _read_index(path: str) -> dict[str, str]:
+    """The ``weight_map`` of a shard index: tensor name -> shard file name in the checkpoint's folder."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            index = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise _damaged(path, f"is not valid JSON ({error})") from None
+    if not isinstance(index, dict) or "weight_map" not in index:
+        raise _damaged(path, "has no 'weight_map'")
+    weight_map = index["weight_map"]
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise _damaged(path, f"has a weight_map that is not a non-empty JSON object ({type(weight_map).__name__})")
+    for key, name in weight_map.items():
+        if not isinstance(name, str) or not name or os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+            raise _damaged(path, f"maps {key!r} to {name!r} in its weight_map, which is not a file name in the "
+                           "checkpoint's folder")
+    return weight_map
 
 
 def disk_names(model: PreTrainedModel, keys: set[str]) -> dict[str, tuple[str, tuple[int, int] | None]]:
@@ -183,11 +224,15 @@ def disk_names(model: PreTrainedModel, keys: set[str]) -> dict[str, tuple[str, t
 
 
 def load_sliced_state_dict(
-    model: PreTrainedModel, reader: CheckpointReader, sliceable: set[str]
+    model: PreTrainedModel, reader: CheckpointReader, sliceable: set[str], stored: dict[str, tuple[int, ...]],
+    described_by: str = "config.json",
 ) -> dict[str, torch.Tensor]:
     """Read the tensors of ``model``'s (meta) state dict from ``reader``, taking prefixes for ``sliceable`` ones.
 
-    Tensors the checkpoint lacks (e.g. a pooler saved without) are left out, for the caller to initialise.
+    Every tensor read must have exactly the shape ``stored`` gives it (what ``described_by``, the config or its
+    elastic layout, says the checkpoint holds), as stock transformers requires of a dense checkpoint: a tensor that
+    is larger, smaller or of another rank raises :class:`CheckpointError` naming it, whatever the budget. Tensors the
+    checkpoint lacks (e.g. a pooler saved without) are left out, for the caller to initialise.
     """
     mapping = disk_names(model, reader.keys())
     state = {}
@@ -200,38 +245,21 @@ def load_sliced_state_dict(
                 )
             continue
         key, chunk = mapping[name]
-        stored = reader.shape(key)
-        expected = tuple(target.shape)
-        if chunk is not None:
-            stored = (stored[0] // chunk[1], *stored[1:])
-        if name not in sliceable and stored != expected:
-            raise RankingFormatError(
-                f"Checkpoint tensor {key!r} has shape {stored}, but the model expects {expected}. The checkpoint does "
-                "not match its config.json (elastic_layout / architecture); re-export it with hf_snapvit."
-            )
-        if len(stored) != len(expected) or any(e > s for e, s in zip(expected, stored)):
+        found, held = reader.shape(key), tuple(stored[name])
+        expected = held if chunk is None else (held[0] * chunk[1], *held[1:])
+        if found != expected:
             raise CheckpointError(
-                f"Checkpoint tensor {key!r} has shape {stored}, smaller than the {expected} this budget needs. A sliced "
-                "checkpoint cannot grow back: load the dense elastic checkpoint for larger models."
+                f"Checkpoint tensor {key!r} has shape {found}, but {described_by} says it holds {expected}. The "
+                "weights do not match the config: the checkpoint is damaged or was edited; re-export it with "
+                "hf_snapvit (save_elastic, or save_pretrained of a model ElasticViTModel loaded)."
             )
         # Copy into memory the model owns: a view into the memory-mapped file would keep the whole dense matrix
         # reachable for column slices, and the file mapped for the model's lifetime.
-        state[name] = torch.empty(expected, dtype=target.dtype).copy_(reader.read(key, expected, chunk))
+        state[name] = torch.empty(target.shape, dtype=target.dtype).copy_(reader.read(key, tuple(target.shape), chunk))
     return state
 
 
-# ------------------------------------------------------------------------------------ weight-order fingerprint
-# A ranking describes one order of the units. save_elastic records, per block, the first weight (column 0) of each
-# head's first value row and of the first FINGERPRINT_NEURONS FFN input rows, in stored order; the loader reads the
-# same few values (one small slice per head, one per FFN) and refuses a ranking whose weights are in another order.
-# Input rows are what a weight correction leaves alone; a prefix is what a sliced checkpoint keeps.
-FINGERPRINT_NEURONS = 32
-# Relative L2 distance per block. Other units in those places differ by about 140 % (independent values), while a
-# bf16 re-save or ordinary fine-tuning of a sliced model (Trainer, recovery) moves the values by a few percent.
-FINGERPRINT_TOLERANCE = 0.25
-_RESAVE = "re-save it with hf_snapvit.save_elastic(model, ranking, folder)"
-
-
+# ------------------------------------------------------------------------------------ saving and checking the order
 def _shadow_copy(model: PreTrainedModel) -> PreTrainedModel:
     """A copy of ``model``'s module tree and config that shares its parameters and buffers: slicing the copy
     assigns new tensors to the copy's modules and leaves ``model`` as it is."""
@@ -249,32 +277,6 @@ def _shadow_copy(model: PreTrainedModel) -> PreTrainedModel:
     clone = shadow(model)
     clone.config = copy.deepcopy(model.config)
     return clone
-
-
-def _unit_rows(model: PreTrainedModel) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
-    """Per block: the value projection's weight, the head width and the first FFN input projection's weight."""
-    spec = get_spec(model)
-    rows = []
-    for layer in get_layers(model, spec):
-        attention = get_attention(layer, spec)
-        mlp, variant = get_mlp(layer, spec)
-        rows.append((getattr(attention, spec.v_proj).weight, head_dim(attention, spec),
-                     getattr(mlp, variant.in_proj[0]).weight))
-    return rows
-
-
-def _rounded(values: torch.Tensor) -> list[float]:
-    values = torch.nan_to_num(values.detach().double().reshape(-1), nan=0.0, posinf=0.0, neginf=0.0)
-    return [float(f"{v:.6g}") for v in values.cpu().tolist()]
-
-
-def _fingerprint_of(model: PreTrainedModel) -> dict[str, Any]:
-    """The weight-order fingerprint of an in-memory (permuted) model."""
-    heads, neurons = [], []
-    for v_weight, hd, in_weight in _unit_rows(model):
-        heads.append(_rounded(v_weight[::hd, 0]))
-        neurons.append(_rounded(in_weight[:FINGERPRINT_NEURONS, 0]))
-    return {"version": 1, "heads": heads, "neurons": neurons}
 
 
 def verified_elastic_entries(config: Any, source: Any, **hub_kwargs: Any) -> tuple[ElasticRanking | None, dict | None]:
@@ -312,58 +314,20 @@ def check_weight_order(config: Any, ranking: ElasticRanking | None, source: Any,
         return
     model = skeleton(config)
     ranking.check_matches(model_shape(model))
-    expected = _expected(fingerprint, ranking)
+    expected = expected_values(fingerprint, ranking)
     reader = CheckpointReader(source, **hub_kwargs)
     names = {id(p): n for n, p in model.named_parameters()}
     disk = disk_names(model, reader.keys())
-    for block, ((v_weight, hd, in_weight), (heads, neurons)) in enumerate(zip(_unit_rows(model), expected)):
-        found = [_read_units(reader, disk.get(names[id(v_weight)]), hd, len(heads)),
-                 _read_units(reader, disk.get(names[id(in_weight)]), None, len(neurons))]
+    for block, ((v_weight, hd, in_weight), (heads, neurons)) in enumerate(zip(unit_rows(model), expected)):
+        found = [read_units(reader, disk.get(names[id(v_weight)]), hd, len(heads)),
+                 read_units(reader, disk.get(names[id(in_weight)]), None, len(neurons))]
         for kind, want, got in zip(("heads", "FFN neurons"), (heads, neurons), found):
-            if got is not None and not _close(want[:len(got)], got):
+            if got is not None and not close(want[:len(got)], got):
                 raise RankingFormatError(
                     f"The weights of {str(source)!r} are not in the weight order its elastic_ranking describes "
                     f"(block {block}: the {kind} differ from the ranking's weights fingerprint). The ranking was "
                     "stored beside weights it was not made for (plain save_pretrained of an unpermuted model, or a "
-                    f"config.json copied from another checkpoint); {_RESAVE} from the model it was ranked on."
+                    f"config.json copied from another checkpoint); {RESAVE} from the model it was ranked on."
                 )
 
 
-def _expected(fingerprint: Any, ranking: ElasticRanking) -> list[tuple[list[float], list[float]]]:
-    """The fingerprint's per-block ``(heads, neurons)`` values, checked against the ranking's shape."""
-    shape = ranking.shape
-    try:
-        blocks = list(zip(fingerprint["heads"], fingerprint["neurons"], strict=True))
-        values = [([float(v) for v in h], [float(v) for v in f]) for h, f in blocks]
-        ok = len(values) == shape.num_layers and all(
-            len(h) == shape.num_heads and len(f) == min(shape.intermediate_size, FINGERPRINT_NEURONS)
-            for h, f in values)
-    except (KeyError, TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise RankingFormatError(
-            "elastic_ranking.provenance.weights_fingerprint is corrupt: expected {'heads': [L][H] numbers, "
-            f"'neurons': [L][min(F, {FINGERPRINT_NEURONS})] numbers}} for L={shape.num_layers} blocks of "
-            f"H={shape.num_heads} heads and F={shape.intermediate_size} neurons; {_RESAVE}."
-        )
-    return values
-
-
-def _read_units(reader: CheckpointReader, found: tuple[str, tuple[int, int] | None] | None, head_width: int | None,
-                count: int) -> list[float] | None:
-    """Column 0 of the first row of each stored head (``head_width`` rows each), or of the first ``count`` rows."""
-    if found is None:
-        return None  # the loader reports a missing tensor
-    key, (part, parts) = found[0], found[1] or (0, 1)
-    rows = reader.shape(key)[0] // parts
-    if head_width is None:
-        return _rounded(reader.read(key, (min(rows, count), 1), found[1]))
-    stored = min(rows // head_width, count)
-    # The i-th of parts·stored equal parts starts at head i's first row within projection ``part``.
-    return [_rounded(reader.read(key, (1, 1), (part * (rows // head_width) + h, parts * (rows // head_width))))[0]
-            for h in range(stored)]
-
-
-def _close(expected: list[float], found: list[float]) -> bool:
-    a, b = np.asarray(expected, dtype=np.float64), np.asarray(found, dtype=np.float64)
-    return float(np.linalg.norm(a - b)) <= FINGERPRINT_TOLERANCE * float(np.linalg.norm(a)) + 1e-12 * len(a)

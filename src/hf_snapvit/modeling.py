@@ -12,7 +12,7 @@ import torch
 from transformers import AutoConfig, PreTrainedModel
 
 from .architectures import get_spec
-from .budget import model_shape, resolve_width_multiple, skeleton
+from .budget import layer_widths, model_shape, resolve_width_multiple, skeleton
 from .checkpoint import HUB_KWARGS, CheckpointReader, load_sliced_state_dict, verified_elastic_entries
 from .correction import CorrectionConfig, correct_model_
 from .errors import BudgetError, CheckpointError, CorrectionError, RankingFormatError
@@ -103,7 +103,7 @@ class ElasticViTModel:
         keep = [(np.arange(h), np.arange(f)) for h, f in zip(counts.heads, counts.neurons)]
         # Correction works on the dense weights and slices afterwards.
         loaded = keep if correction_data is None else [(np.arange(h), np.arange(f)) for h, f in zip(*stored)]
-        _load_weights(model, loaded, CheckpointReader(pretrained_model_name_or_path, **hub_kwargs))
+        _load_weights(model, loaded, CheckpointReader(pretrained_model_name_or_path, **hub_kwargs), stored)
         if device is not None:
             model.to(device)
         if correction_data is not None:
@@ -157,16 +157,33 @@ def _check_correction_arguments(correction: Any, correction_data: Any, layout: d
         )
 
 
-def _stored_widths(layout: dict | None, dense_shape: Any) -> tuple[list[int], list[int]]:
-    """``(heads, neurons)`` per block as stored: the dense widths, or a sliced checkpoint's layout."""
-    heads = layout["num_heads"] if layout else dense_shape.dense_heads
-    neurons = layout["intermediate_size"] if layout else dense_shape.dense_neurons
-    if len(heads) != dense_shape.num_layers or len(neurons) != dense_shape.num_layers:
-        raise RankingFormatError(
-            f"config.elastic_layout lists {len(heads)} head counts and {len(neurons)} FFN widths for "
-            f"a model with {dense_shape.num_layers} blocks; the checkpoint is corrupt, re-export it."
-        )
-    return list(heads), list(neurons)
+def _stored_widths(layout: Any, dense_shape: Any) -> tuple[list[int], list[int]]:
+    """``(heads, neurons)`` per block as stored: the dense widths, or a sliced checkpoint's layout, checked: a list of
+    one integer per block, each between 1 and the dense width."""
+    if layout is None:
+        return dense_shape.dense_heads, dense_shape.dense_neurons
+    fix = "The checkpoint is corrupt: re-export it with save_pretrained of a model ElasticViTModel loaded."
+    if not isinstance(layout, dict):
+        raise RankingFormatError(f"config.elastic_layout must be a JSON object, got {type(layout).__name__}. {fix}")
+    widths = []
+    for key, dense in (("num_heads", dense_shape.num_heads), ("intermediate_size", dense_shape.intermediate_size)):
+        if key not in layout:
+            raise RankingFormatError(f"config.elastic_layout has no {key!r}. {fix}")
+        values, L = layout[key], dense_shape.num_layers
+        if not isinstance(values, list) or len(values) != L:
+            found = f"has {len(values)} entries" if isinstance(values, list) else "is not a list"
+            raise RankingFormatError(f"config.elastic_layout.{key}={values!r} {found}: expected a list of {L} "
+                                     f"integers, one per block ({L} blocks). {fix}")
+        for block, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= dense:
+                kind = "an integer " if isinstance(value, bool) or not isinstance(value, int) else ""
+                raise RankingFormatError(f"config.elastic_layout.{key}[{block}]={value!r} must be {kind}between 1 "
+                                         f"and {dense} (the dense model's width). {fix}")
+        widths.append(list(values))
+    multiple = layout.get("width_multiple")
+    if multiple is not None and (isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1):
+        raise RankingFormatError(f"config.elastic_layout.width_multiple={multiple!r} must be an integer >= 1. {fix}")
+    return widths[0], widths[1]
 
 
 def _resolve_budget(ranking: ElasticRanking | None, dense_shape: Any, layout: dict | None,
@@ -208,13 +225,18 @@ def _resolve_budget(ranking: ElasticRanking | None, dense_shape: Any, layout: di
     return counts, multiple
 
 
-def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], reader: CheckpointReader
-                  ) -> None:
-    """Slice the meta-device skeleton to ``keep`` and fill it with exactly those slices of the checkpoint."""
+def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], reader: CheckpointReader,
+                  stored: tuple[list[int], list[int]]) -> None:
+    """Slice the meta-device skeleton to ``keep`` and fill it with exactly those slices of the checkpoint, whose
+    tensors must have the shapes of the ``stored`` widths (the dense ones, or a sliced checkpoint's layout)."""
     dense_state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    slice_model_(model, keep)
+    sliced = tuple(map(list, stored)) != layer_widths(model)
+    slice_model_(model, [(np.arange(h), np.arange(f)) for h, f in zip(*stored)])
+    held = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    slice_model_(model, keep)  # a prefix of what the checkpoint holds
     sliceable = {k for k, v in model.state_dict().items() if tuple(v.shape) != dense_state[k]}
-    state = load_sliced_state_dict(model, reader, sliceable)
+    state = load_sliced_state_dict(model, reader, sliceable, held,
+                                   "config.json's elastic_layout" if sliced else "config.json")
     missing = [name for name in model.state_dict() if name not in state]
     if missing:
         _initialise_missing(model, missing)

@@ -15,14 +15,13 @@ checkpoint whose weights were permuted into rank order, so each block keeps a pr
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 
 from ._version import __version__
-from .budget import KeepCounts, ModelShape, resolve_width_multiple
+from .budget import KeepCounts, ModelShape, budget_number, resolve_width_multiple
 from .score_curves import decode_scores, encode_scores, log10_scores
 from .errors import BudgetError, RankingFormatError
 
@@ -231,8 +230,8 @@ class ElasticRanking:
             one group of the budget.
         """
         m = resolve_width_multiple(width_multiple, self.shape.intermediate_size)
-        given = {k: v for k, v in (("sparsity", sparsity), ("target_params", target_params),
-                                   ("target_gflops", target_gflops)) if v is not None}
+        given = {k: budget_number(k, v) for k, v in (("sparsity", sparsity), ("target_params", target_params),
+                                                     ("target_gflops", target_gflops)) if v is not None}
         if len(given) != 1:
             raise BudgetError(
                 f"Give exactly one of sparsity, target_params or target_gflops; got {sorted(given) or 'none'}."
@@ -247,7 +246,7 @@ class ElasticRanking:
             "min_neuron_keep_ratio to go further)"
         )
         if sparsity is not None:
-            if not isinstance(sparsity, numbers.Real) or not 0.0 <= sparsity <= smallest.sparsity + 1e-12:
+            if not 0.0 <= sparsity <= smallest.sparsity + 1e-12:
                 raise BudgetError(
                     f"sparsity={sparsity!r} is out of range: this ranking supports 0 <= sparsity <= "
                     f"{smallest.sparsity:.4f} {floors}."
@@ -289,7 +288,8 @@ class ElasticRanking:
         Units are ranked within their kind across blocks (no parameter normalisation), whatever :attr:`mode` is.
         """
         results = []
-        for kind, ratio in ((0, head_ratio), (1, neuron_ratio)):
+        for kind, ratio in ((0, budget_number("head_ratio", head_ratio)),
+                            (1, budget_number("neuron_ratio", neuron_ratio))):
             width = (self.shape.num_heads, self.shape.intermediate_size)[kind]
             total = self.shape.num_layers * width
             remove = int(total * ratio)
@@ -366,17 +366,21 @@ class ElasticRanking:
             )
         try:
             shape = ModelShape.from_dict(data["shape"])
-            heads, neurons = decode_scores(data["scores"], shape.intermediate_size)
+            heads, neurons = decode_scores(data["scores"], shape)
+            floors = {name: data.get(name, default) for name, default in Floors().to_dict().items()}
+            if bad := [f"{k}={v!r}" for k, v in floors.items() if type(v) not in (int, float)]:  # JSON numbers
+                raise RankingFormatError(f"{', '.join(bad)} must be numbers in [0, 1).")
             ranking = cls(
                 head_scores=heads,
                 neuron_scores=neurons,
                 shape=shape,
                 mode=data.get("mode", "global"),
-                **{name: float(data.get(name, default)) for name, default in Floors().to_dict().items()},
+                **{name: float(value) for name, value in floors.items()},
                 provenance=dict(data.get("provenance", {})),
             )
         except RankingFormatError as error:
-            raise RankingFormatError(f"elastic_ranking is corrupt: {error}") from None
+            raise RankingFormatError(f"elastic_ranking is corrupt: {error} Re-create it with "
+                                     "hf_snapvit.save_elastic(model, ranking, save_directory).") from None
         except (KeyError, TypeError, ValueError, IndexError) as error:
             raise RankingFormatError(
                 f"elastic_ranking is corrupt ({type(error).__name__}: {error}). Re-create it with "
@@ -387,11 +391,8 @@ class ElasticRanking:
         return ranking
 
     def check_matches(self, shape: ModelShape) -> None:
-        """Raise :class:`RankingFormatError` unless this ranking was made for a model of ``shape``."""
-        for name in ("model_type", "num_layers", "num_heads", "head_dim", "hidden_size", "intermediate_size"):
-            mine, theirs = getattr(self.shape, name), getattr(shape, name)
-            if mine != theirs:
-                raise RankingFormatError(
-                    f"The elastic_ranking does not match this model: the ranking has {name}={mine!r}, the model has "
-                    f"{name}={theirs!r}. Rank this model with hf_snapvit.rank(...) and save it with save_elastic."
-                )
+        """Raise :class:`RankingFormatError` unless this ranking was made for a model of ``shape``: the same dense
+        widths and the same cost model (unit parameter costs, tokens, patches, FFN matrices, head FLOPs)."""
+        if problems := self.shape.mismatch(shape):
+            raise RankingFormatError(f"The elastic_ranking does not match this model: {problems}. Rank this model "
+                                     "with hf_snapvit.rank(...) and save it with save_elastic.")
