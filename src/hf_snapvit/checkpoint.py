@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from transformers.utils.hub import cached_file
 
-from .budget import model_shape, skeleton
+from .budget import ModelShape, model_shape
 from .errors import CheckpointError, RankingFormatError
 from .files import atomic_directory
 from .fingerprint import RESAVE, close, expected_values, fingerprint_of, read_units, unit_rows
@@ -279,26 +279,22 @@ def _shadow_copy(model: PreTrainedModel) -> PreTrainedModel:
     return clone
 
 
-def verified_elastic_entries(config: Any, source: Any, **hub_kwargs: Any) -> tuple[ElasticRanking | None, dict | None]:
-    """:func:`elastic_entries`, with the stored weights checked against the ranking's order
-    (:func:`check_weight_order`)."""
-    ranking, layout = elastic_entries(config, source)
-    check_weight_order(config, ranking, source, **hub_kwargs)
-    return ranking, layout
-
-
-def check_weight_order(config: Any, ranking: ElasticRanking | None, source: Any, **hub_kwargs: Any) -> None:
-    """Check that the stored weights are in the order ``config.elastic_ranking`` describes.
+def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, model: PreTrainedModel,
+                  shape: ModelShape, reader: CheckpointReader) -> None:
+    """Check that ``ranking`` fits ``model`` (the dense skeleton the loader builds, of ``shape``) and that the weights
+    ``reader`` reads are in the order ``config.elastic_ranking`` describes.
 
     Raises:
-        RankingFormatError: The fingerprint is corrupt, or the weights are in another order (a ranking stored beside
-            unpermuted weights, or copied from another checkpoint).
+        RankingFormatError: The ranking's cost model differs from the model's, its fingerprint is corrupt, or the
+            weights are in another order (a ranking stored beside unpermuted weights, or copied from another
+            checkpoint).
 
     A ranking without a fingerprint (written before fingerprints, or stored with plain ``save_pretrained``) loads
     with a warning.
     """
     if ranking is None:
         return
+    ranking.check_matches(shape)
     stored = config.elastic_ranking.get("provenance")
     fingerprint = stored.get("weights_fingerprint") if isinstance(stored, dict) else None
     if fingerprint is None:
@@ -309,13 +305,10 @@ def check_weight_order(config: Any, ranking: ElasticRanking | None, source: Any,
             "transformers.AutoModel.from_pretrained(path); hf_snapvit.save_elastic(model, hf_snapvit.ElasticRanking."
             "from_dict(model.config.elastic_ranking), folder). If the ranking was pasted beside unpermuted weights, "
             "the loaded models keep the wrong units: save the ranked model with hf_snapvit.save_elastic instead.",
-            UserWarning, stacklevel=4,  # the caller of from_pretrained
+            UserWarning, stacklevel=3,  # the caller of from_pretrained
         )
         return
-    model = skeleton(config)
-    ranking.check_matches(model_shape(model))
     expected = expected_values(fingerprint, ranking)
-    reader = CheckpointReader(source, **hub_kwargs)
     names = {id(p): n for n, p in model.named_parameters()}
     disk = disk_names(model, reader.keys())
     for block, ((v_weight, hd, in_weight), (heads, neurons)) in enumerate(zip(unit_rows(model), expected)):

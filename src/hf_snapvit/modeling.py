@@ -13,7 +13,7 @@ from transformers import AutoConfig, PreTrainedModel
 
 from .architectures import get_spec
 from .budget import layer_widths, model_shape, resolve_width_multiple, skeleton
-from .checkpoint import HUB_KWARGS, CheckpointReader, load_sliced_state_dict, verified_elastic_entries
+from .checkpoint import HUB_KWARGS, CheckpointReader, check_ranking, elastic_entries, load_sliced_state_dict
 from .correction import CorrectionConfig, correct_model_
 from .errors import BudgetError, CheckpointError, CorrectionError, RankingFormatError
 from .ranking import ElasticRanking, KeepCounts
@@ -87,15 +87,15 @@ class ElasticViTModel:
         if unused:
             raise TypeError(f"ElasticViTModel.from_pretrained got unexpected keyword arguments {sorted(unused)}.")
         get_spec(config)  # unsupported architectures fail before any weight is touched
-        ranking, layout = verified_elastic_entries(config, pretrained_model_name_or_path, **hub_kwargs)
+        ranking, layout = elastic_entries(config, pretrained_model_name_or_path)
         _check_correction_arguments(correction, correction_data, layout)
         build_kwargs["dtype"] = _dtype(build_kwargs["dtype"], config)
         if layout is not None:
             del config.elastic_layout  # the skeleton is built dense, then sliced
         model = skeleton(config, **build_kwargs)
         dense_shape = model_shape(model)
-        if ranking is not None:
-            ranking.check_matches(dense_shape)
+        reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
+        check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader)
         stored = _stored_widths(layout, dense_shape)
         counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
                                            target_gflops, width_multiple,
@@ -103,7 +103,7 @@ class ElasticViTModel:
         keep = [(np.arange(h), np.arange(f)) for h, f in zip(counts.heads, counts.neurons)]
         # Correction works on the dense weights and slices afterwards.
         loaded = keep if correction_data is None else [(np.arange(h), np.arange(f)) for h, f in zip(*stored)]
-        _load_weights(model, loaded, CheckpointReader(pretrained_model_name_or_path, **hub_kwargs), stored)
+        _load_weights(model, loaded, reader, stored)
         if device is not None:
             model.to(device)
         if correction_data is not None:
