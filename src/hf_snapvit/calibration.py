@@ -145,6 +145,14 @@ class CalibrationSplit:
     gradient_labels: torch.Tensor | None = None
 
 
+def _description(data: Any, num_gradient: int, num_fitness: int, seed: int, image_column: str | None,
+                 label_column: str | None) -> dict[str, Any]:
+    """The provenance of a calibration draw, as rankings record it."""
+    return {"source": type(data).__name__, "name": getattr(getattr(data, "info", None), "dataset_name", None),
+            "num_gradient": num_gradient, "num_fitness": num_fitness, "seed": seed, "image_column": image_column,
+            "label_column": label_column}
+
+
 def split_calibration(
     data: ImageSource,
     num_gradient: int,
@@ -168,15 +176,7 @@ def split_calibration(
             stacklevel=2,
         )
         gradient, fitness = images[:num_gradient], images[:num_fitness]
-    description = {
-        "source": type(data).__name__,
-        "name": getattr(getattr(data, "info", None), "dataset_name", None),
-        "num_gradient": len(gradient),
-        "num_fitness": len(fitness),
-        "seed": seed,
-        "image_column": image_column,
-        "label_column": label_column,
-    }
+    description = _description(data, len(gradient), len(fitness), seed, image_column, label_column)
     return CalibrationSplit(gradient, fitness, description,
                             gradient_labels=None if labels is None else labels[:len(gradient)])
 
@@ -282,22 +282,11 @@ def draw_calibration(
     state = state or process_state()
     streaming = isinstance(data, datasets.IterableDataset) and state.num_processes > 1
 
-    def description(num_gradient_drawn: int, num_fitness_drawn: int) -> dict[str, Any]:
-        return {
-            "source": type(data).__name__,
-            "name": getattr(getattr(data, "info", None), "dataset_name", None),
-            "num_gradient": num_gradient_drawn,
-            "num_fitness": num_fitness_drawn,
-            "seed": seed,
-            "image_column": image_column,
-            "label_column": label_column,
-        }
-
     def full_draw() -> tuple[Any, Any, dict[str, Any], torch.Tensor | None]:
         if num_fitness == 0:
             images, labels = sample_images(data, num_gradient, seed=seed, image_column=image_column,
                                            label_column=label_column, model=model)
-            return images, [], description(len(images), 0), labels
+            return images, [], _description(data, len(images), 0, seed, image_column, label_column), labels
         split = split_calibration(data, num_gradient, num_fitness, seed=seed, image_column=image_column,
                                   label_column=label_column, model=model)
         return split.gradient, split.fitness, split.description, split.gradient_labels
@@ -321,7 +310,7 @@ def draw_calibration(
     if total == 0:
         raise DataError("The calibration data is empty; give at least one image.")
     gradient = GradientSteps(steps, total, step_size)
-    return gradient, fitness, description(total, len(fitness)), None
+    return gradient, fitness, _description(data, total, len(fitness), seed, image_column, label_column), None
 
 
 def calibration_batches(
