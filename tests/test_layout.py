@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "hf_snapvit"
 
 # Stage of each top-level module or package, in data-flow order.
 STAGES: dict[str, int] = {
-    "_version": 0, "errors": 0, "files": 0,
+    "_version": 0, "errors": 0, "files": 0, "validation": 0,
     "architectures": 1,
     "budget": 2, "data": 2,
     "distributed": 3, "views": 3, "score_curves": 3,

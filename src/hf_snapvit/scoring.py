@@ -34,7 +34,7 @@ from .architectures import input_size as architecture_input_size
 from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding
 from .views import MultiCropConfig, Normalizer, multi_crops, processor_inputs
 from .errors import ConfigError, DataError
-from .views import require_choice, require_int
+from .validation import require_choice, require_int
 from .calibration import GradientSteps
 from .distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
 

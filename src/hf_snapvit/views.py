@@ -21,27 +21,8 @@ from PIL import Image
 
 from .architectures import unpatchify, vision_config
 from .data import to_rgb
+from .validation import is_real, require_int
 from .errors import ConfigError, DataError
-
-
-def require_int(owner: str, name: str, value: Any, minimum: int, *, optional: bool = False) -> None:
-    """Raise a ConfigError unless ``value`` is an integer >= ``minimum`` (or ``None`` when ``optional``)."""
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ConfigError(f"{owner}({name}={value!r}): {name} must be an integer >= {minimum}"
-                          + (" or None" if optional else "") + ".")
-
-
-def require_choice(owner: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
-    """Raise a ConfigError unless ``value`` is one of ``choices``."""
-    if not isinstance(value, str) or value not in choices:
-        raise ConfigError(f"{owner}({name}={value!r}): {name} must be one of {', '.join(map(repr, choices))}.")
-
-
-def is_real(value: Any) -> bool:
-    """A finite real number (not a bool)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class Normalizer:

@@ -29,7 +29,8 @@ from ..errors import ConfigError
 from ..fitness import EmbeddingFitness
 from ..ranking import ElasticRanking, Floors, RankingMode
 from ..scoring import ScoreConfig, gradient_scores
-from ..views import MultiCropConfig, is_real, load_processor, processor_inputs, require_choice, require_int
+from ..validation import is_real, require_choice, require_int
+from ..views import MultiCropConfig, load_processor, processor_inputs
 from ..xnes import XNES
 
 PRESETS = ("default", "fast", "paper")
