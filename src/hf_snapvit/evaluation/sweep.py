@@ -44,13 +44,15 @@ from .sweep_result import SweepResult, csv_text, json_text, result_row
 
 
 def _resolve(entry: ElasticRanking | str | os.PathLike, model: PreTrainedModel, name: str,
-             extra: Mapping[str, Any]) -> tuple[PreTrainedModel, ElasticRanking, dict[str, Any]]:
+             extra: Mapping[str, Any], width_multiple: int | None
+             ) -> tuple[PreTrainedModel, ElasticRanking, dict[str, Any]]:
     """The dense model a ranking applies to, the ranking, and the method's facts: where the ranking came from, the
     ``extra`` facts given for it (its ``wall_seconds`` as ``ranking_seconds``), its mode, maximum and provenance."""
     base, ranking, info = _load_ranking(entry, model, name)
     info.update(extra)
     info.setdefault("ranking_seconds", extra.get("wall_seconds"))
-    info.update(mode=ranking.mode, max_sparsity=ranking.max_sparsity, provenance=ranking.provenance, skipped=[])
+    info.update(mode=ranking.mode, max_sparsity=ranking.max_sparsity_for(width_multiple), provenance=ranking.provenance,
+                skipped=[])
     return base, ranking, info
 
 
@@ -121,7 +123,7 @@ def _sweep_method(name: str, base: PreTrainedModel, ranking: ElasticRanking, inf
                   timer: _LatencyPairs | None, width_multiple: int | None) -> list[dict[str, Any]]:
     """The rows of one method: ``base`` sliced by ``ranking`` at every sparsity it reaches, evaluated and timed."""
     rows = []
-    limit = ranking.max_sparsity_for(width_multiple)
+    limit = info["max_sparsity"]
     for sparsity in sparsities:
         if sparsity > limit:
             warnings.warn(f"Method {name!r}: sparsity {sparsity} exceeds the ranking's maximum "
@@ -231,7 +233,8 @@ def _sweep_methods(model: PreTrainedModel, rankings: Mapping[str, ElasticRanking
     methods: dict[str, dict[str, Any]] = {}
     kept_rankings: dict[str, ElasticRanking] = {}
     for name, entry in rankings.items():
-        base, kept_rankings[name], methods[name] = _resolve(entry, model, name, ranking_info.get(name, {}))
+        base, kept_rankings[name], methods[name] = _resolve(entry, model, name, ranking_info.get(name, {}),
+                                                                    width_multiple)
         rows += _sweep_method(name, base, kept_rankings[name], methods[name], sparsities, evaluator, dense, timer,
                               width_multiple)
         if base is not model:
