@@ -234,7 +234,7 @@ def _sweep_methods(model: PreTrainedModel, rankings: Mapping[str, ElasticRanking
     kept_rankings: dict[str, ElasticRanking] = {}
     for name, entry in rankings.items():
         base, kept_rankings[name], methods[name] = _resolve(entry, model, name, ranking_info.get(name, {}),
-                                                                    width_multiple)
+                                                            width_multiple)
         rows += _sweep_method(name, base, kept_rankings[name], methods[name], sparsities, evaluator, dense, timer,
                               width_multiple)
         if base is not model:
