@@ -13,40 +13,20 @@ import pytest
 import torch
 from transformers import pipeline
 
-import hf_snapvit as hs
 from hf_snapvit.budget import layer_widths
-from helpers import CASES, PROCESSOR, images, output_of
+from helpers import CASES, PROCESSOR, images, output_of, sliced_model
 
 CASE = {c.name: c for c in CASES}
 SPARSITY = 0.3
 
 
-@pytest.fixture(scope="module")
-def elastic_dir(tmp_path_factory):
-    """``elastic_dir(name)``: the folder of an elastic checkpoint of the tiny ``name`` model, built once per module."""
-    built = {}
-
-    def build(name: str):
-        if name not in built:
-            model = CASE[name].build()
-            built[name] = tmp_path_factory.mktemp(name)
-            hs.save_elastic(model, hs.rank(model, method="magnitude"), built[name], image_processor=PROCESSOR)
-        return built[name]
-
-    return build
-
-
 def sliced(elastic_dir, name: str, **kwargs) -> torch.nn.Module:
-    model = hs.ElasticViTModel.from_pretrained(elastic_dir(name), sparsity=SPARSITY, **kwargs)
-    heads, neurons = layer_widths(model)
-    dense_heads, dense_neurons = layer_widths(CASE[name].build())
-    # The comparisons are only worth something if the model really is narrower than the dense one.
-    assert sum(heads) < sum(dense_heads) and sum(neurons) < sum(dense_neurons)
-    return model
+    """The tiny ``name`` model loaded from its elastic checkpoint at 30 % sparsity."""
+    return sliced_model(elastic_dir(name), CASE[name], sparsity=SPARSITY, **kwargs)
 
 
 def pixels(batch: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    return CASE["vit"].inputs(batch, seed)["pixel_values"]
 
 
 # ------------------------------------------------------------------------------------------------ pipelines
