@@ -129,3 +129,14 @@ def test_half_precision_loading_is_close_to_float32(elastic_dir, name, dtype, to
     # Relative to the outputs' scale: bf16 keeps 8 significant bits, fp16 11.
     error = (got - want).abs().max() / want.abs().max()
     assert error < tolerance, f"{dtype}: max error {error:.2e} of the output scale"
+
+
+# ------------------------------------------------------------------------------------------------ stock loading
+def test_stock_auto_classes_refuse_a_sliced_checkpoint_with_a_size_mismatch(elastic_dir, tmp_path):
+    # docs/deployment.md, "What stock tools can and cannot do": transformers builds the dense widths of config.json,
+    # so a sliced checkpoint needs ElasticViTModel (or the checkpoint's remote code, when it carries it).
+    from transformers import AutoModelForImageClassification
+
+    sliced(elastic_dir, "vit-cls").save_pretrained(tmp_path / "sliced")
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        AutoModelForImageClassification.from_pretrained(tmp_path / "sliced")
