@@ -108,6 +108,10 @@ def test_a_lora_adapter_of_a_sliced_model_reloads_onto_it(elastic_dir, tmp_path,
     reloaded = PeftModel.from_pretrained(hs.ElasticViTModel.from_pretrained(source, **budget), tmp_path / "adapter")
     assert reloaded.get_base_model().config.elastic_layout == layout
     torch.testing.assert_close(output_of(reloaded, probe()), adapted, rtol=1e-5, atol=1e-6)
+    if base == "elastic":
+        # The adapter's weight shapes are the base's widths: another budget does not fit (docs/deployment.md).
+        with pytest.raises(RuntimeError, match="size mismatch"):
+            PeftModel.from_pretrained(hs.ElasticViTModel.from_pretrained(source, sparsity=0.5), tmp_path / "adapter")
 
 
 @pytest.mark.slow
