@@ -23,8 +23,8 @@ def case(request) -> Case:
 
 
 @pytest.fixture(scope="session")
-def elastic_dir(tmp_path_factory):
-    """``elastic_dir(name)``: folder of an elastic checkpoint (magnitude ranking, :data:`helpers.PROCESSOR` saved
+def tiny_elastic(tmp_path_factory):
+    """``tiny_elastic(name)``: folder of an elastic checkpoint (magnitude ranking, :data:`helpers.PROCESSOR` saved
     beside it) of the tiny ``name`` model of ``helpers.CASES``, written once per session; tests must not modify it."""
     import hf_snapvit as hs
 

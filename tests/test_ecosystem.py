@@ -20,9 +20,9 @@ CASE = {c.name: c for c in CASES}
 SPARSITY = 0.3
 
 
-def sliced(elastic_dir, name: str, **kwargs) -> torch.nn.Module:
+def sliced(tiny_elastic, name: str, **kwargs) -> torch.nn.Module:
     """The tiny ``name`` model loaded from its elastic checkpoint at 30 % sparsity."""
-    return sliced_model(elastic_dir(name), CASE[name], sparsity=SPARSITY, **kwargs)
+    return sliced_model(tiny_elastic(name), CASE[name], sparsity=SPARSITY, **kwargs)
 
 
 def pixels(batch: int, seed: int = 0) -> torch.Tensor:
@@ -31,8 +31,8 @@ def pixels(batch: int, seed: int = 0) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------------ pipelines
 @pytest.mark.parametrize("name", ["vit-cls", "dinov2-cls", "deit-cls-teacher"])
-def test_image_classification_pipeline_gives_the_models_probabilities(elastic_dir, name):
-    model = sliced(elastic_dir, name)
+def test_image_classification_pipeline_gives_the_models_probabilities(tiny_elastic, name):
+    model = sliced(tiny_elastic, name)
     classify = pipeline("image-classification", model=model, image_processor=PROCESSOR)
     batch = images(3, seed=1)
     results = classify(batch, top_k=5)
@@ -45,8 +45,8 @@ def test_image_classification_pipeline_gives_the_models_probabilities(elastic_di
 
 
 @pytest.mark.parametrize("name", ["vit", "dinov2", "clip-vision"])
-def test_image_feature_extraction_pipeline_gives_the_models_hidden_states(elastic_dir, name):
-    model = sliced(elastic_dir, name)
+def test_image_feature_extraction_pipeline_gives_the_models_hidden_states(tiny_elastic, name):
+    model = sliced(tiny_elastic, name)
     extract = pipeline("image-feature-extraction", model=model, image_processor=PROCESSOR)
     batch = images(2, seed=2)
     features = extract(batch, return_tensors=True)
@@ -59,8 +59,8 @@ def test_image_feature_extraction_pipeline_gives_the_models_hidden_states(elasti
 # ------------------------------------------------------------------------------------------------ compilers
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["vit-cls", "dinov2", "clip-vision", "siglip-vision"])
-def test_torch_compile_fullgraph_gives_the_same_outputs(elastic_dir, name):
-    model = sliced(elastic_dir, name)
+def test_torch_compile_fullgraph_gives_the_same_outputs(tiny_elastic, name):
+    model = sliced(tiny_elastic, name)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     for batch in (2, 3):
         inputs = {"pixel_values": pixels(batch, seed=batch)}
@@ -72,8 +72,8 @@ def test_torch_compile_fullgraph_gives_the_same_outputs(elastic_dir, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["vit-cls", "dinov2", "clip-vision"])
-def test_torch_export_with_a_dynamic_batch_gives_the_same_outputs(elastic_dir, name):
-    model = sliced(elastic_dir, name)
+def test_torch_export_with_a_dynamic_batch_gives_the_same_outputs(tiny_elastic, name):
+    model = sliced(tiny_elastic, name)
     batch = torch.export.Dim("batch")
     program = torch.export.export(model, args=(), kwargs={"pixel_values": pixels(2)},
                                   dynamic_shapes={"pixel_values": {0: batch}})
@@ -99,12 +99,15 @@ def export_onnx(model: torch.nn.Module, path, exporter: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # the tracer's notes on shape checks it freezes
+# torch.onnx's own deprecation notes, nothing of ours to fix.
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.* is deprecated:FutureWarning")
+@pytest.mark.filterwarnings("ignore:The feature will be removed:DeprecationWarning")
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 @pytest.mark.parametrize("name", ["vit-cls", "dinov2", "clip-vision"])
-def test_onnx_runtime_runs_the_exported_model_at_two_batch_sizes(elastic_dir, tmp_path, name, exporter):
+def test_onnx_runtime_runs_the_exported_model_at_two_batch_sizes(tiny_elastic, tmp_path, name, exporter):
     import onnxruntime
 
-    model = sliced(elastic_dir, name)
+    model = sliced(tiny_elastic, name)
     export_onnx(model, tmp_path / "model.onnx", exporter)
     session = onnxruntime.InferenceSession(tmp_path / "model.onnx", providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["pixel_values"]
@@ -117,9 +120,9 @@ def test_onnx_runtime_runs_the_exported_model_at_two_batch_sizes(elastic_dir, tm
 # ------------------------------------------------------------------------------------------------ half precision
 @pytest.mark.parametrize("dtype, tolerance", [(torch.bfloat16, 0.02), (torch.float16, 0.004)])
 @pytest.mark.parametrize("name", ["vit-cls", "dinov2"])
-def test_half_precision_loading_is_close_to_float32(elastic_dir, name, dtype, tolerance):
-    full = sliced(elastic_dir, name)
-    half = sliced(elastic_dir, name, dtype=dtype)
+def test_half_precision_loading_is_close_to_float32(tiny_elastic, name, dtype, tolerance):
+    full = sliced(tiny_elastic, name)
+    half = sliced(tiny_elastic, name, dtype=dtype)
     assert {p.dtype for p in half.parameters()} == {dtype}
     assert layer_widths(half) == layer_widths(full)
     assert half.config.elastic_layout == full.config.elastic_layout
@@ -132,11 +135,11 @@ def test_half_precision_loading_is_close_to_float32(elastic_dir, name, dtype, to
 
 
 # ------------------------------------------------------------------------------------------------ stock loading
-def test_stock_auto_classes_refuse_a_sliced_checkpoint_with_a_size_mismatch(elastic_dir, tmp_path):
+def test_stock_auto_classes_refuse_a_sliced_checkpoint_with_a_size_mismatch(tiny_elastic, tmp_path):
     # docs/deployment.md, "What stock tools can and cannot do": transformers builds the dense widths of config.json,
     # so a sliced checkpoint needs ElasticViTModel (or the checkpoint's remote code, when it carries it).
     from transformers import AutoModelForImageClassification
 
-    sliced(elastic_dir, "vit-cls").save_pretrained(tmp_path / "sliced")
+    sliced(tiny_elastic, "vit-cls").save_pretrained(tmp_path / "sliced")
     with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
         AutoModelForImageClassification.from_pretrained(tmp_path / "sliced")

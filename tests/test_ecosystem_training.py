@@ -46,8 +46,8 @@ def train_two_steps(model: torch.nn.Module, folder, learning_rate: float) -> Non
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["vit-cls", "dinov2-cls"])
-def test_trainer_fine_tunes_a_sliced_model_and_its_saved_model_reloads(elastic_dir, tmp_path, name):
-    model = sliced_model(elastic_dir(name), CASE[name], sparsity=SPARSITY)
+def test_trainer_fine_tunes_a_sliced_model_and_its_saved_model_reloads(tiny_elastic, tmp_path, name):
+    model = sliced_model(tiny_elastic(name), CASE[name], sparsity=SPARSITY)
     before = output_of(model, probe())
     train_two_steps(model, tmp_path, learning_rate=1e-3)
     model.eval()
@@ -88,17 +88,17 @@ def lora_step(model: torch.nn.Module, classifier: bool):
 @PEFT_WARNING
 @pytest.mark.parametrize("base", ["elastic", "sliced"])
 @pytest.mark.parametrize("name", ["vit-cls", "dinov2"])
-def test_a_lora_adapter_of_a_sliced_model_reloads_onto_it(elastic_dir, tmp_path, name, base):
+def test_a_lora_adapter_of_a_sliced_model_reloads_onto_it(tiny_elastic, tmp_path, name, base):
     from peft import PeftModel
 
-    model = sliced_model(elastic_dir(name), CASE[name], sparsity=SPARSITY)
+    model = sliced_model(tiny_elastic(name), CASE[name], sparsity=SPARSITY)
     untouched = output_of(model, probe())
     # The base the adapter is reloaded onto: the elastic checkpoint at the same sparsity, or a sliced checkpoint.
     if base == "sliced":
         model.save_pretrained(tmp_path / "sliced")
         source, budget = tmp_path / "sliced", {}
     else:
-        source, budget = elastic_dir(name), {"sparsity": SPARSITY}
+        source, budget = tiny_elastic(name), {"sparsity": SPARSITY}
     layout = dict(model.config.elastic_layout)
     peft_model = lora_step(model, classifier=name.endswith("-cls"))
     adapted = output_of(peft_model, probe())
@@ -116,8 +116,8 @@ def test_a_lora_adapter_of_a_sliced_model_reloads_onto_it(elastic_dir, tmp_path,
 
 @pytest.mark.slow
 @PEFT_WARNING
-def test_a_merged_lora_model_saves_as_a_sliced_checkpoint(elastic_dir, tmp_path):
-    model = sliced_model(elastic_dir("vit-cls"), CASE["vit-cls"], sparsity=SPARSITY)
+def test_a_merged_lora_model_saves_as_a_sliced_checkpoint(tiny_elastic, tmp_path):
+    model = sliced_model(tiny_elastic("vit-cls"), CASE["vit-cls"], sparsity=SPARSITY)
     widths, layout = layer_widths(model), dict(model.config.elastic_layout)
     peft_model = lora_step(model, classifier=True)
     adapted = output_of(peft_model, probe())
@@ -132,14 +132,14 @@ def test_a_merged_lora_model_saves_as_a_sliced_checkpoint(elastic_dir, tmp_path)
 
 @pytest.mark.slow
 def test_a_fine_tuning_that_moves_the_weights_far_trips_the_order_check_until_the_fingerprint_is_dropped(
-        elastic_dir, tmp_path):
+        tiny_elastic, tmp_path):
     # Known limitation (docs/deployment.md): the weight-order fingerprint that save_elastic recorded travels into
     # the sliced checkpoint, and the loader compares it within 25 %. Two steps at lr 1e-2 on these tiny weights
     # (std about 0.03) move them by far more than that; how far a given fine-tuning of a real model moves them was
     # not measured.
     import json
 
-    model = sliced_model(elastic_dir("vit-cls"), CASE["vit-cls"], sparsity=SPARSITY)
+    model = sliced_model(tiny_elastic("vit-cls"), CASE["vit-cls"], sparsity=SPARSITY)
     train_two_steps(model, tmp_path, learning_rate=1e-2)
     with pytest.raises(hs.RankingFormatError, match="not in the weight order"):
         hs.ElasticViTModel.from_pretrained(tmp_path / "fine-tuned")
