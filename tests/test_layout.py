@@ -22,7 +22,7 @@ STAGES: dict[str, int] = {
     "distributed": 3, "views": 3, "score_curves": 3,
     "calibration": 4, "ranking": 4, "slicing": 4,
     "scoring": 5, "xnes": 5, "fitness": 5, "cka": 5, "checkpoint": 5, "fingerprint": 5,
-    "methods": 6, "correction": 6, "modeling": 6,
+    "methods": 6, "correction": 6, "recovery": 6, "modeling": 6,
     "plotting": 7, "benchmark": 7,
     "evaluation": 8,
     "model_card": 9, "card_source": 9, "card_results": 9, "card_sections": 9,

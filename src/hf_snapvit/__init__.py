@@ -23,6 +23,7 @@ from .modeling import ElasticViTModel
 from .plotting import plot_allocation
 from .budget import KeepCounts
 from .ranking import ElasticRanking, Floors
+from .recovery import RecoveryConfig, recover
 from .scoring import ScoreConfig
 from .views import MultiCropConfig
 
@@ -39,6 +40,7 @@ __all__ = [
     "KeepCounts",
     "MultiCropConfig",
     "RankingFormatError",
+    "RecoveryConfig",
     "ScoreConfig",
     "SnapViTConfig",
     "SnapViTError",
@@ -52,6 +54,7 @@ __all__ = [
     "plot_allocation",
     "push_to_hub",
     "rank",
+    "recover",
     "register_method",
     "save_elastic",
     "supported_model_types",

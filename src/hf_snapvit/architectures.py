@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 import torch
 import torch.nn as nn
@@ -334,7 +334,11 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
     if pixels is not None and pixels.ndim == 4 and size is not None and pixels.shape[-1] != size:
         if "interpolate_pos_encoding" in inspect.signature(backbone.forward).parameters:
             kwargs["interpolate_pos_encoding"] = True
-    out = backbone(**kwargs)
+    return pooled_embedding(backbone(**kwargs), spec)
+
+
+def pooled_embedding(out: Any, spec: ArchitectureSpec) -> torch.Tensor:
+    """The ``[B, D]`` image embedding read from a backbone's output (what :func:`image_embedding` returns)."""
     if spec.embedding == "pooled":
         pooled = getattr(out, "pooler_output", None)
         return pooled if pooled is not None else out.last_hidden_state.mean(1)

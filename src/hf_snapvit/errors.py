@@ -45,6 +45,10 @@ class CorrectionError(SnapViTError, ValueError):
     """Bad correction settings or calibration data, or a Hessian that cannot be factorised."""
 
 
+class RecoveryError(SnapViTError, ValueError):
+    """Bad recovery settings, data, or a student that is not a slice of its teacher."""
+
+
 class EvaluationError(SnapViTError, ValueError):
     """Evaluation data or settings are unusable (wrong shapes, missing labels, impossible metric)."""
 
@@ -81,6 +85,7 @@ __all__ = [
     "ModelCardError",
     "ProcessFailedError",
     "RankingFormatError",
+    "RecoveryError",
     "SnapViTError",
     "SweepError",
     "UnsupportedArchitectureError",

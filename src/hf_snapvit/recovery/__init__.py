@@ -1,0 +1,229 @@
+"""Label-free recovery: distil a sliced model from its dense teacher on unlabelled images.
+
+Slicing removes heads and neurons but keeps the hidden width, so the student's block outputs, its image embedding
+and (for classifiers) its logits can be matched to the teacher's on any images, without labels. Two modes:
+
+* per size (:func:`recover` with a sliced student): the sliced model is trained; its checkpoint reloads at its saved
+  size only, like a weight-corrected one;
+* elastic (``RecoveryConfig(elastic=True)`` with the dense elastic model): the dense weights, in rank order, are
+  trained so that every prefix improves. Each step distils a frozen copy of the original weights into prefix views
+  at the two ends of ``elastic_range`` and ``elastic_samples`` sparsities drawn in between (the sandwich rule); the
+  result is still an elastic checkpoint (save it with :func:`hf_snapvit.save_elastic`) that loads at any sparsity.
+
+The loop itself (batches, multi-process gradients, resuming) is :mod:`hf_snapvit.recovery.train`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from huggingface_hub.utils import tqdm
+from transformers import PreTrainedModel
+
+from ..architectures import get_spec, input_size, vision_config
+from ..budget import layer_widths, model_shape
+from ..calibration import sample_images
+from ..distributed import on_process_device, process_state, reduce_sum
+from ..errors import RecoveryError
+from ..ranking import ElasticRanking
+from ..views import load_processor
+from .config import RecoveryConfig, RecoverySummary
+from .forward import forward_outputs, per_image_loss, prefix_view
+from .train import AugmentedBatches, TrainingState, make_optimizer, sum_gradients
+
+
+def recover(
+    model: PreTrainedModel,
+    teacher: PreTrainedModel | None,
+    data: Any,
+    config: RecoveryConfig | None = None,
+    *,
+    processor: Any = None,
+    show_progress: bool = True,
+) -> tuple[PreTrainedModel, RecoverySummary]:
+    """Distil ``model`` from ``teacher`` on unlabelled images and return the trained copy.
+
+    Neither argument is modified: the student is a deep copy of ``model`` (use :func:`recover_` to train in place),
+    and the teacher only runs forward passes under ``torch.no_grad``. Labels are never read.
+
+    Args:
+        model: The student: a model sliced from ``teacher`` (e.g. ``ElasticViTModel.from_pretrained(path,
+            sparsity=0.5)``), or with ``config.elastic`` the dense elastic model itself
+            (``ElasticViTModel.from_pretrained(path)``), whose ``config.elastic_ranking`` defines the prefixes.
+        teacher: The dense model of the same architecture and hidden width. With ``config.elastic`` it may be
+            ``None``: a frozen copy of ``model`` is then the teacher.
+        data: Unlabelled images: PIL images, a ``datasets`` Dataset or streaming IterableDataset with an image
+            column, or a ``[N, C, H, W]`` tensor of preprocessed pixel values.
+        config: :class:`RecoveryConfig`; defaults when ``None``.
+        processor: The image processor for PIL / dataset images; by default the teacher's checkpoint's own.
+        show_progress: Show a progress bar with the loss.
+
+    Returns:
+        ``(student, summary)``: the trained copy in eval mode, with ``config.elastic_recovery`` recording the
+        settings, the data and the losses, and the :class:`RecoverySummary`.
+    """
+    config = _check_config(config)
+    student = copy.deepcopy(model)
+    summary = recover_(student, teacher, data, config, processor=processor, show_progress=show_progress)
+    return student, summary
+
+
+def recover_(student: PreTrainedModel, teacher: PreTrainedModel | None, data: Any,
+             config: RecoveryConfig | None = None, *, processor: Any = None,
+             show_progress: bool = True) -> RecoverySummary:
+    """:func:`recover`, training ``student`` in place (the teacher is still left as it is)."""
+    config = _check_config(config)
+    start_time = time.perf_counter()
+    spec = get_spec(student)
+    views = _check_pair(student, teacher, config)
+    if teacher is None:
+        teacher = copy.deepcopy(student)
+    images, _ = sample_images(data, _num_images(data, config), seed=config.seed, model=teacher)
+    if processor is None and not isinstance(images, torch.Tensor):
+        processor = load_processor(teacher, purpose="preprocess the recovery images")
+    batches = AugmentedBatches(images, config, processor, input_size(teacher.config))
+    was_training = teacher.training
+    teacher.eval()
+    student.eval()  # dropout off: the student is fitted to the teacher's deterministic function
+    try:
+        with contextlib.ExitStack() as stack:
+            device = stack.enter_context(on_process_device(student))
+            stack.enter_context(on_process_device(teacher))
+            losses, resumed = _train(student, teacher, spec, batches, config, views, device, show_progress)
+    finally:
+        teacher.train(was_training)
+    summary = RecoverySummary(config, losses, len(images), _describe(data, len(images), config),
+                              time.perf_counter() - start_time, resumed, [s for s, _ in views if s is not None])
+    student.config.elastic_recovery = summary.to_dict()
+    return summary
+
+
+def _check_config(config: Any) -> RecoveryConfig:
+    config = RecoveryConfig() if config is None else config
+    if not isinstance(config, RecoveryConfig):
+        raise RecoveryError(f"config must be a RecoveryConfig, got {type(config).__name__}.")
+    return config
+
+
+def _num_images(data: Any, config: RecoveryConfig) -> int:
+    if config.num_images is not None:
+        return config.num_images
+    try:
+        return int(data.shape[0]) if isinstance(data, torch.Tensor) else len(data)
+    except TypeError:
+        raise RecoveryError("RecoveryConfig(num_images=None) uses every image, which needs data with a length; "
+                            "give num_images=N for a stream.") from None
+
+
+def _describe(data: Any, num_images: int, config: RecoveryConfig) -> dict[str, Any]:
+    """Where the images came from, as ``config.elastic_recovery["data"]`` records it."""
+    return {"source": type(data).__name__, "name": getattr(getattr(data, "info", None), "dataset_name", None),
+            "num_images": num_images, "seed": config.seed}
+
+
+def _check_pair(student: PreTrainedModel, teacher: PreTrainedModel | None,
+                config: RecoveryConfig) -> list[tuple[float | None, Any]]:
+    """Check that ``student`` is a slice of ``teacher``; return the views to train: ``(sparsity, keep counts)``
+    per view for elastic recovery, ``[(None, None)]`` otherwise."""
+    if teacher is None and not config.elastic:
+        raise RecoveryError("recover() needs the dense teacher: pass teacher=<the dense model> (or set "
+                            "RecoveryConfig(elastic=True) to train a dense elastic model against its own copy).")
+    if teacher is not None:
+        if type(teacher) is not type(student) or get_spec(teacher).model_type != get_spec(student).model_type:
+            raise RecoveryError(f"The teacher is a {type(teacher).__name__} and the student a "
+                                f"{type(student).__name__}: recovery needs the dense model the student was sliced "
+                                "from (same class).")
+        for name in ("hidden_size", "num_hidden_layers"):
+            s, t = getattr(vision_config(student.config), name), getattr(vision_config(teacher.config), name)
+            if s != t:
+                raise RecoveryError(f"The student has {name}={s} but the teacher {name}={t}: the student is not a "
+                                    "slice of this teacher (slicing keeps both); pass its dense model.")
+        (sh, sf), (th, tf) = layer_widths(student), layer_widths(teacher)
+        wider = [l for l, (a, b, c, d) in enumerate(zip(sh, sf, th, tf)) if a > c or b > d]
+        if wider:
+            raise RecoveryError(f"The student is wider than the teacher in blocks {wider} (heads {sh} vs {th}, "
+                                f"neurons {sf} vs {tf}): the teacher must be the dense model it was sliced from.")
+    if not config.elastic:
+        return [(None, None)]
+    return _elastic_views(student, teacher, config)
+
+
+def _elastic_views(student: PreTrainedModel, teacher: PreTrainedModel | None,
+                   config: RecoveryConfig) -> list[tuple[float | None, Any]]:
+    stored = getattr(student.config, "elastic_ranking", None)
+    if stored is None or getattr(student.config, "elastic_layout", None):
+        raise RecoveryError("Elastic recovery trains the dense elastic model: load it with "
+                            "ElasticViTModel.from_pretrained(elastic_checkpoint) (no budget), so that it is dense "
+                            "and carries config.elastic_ranking.")
+    ranking = ElasticRanking.from_dict(stored)
+    ranking.check_matches(model_shape(student))
+    if not ranking.is_sorted():
+        raise RecoveryError("The model's ranking is not in rank order, so its prefixes are not the ranked units; "
+                            "load the model from the elastic checkpoint written by hf_snapvit.save_elastic.")
+    if teacher is not None and layer_widths(teacher) != layer_widths(student):
+        raise RecoveryError("Elastic recovery needs the dense teacher (the same widths as the dense student).")
+    low, high = config.elastic_range
+    high = min(high, ranking.max_sparsity_for(None))
+    if low > high:
+        raise RecoveryError(f"elastic_range={list(config.elastic_range)} starts above the ranking's maximum "
+                            f"sparsity {high:.4f}; lower it.")
+    return [(s, ranking) for s in (low, high)]
+
+
+def _step_views(views: list[tuple[float | None, Any]], config: RecoveryConfig,
+                step: int) -> list[tuple[float | None, Any]]:
+    """This step's views: the fixed ends, plus ``elastic_samples`` sparsities drawn (seeded) in between."""
+    if views[0][0] is None:
+        return [(None, None)]
+    (low, ranking), (high, _) = views
+    drawn = np.random.default_rng([config.seed, 3, step]).uniform(low, high, config.elastic_samples)
+    return [(float(s), ranking.keep_counts(float(s))) for s in (low, high, *sorted(drawn))]
+
+
+def _autocast(device: torch.device, config: RecoveryConfig) -> contextlib.AbstractContextManager:
+    bf16 = config.mixed_precision == "bf16" or (config.mixed_precision == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+def _train(student, teacher, spec, batches: AugmentedBatches, config: RecoveryConfig, views, device,
+           show_progress: bool) -> tuple[list[float], int]:
+    """Run the optimizer steps (from a saved state, if there is one); return the losses and the step resumed at."""
+    state = process_state()
+    optimizer, scheduler = make_optimizer(student, config)
+    saver = TrainingState(config)
+    start, losses = saver.load(student, optimizer, scheduler)
+    bar = tqdm(range(start, config.steps), desc="recovery", initial=start, total=config.steps,
+               disable=not show_progress or not state.is_main_process)
+    for step in bar:
+        optimizer.zero_grad(set_to_none=True)
+        pixels = batches.share(step, state.process_index, state.num_processes)
+        total = torch.zeros((), dtype=torch.float64)
+        if pixels is not None:
+            pixels = pixels.to(device)
+            with torch.no_grad(), _autocast(device, config):
+                target = forward_outputs(teacher, spec, pixels)
+            chosen = _step_views(views, config, step)
+            for _, counts in chosen:
+                view = prefix_view(student, spec, counts.heads, counts.neurons) if counts is not None \
+                    else contextlib.nullcontext()
+                with view, _autocast(device, config):
+                    out = forward_outputs(student, spec, pixels)
+                loss = per_image_loss(out, target, config).sum() / (config.batch_size * len(chosen))
+                loss.backward()
+                total += loss.detach().double().cpu()
+        sum_gradients(student)
+        optimizer.step()
+        scheduler.step()
+        losses.append(float(reduce_sum([total])[0]))
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        if config.checkpoint_every and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
+            saver.save(step + 1, student, optimizer, scheduler, losses)
+    return losses, start
+
+
+__all__ = ["RecoveryConfig", "RecoverySummary", "recover", "recover_"]

@@ -1,0 +1,164 @@
+"""Settings and report of a label-free recovery (distillation of a sliced model from its dense teacher)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import RecoveryError
+from ..validation import is_real
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise RecoveryError(f"RecoveryConfig({name}={value!r}): {name} must be an integer >= {minimum}.")
+
+
+def _non_negative(name: str, value: Any, *, positive: bool = False) -> None:
+    if not is_real(value) or value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise RecoveryError(f"RecoveryConfig({name}={value!r}): {name} must be a finite number {bound}.")
+
+
+def _fraction_pair(name: str, value: Any, *, low_open: bool) -> None:
+    ok = (isinstance(value, (tuple, list)) and len(value) == 2 and all(map(is_real, value))
+          and (0 < value[0] if low_open else 0 <= value[0]) and value[0] <= value[1] <= 1)
+    if not ok:
+        lower = "0 < low" if low_open else "0 <= low"
+        raise RecoveryError(f"RecoveryConfig({name}={value!r}): {name} must be two fractions (low, high) with "
+                            f"{lower} <= high <= 1.")
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    """Settings of :func:`hf_snapvit.recover`.
+
+    The defaults are a starting point, not a measured optimum: ``benchmarks/recovery_vit_tiny.py`` varies them.
+
+    Args:
+        steps: Optimizer steps (>= 1).
+        batch_size: Images per step, over all processes (>= 1).
+        num_images: Unlabelled images drawn (seeded) from the data and cycled through with augmentation; ``None``
+            uses every image given (needs data with a length).
+        lr: Peak AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        warmup_steps: Linear warm-up steps, then a cosine decay to ``min_lr_ratio · lr`` at the last step.
+        min_lr_ratio: Final learning rate as a fraction of ``lr``.
+        hidden_weight: Weight of the hidden-state loss: each block's output, MSE relative to the teacher's mean
+            square, averaged over blocks (scale-free, so one weight fits every model).
+        embedding_weight: Weight of the image-embedding loss (the backbone's pooled/CLS embedding, relative MSE).
+        logits_weight: Weight of the KL divergence of the logits (models with a classification head only).
+        temperature: Softmax temperature of the logits KL (the loss is scaled by ``temperature²``).
+        crop_scale: Area fractions of the random resized crop; ``(1.0, 1.0)`` turns cropping off.
+        flip: Probability of a horizontal flip.
+        mixed_precision: ``"auto"``: bf16 autocast on CUDA, float32 elsewhere; ``"bf16"`` or ``"no"`` to force.
+        seed: Seeds the image draw, the batches and the augmentation: the same seed gives the same weights.
+        elastic: Train the dense elastic model itself so that every prefix (every sparsity) improves; see
+            :func:`hf_snapvit.recover`.
+        elastic_range: ``(lowest, highest)`` sparsity of the sliced views of elastic recovery; the highest is capped
+            at the ranking's maximum.
+        elastic_samples: Sliced views per step besides the two ends of the range (the sandwich rule trains the
+            largest and the smallest every step, plus this many drawn uniformly in between).
+        checkpoint_every: Save the training state every this many steps to ``output_dir`` (``None``: never).
+        output_dir: Folder of the training state; a run finding a state there resumes from it.
+    """
+
+    steps: int = 300
+    batch_size: int = 64
+    num_images: int | None = 4000
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.0
+    hidden_weight: float = 1.0
+    embedding_weight: float = 1.0
+    logits_weight: float = 1.0
+    temperature: float = 1.0
+    crop_scale: tuple[float, float] = (0.5, 1.0)
+    flip: float = 0.5
+    mixed_precision: str = "auto"
+    seed: int = 0
+    elastic: bool = False
+    elastic_range: tuple[float, float] = (0.0, 0.6)
+    elastic_samples: int = 1
+    checkpoint_every: int | None = None
+    output_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        _positive_int("steps", self.steps)
+        _positive_int("batch_size", self.batch_size)
+        if self.num_images is not None:
+            _positive_int("num_images", self.num_images)
+        _positive_int("warmup_steps", self.warmup_steps, 0)
+        _positive_int("elastic_samples", self.elastic_samples, 0)
+        _non_negative("lr", self.lr, positive=True)
+        _non_negative("temperature", self.temperature, positive=True)
+        for name in ("weight_decay", "hidden_weight", "embedding_weight", "logits_weight"):
+            _non_negative(name, getattr(self, name))
+        if not is_real(self.min_lr_ratio) or not 0 <= self.min_lr_ratio <= 1:
+            raise RecoveryError(f"RecoveryConfig(min_lr_ratio={self.min_lr_ratio!r}) must be in [0, 1].")
+        if not is_real(self.flip) or not 0 <= self.flip <= 1:
+            raise RecoveryError(f"RecoveryConfig(flip={self.flip!r}): the flip probability must be in [0, 1].")
+        if self.hidden_weight + self.embedding_weight + self.logits_weight == 0:
+            raise RecoveryError("RecoveryConfig: hidden_weight, embedding_weight and logits_weight are all 0, so "
+                                "there is nothing to distil; give at least one a positive weight.")
+        _fraction_pair("crop_scale", self.crop_scale, low_open=True)
+        _fraction_pair("elastic_range", self.elastic_range, low_open=False)
+        if self.mixed_precision not in ("auto", "bf16", "no"):
+            raise RecoveryError(f"RecoveryConfig(mixed_precision={self.mixed_precision!r}) must be 'auto', 'bf16' "
+                                "or 'no'.")
+        if not isinstance(self.elastic, bool):
+            raise RecoveryError(f"RecoveryConfig(elastic={self.elastic!r}) must be True or False.")
+        if self.checkpoint_every is not None:
+            _positive_int("checkpoint_every", self.checkpoint_every)
+            if self.output_dir is None:
+                raise RecoveryError("RecoveryConfig(checkpoint_every=...) needs output_dir=FOLDER to save the "
+                                    "training state in.")
+        # Tuples, so that a config read back from JSON compares equal to the one that wrote it.
+        object.__setattr__(self, "crop_scale", tuple(self.crop_scale))
+        object.__setattr__(self, "elastic_range", tuple(self.elastic_range))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as a JSON-serialisable dict (stored in ``config.elastic_recovery["settings"]``)."""
+        data = asdict(self)
+        data["crop_scale"], data["elastic_range"] = list(self.crop_scale), list(self.elastic_range)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RecoveryConfig":
+        """Inverse of :meth:`to_dict`; unknown keys raise."""
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise RecoveryError(f"Unknown recovery settings {sorted(unknown)}; valid: "
+                                f"{sorted(cls.__dataclass_fields__)}.")
+        return cls(**data)
+
+    def training_key(self) -> dict[str, Any]:
+        """The settings that determine the weights (a resumed run must match them); the checkpointing is not one."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("checkpoint_every", "output_dir")}
+
+
+@dataclass
+class RecoverySummary:
+    """What :func:`hf_snapvit.recover` did: the losses per step and where the images came from."""
+
+    config: RecoveryConfig
+    losses: list[float]
+    num_images: int
+    data: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    resumed_from: int = 0
+    sparsities: list[float] = field(default_factory=list)
+
+    def final_loss(self, window: int = 10) -> float:
+        """Mean loss of the last ``window`` steps."""
+        tail = self.losses[-window:]
+        return float(sum(tail) / len(tail)) if tail else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``config.elastic_recovery`` records: settings, data description, steps and losses."""
+        return {"settings": self.config.to_dict(), "data": self.data, "num_images": self.num_images,
+                "steps": len(self.losses), "first_loss": round(self.losses[0], 6) if self.losses else None,
+                "final_loss": round(self.final_loss(), 6), "seconds": round(self.seconds, 3),
+                "elastic": self.config.elastic, "sparsities": self.sparsities}
