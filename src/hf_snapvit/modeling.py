@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from collections.abc import Mapping
@@ -15,8 +16,9 @@ from .architectures import get_spec
 from .budget import layer_widths, model_shape, resolve_width_multiple, skeleton
 from .checkpoint import HUB_KWARGS, CheckpointReader, check_ranking, elastic_entries, load_sliced_state_dict
 from .correction import CorrectionConfig, correct_model_
-from .errors import BudgetError, CheckpointError, CorrectionError, RankingFormatError
+from .errors import BudgetError, CheckpointError, CorrectionError, RankingFormatError, RecoveryError
 from .ranking import ElasticRanking, KeepCounts
+from .recovery import RecoveryConfig, recover_
 from .slicing import slice_model_
 from .views import load_processor
 
@@ -45,6 +47,8 @@ class ElasticViTModel:
         width_multiple: int | None = None,
         correction_data: Any = None,
         correction: CorrectionConfig | None = None,
+        recovery_data: Any = None,
+        recovery: RecoveryConfig | None = None,
         processor: Any = None,
         **kwargs: Any,
     ) -> PreTrainedModel:
@@ -64,7 +68,14 @@ class ElasticViTModel:
                 compensated into the kept weights (SparseGPT-style, :mod:`hf_snapvit.correction`), and the model is
                 then sliced. Needs the dense elastic checkpoint.
             correction: :class:`~hf_snapvit.correction.CorrectionConfig` for the correction (defaults if ``None``).
-            processor: Image processor for ``correction_data`` images; by default the checkpoint's own.
+            recovery_data: Unlabelled images (as ``correction_data``, or a streaming ``IterableDataset``). When
+                given, the dense weights are loaded as the teacher and the sliced model is distilled from them
+                (:func:`hf_snapvit.recover`); after the correction when both are given. With
+                ``RecoveryConfig(elastic=True)`` and no budget, the dense elastic model itself is trained so that
+                every size improves. Needs the dense elastic checkpoint.
+            recovery: :class:`~hf_snapvit.RecoveryConfig` for the recovery (defaults if ``None``).
+            processor: Image processor for ``correction_data`` and ``recovery_data`` images; by default the
+                checkpoint's own.
             **kwargs: ``revision``, ``token``, ``cache_dir``, ``force_download``, ``local_files_only``, ``subfolder``
                 and ``proxies`` go to the Hub; ``dtype`` (or ``torch_dtype``), ``attn_implementation`` and
                 ``device_map`` (one device) shape the model; anything else overrides config attributes, as in
@@ -74,7 +85,8 @@ class ElasticViTModel:
             The stock transformers model, sliced, in eval mode. Its ``config.elastic_layout`` records the per-block
             widths, so ``save_pretrained`` writes a checkpoint this method reloads without the dense weights. A
             corrected model also records ``config.elastic_correction`` (settings, number of images, mean
-            reconstruction errors); its checkpoint reloads at its saved size only.
+            reconstruction errors), a recovered one ``config.elastic_recovery`` (settings, data, steps, losses); their
+            checkpoints reload at their saved size only (an elastically recovered dense model loads at any size).
 
         Example:
             >>> model = ElasticViTModel.from_pretrained("my-org/vit-elastic", sparsity=0.3)  # doctest: +SKIP
@@ -89,6 +101,8 @@ class ElasticViTModel:
         get_spec(config)  # unsupported architectures fail before any weight is touched
         ranking, layout = elastic_entries(config, pretrained_model_name_or_path)
         _check_correction_arguments(correction, correction_data, layout)
+        _check_recovery_arguments(recovery, recovery_data, layout, correction_data,
+                                  any(v is not None for v in (sparsity, target_params, target_gflops)))
         build_kwargs["dtype"] = _dtype(build_kwargs["dtype"], config)
         if layout is not None:
             del config.elastic_layout  # the skeleton is built dense, then sliced
@@ -99,18 +113,20 @@ class ElasticViTModel:
         stored = _stored_widths(layout, dense_shape)
         counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
                                            target_gflops, width_multiple,
-                                           corrected=getattr(config, "elastic_correction", None) is not None)
+                                           corrected=_fitted_to_size(config))
         keep = [(np.arange(h), np.arange(f)) for h, f in zip(counts.heads, counts.neurons)]
-        # Correction works on the dense weights and slices afterwards.
-        loaded = keep if correction_data is None else [(np.arange(h), np.arange(f)) for h, f in zip(*stored)]
+        # Correction and recovery work on the dense weights and slice afterwards.
+        fit = correction_data is not None or recovery_data is not None
+        loaded = [(np.arange(h), np.arange(f)) for h, f in zip(*stored)] if fit else keep
         _load_weights(model, loaded, reader, stored)
         if device is not None:
             model.to(device)
-        if correction_data is not None:
-            if processor is None and not isinstance(correction_data, (torch.Tensor, Mapping)):
-                processor = load_processor(pretrained_model_name_or_path, purpose="preprocess the correction images",
+        if fit:
+            images = correction_data if correction_data is not None else recovery_data
+            if processor is None and not isinstance(images, (torch.Tensor, Mapping)):
+                processor = load_processor(pretrained_model_name_or_path, purpose="preprocess the calibration images",
                                            **hub_kwargs)
-            _correct(model, keep, correction_data, processor, correction)
+            _fit(model, keep, processor, correction_data, correction, recovery_data, recovery)
         model.config._name_or_path = str(pretrained_model_name_or_path)
         if counts.heads != dense_shape.dense_heads or counts.neurons != dense_shape.dense_neurons:
             model.config.elastic_layout = _layout(counts, multiple)
@@ -155,6 +171,44 @@ def _check_correction_arguments(correction: Any, correction_data: Any, layout: d
             "Correction needs the dense weights, but this checkpoint is already sliced (config.elastic_layout is "
             "set). Load the dense elastic checkpoint with correction_data= instead."
         )
+
+
+def _check_recovery_arguments(recovery: Any, recovery_data: Any, layout: dict | None, correction_data: Any,
+                              budget: bool) -> None:
+    if recovery is not None and not isinstance(recovery, RecoveryConfig):
+        raise RecoveryError(f"recovery must be a RecoveryConfig, got {type(recovery).__name__}.")
+    if recovery is not None and recovery_data is None:
+        raise RecoveryError("recovery= was given without recovery_data=; pass the unlabelled images too.")
+    if recovery_data is not None and layout is not None:
+        raise RecoveryError(
+            "Recovery distils from the dense weights, but this checkpoint is already sliced (config.elastic_layout "
+            "is set). Load the dense elastic checkpoint with recovery_data= instead."
+        )
+    if recovery is not None and recovery.elastic and (budget or correction_data is not None):
+        raise RecoveryError("RecoveryConfig(elastic=True) trains the dense elastic model for every size: load it "
+                            "without sparsity/target_params/target_gflops and without correction_data, save it with "
+                            "hf_snapvit.save_elastic, then load any size from that checkpoint.")
+
+
+def _fitted_to_size(config: Any) -> bool:
+    """Whether the checkpoint's weights were corrected or recovered for its saved size (so it cannot shrink)."""
+    recovery = getattr(config, "elastic_recovery", None)
+    return getattr(config, "elastic_correction", None) is not None or (
+        isinstance(recovery, dict) and not recovery.get("elastic", False))
+
+
+def _fit(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], processor: Any, correction_data: Any,
+         correction: CorrectionConfig | None, recovery_data: Any, recovery: RecoveryConfig | None) -> None:
+    """Correct and/or recover the dense ``model`` for ``keep``, slicing it to ``keep``; the teacher of a recovery
+    is the dense model as loaded."""
+    elastic = recovery is not None and recovery.elastic
+    teacher = copy.deepcopy(model) if recovery_data is not None and not elastic else None
+    if correction_data is not None:
+        _correct(model, keep, correction_data, processor, correction)
+    else:
+        slice_model_(model, keep)
+    if recovery_data is not None:
+        recover_(model, teacher, recovery_data, recovery, processor=processor)
 
 
 def _stored_widths(layout: Any, dense_shape: Any) -> tuple[list[int], list[int]]:
@@ -208,10 +262,10 @@ def _resolve_budget(ranking: ElasticRanking | None, dense_shape: Any, layout: di
                                  width_multiple=width_multiple)
     if corrected and (counts.heads != stored_heads or counts.neurons != stored_neurons):
         raise BudgetError(
-            "This checkpoint was weight-corrected for its saved size, so it cannot be sliced further (the "
-            "correction would no longer match the units kept). Load it without a budget, or correct the "
+            "This checkpoint was weight-corrected or recovered for its saved size, so it cannot be sliced further "
+            "(its weights were fitted to the units kept). Load it without a budget, or correct/recover the "
             "dense elastic checkpoint at the new budget: from_pretrained(dense, sparsity=..., "
-            "correction_data=images)."
+            "correction_data=images) or recovery_data=images."
         )
     too_big = [l for l, (h, f, sh, sf) in enumerate(zip(counts.heads, counts.neurons, stored_heads,
                                                        stored_neurons)) if h > sh or f > sf]

@@ -1,4 +1,5 @@
-"""``hf-snapvit export``: write the sliced checkpoint of an elastic one at a budget, optionally weight-corrected."""
+"""``hf-snapvit export``: write the sliced checkpoint of an elastic one at a budget, optionally weight-corrected
+and/or recovered by distillation from the dense weights."""
 
 from __future__ import annotations
 
@@ -30,24 +31,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", required=True, metavar="DIR", help="folder for the sliced checkpoint")
     parser.add_argument("--correct", action="store_true",
                         help="compensate the removed units in the kept weights with calibration images (--data)")
+    parser.add_argument("--recover", action="store_true",
+                        help="distil the sliced model from the dense one on unlabelled images (--data)")
+    parser.add_argument("--steps", type=positive_int, default=None, metavar="N",
+                        help="optimizer steps of --recover (default: RecoveryConfig's)")
+    parser.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
+                        help="images per step of --recover (default: RecoveryConfig's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the calibration draw (default: 0)")
-    add_data_arguments(parser, required=False, what="calibration images for --correct",
+    add_data_arguments(parser, required=False, what="calibration images for --correct / --recover",
                        default_count="the correction's default, 1000")
 
 
 def _correction_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """``from_pretrained``'s correction arguments: the images of ``--data``, all of them used."""
-    if args.data and not args.correct:
-        raise ConfigError("--data is only read with --correct; add --correct or drop --data.")
-    if not args.correct:
+    """``from_pretrained``'s correction and recovery arguments: the images of ``--data``, all of them used."""
+    if args.data and not (args.correct or args.recover):
+        raise ConfigError("--data is only read with --correct or --recover; add one or drop --data.")
+    if not args.recover and (args.steps or args.batch_size):
+        raise ConfigError("--steps and --batch-size are settings of --recover; add --recover or drop them.")
+    if not (args.correct or args.recover):
         return {}
     if not args.data:
-        raise ConfigError("--correct needs calibration images: pass --data ID_OR_PATH.")
+        raise ConfigError("--correct and --recover need calibration images: pass --data ID_OR_PATH.")
     from ..correction import CorrectionConfig
+    from ..recovery import RecoveryConfig
 
-    num_samples = args.num_samples or CorrectionConfig().num_samples or 1000
-    return {"correction_data": load_data(args, num_samples, show_progress=not args.quiet),
-            "correction": CorrectionConfig(num_samples=None, seed=args.seed)}  # exactly the images read
+    defaults = RecoveryConfig()
+    num_samples = args.num_samples or (defaults.num_images if args.recover else CorrectionConfig().num_samples) or 1000
+    images = load_data(args, num_samples, show_progress=not args.quiet)
+    kwargs: dict[str, Any] = {}
+    if args.correct:
+        kwargs.update(correction_data=images, correction=CorrectionConfig(num_samples=None, seed=args.seed))
+    if args.recover:
+        kwargs.update(recovery_data=images, recovery=RecoveryConfig(
+            steps=args.steps or defaults.steps, batch_size=args.batch_size or defaults.batch_size,
+            num_images=None, seed=args.seed))  # exactly the images read
+    return kwargs
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -80,6 +98,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "neurons": neurons,
         "width_multiple": layout.get("width_multiple"),
         "correction": getattr(model.config, "elastic_correction", None),
+        "recovery": getattr(model.config, "elastic_recovery", None),
         "architecture": type(model).__name__,
     }
 
@@ -97,5 +116,9 @@ def render(r: dict[str, Any]) -> str:
         c = r["correction"]
         lines.append(f"corrected with {c.get('num_images')} images: reconstruction error "
                      f"{c.get('mean_error_before')} -> {c.get('mean_error_after')}")
+    if r.get("recovery"):
+        c = r["recovery"]
+        lines.append(f"recovered with {c.get('num_images')} images, {c.get('steps')} steps: distillation loss "
+                     f"{c.get('first_loss')} -> {c.get('final_loss')}")
     lines.append(f"load:  hf_snapvit.ElasticViTModel.from_pretrained({r['output']!r})")
     return "\n".join(lines)

@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "architectures": list(config.architectures or []),
         "layout": layout,
         "correction": getattr(config, "elastic_correction", None),
+        "recovery": getattr(config, "elastic_recovery", None),
         "ranking": None,
         "grid": [],
         "plot": None,
@@ -110,6 +111,11 @@ def render(r: dict[str, Any]) -> str:
                      f"neurons {widths(lay.get('intermediate_size', []))}")
     if r.get("correction"):
         lines.append(f"corrected:    with {r['correction'].get('num_images')} images")
+    if r.get("recovery"):
+        rec = r["recovery"]
+        kind = "elastic (every size)" if rec.get("elastic") else "at this size"
+        lines.append(f"recovered:    {kind}, {rec.get('steps')} steps on {rec.get('num_images')} images, "
+                     f"distillation loss {rec.get('first_loss')} -> {rec.get('final_loss')}")
     if r["ranking"] is None:
         return "\n".join(lines)
     lines += _render_ranking(r["ranking"])

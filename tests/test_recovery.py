@@ -1,0 +1,296 @@
+"""Label-free recovery: distillation from the dense teacher per size and for the whole elastic checkpoint,
+determinism, resuming, the from_pretrained/CLI path, bad input, and 2 processes against 1."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import hf_snapvit
+from hf_snapvit.architectures import get_spec
+from hf_snapvit.budget import layer_widths
+from hf_snapvit.errors import DataError, RecoveryError
+from hf_snapvit.recovery import RecoveryConfig, recover, recover_
+from hf_snapvit.recovery.forward import forward_outputs, prefix_view
+from hf_snapvit.slicing import slice_model_
+
+from helpers import CASES, PROCESSOR, images, output_of
+
+CASE = {c.name: c for c in CASES}
+FAST = dict(steps=4, batch_size=4, warmup_steps=1)
+
+
+def sliced(model, heads=2, neurons=10):
+    return slice_model_(copy.deepcopy(model), [(np.arange(heads), np.arange(neurons))] * 2)
+
+
+def pixels(n, seed=0):
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+def distance(model, teacher, inputs):
+    return float((output_of(model, inputs) - output_of(teacher, inputs)).pow(2).mean())
+
+
+def same_weights(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+# ----------------------------------------------------------------------------------------------------- settings
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(steps=0), "steps"), (dict(batch_size=-1), "batch_size"), (dict(lr=0.0), "lr"),
+    (dict(lr=float("nan")), "lr"), (dict(temperature=0), "temperature"), (dict(flip=1.5), "flip"),
+    (dict(crop_scale=(0.0, 1.0)), "crop_scale"), (dict(elastic_range=(0.5, 0.2)), "elastic_range"),
+    (dict(hidden_weight=0, embedding_weight=0, logits_weight=0), "nothing to distil"),
+    (dict(checkpoint_every=5), "output_dir"), (dict(mixed_precision="fp16"), "mixed_precision"),
+    (dict(num_images=0), "num_images"), (dict(steps=True), "steps"),
+])
+def test_bad_settings_raise_naming_the_value(kwargs, words):
+    with pytest.raises(RecoveryError, match=words):
+        RecoveryConfig(**kwargs)
+
+
+def test_settings_round_trip_through_json():
+    config = RecoveryConfig(steps=7, crop_scale=[0.3, 0.9], elastic=True)
+    assert RecoveryConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    with pytest.raises(RecoveryError, match="Unknown"):
+        RecoveryConfig.from_dict({"stepz": 3})
+
+
+# ------------------------------------------------------------------------------------------------- the training
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_every_architecture_distils_without_touching_the_inputs(case):
+    teacher = case.build()
+    student = sliced(teacher)
+    before_teacher, before_student = copy.deepcopy(teacher), copy.deepcopy(student)
+    trained, summary = recover(student, teacher, pixels(10), RecoveryConfig(**FAST), show_progress=False)
+    assert len(summary.losses) == 4 and all(np.isfinite(summary.losses))
+    assert same_weights(teacher, before_teacher) and same_weights(student, before_student)
+    assert not same_weights(trained, student)
+    assert layer_widths(trained) == layer_widths(student) and not trained.training
+    assert trained.config.elastic_recovery["steps"] == 4 and not hasattr(student.config, "elastic_recovery")
+
+
+def test_same_seed_same_weights_other_seed_other_weights():
+    teacher = CASE["vit-cls"].build()
+    student = sliced(teacher)
+    data = images(12)
+    runs = [recover(student, teacher, data, RecoveryConfig(**FAST, seed=s), processor=PROCESSOR,
+                    show_progress=False)[0] for s in (0, 0, 1)]
+    assert same_weights(runs[0], runs[1])
+    assert not same_weights(runs[0], runs[2])
+
+
+def test_recovery_brings_the_student_closer_to_the_teacher_on_held_out_images():
+    teacher = CASE["vit-cls"].build()
+    student = sliced(teacher, heads=2, neurons=8)
+    config = RecoveryConfig(steps=40, batch_size=16, lr=3e-3, warmup_steps=2, num_images=None)
+    trained, summary = recover(student, teacher, pixels(64), config, show_progress=False)
+    held_out = {"pixel_values": pixels(16, seed=99)}
+    assert distance(trained, teacher, held_out) < 0.5 * distance(student, teacher, held_out)
+    assert summary.final_loss() < summary.losses[0]
+
+
+def test_labels_are_never_read_from_a_stream():
+    table = datasets.Dataset.from_dict({"image": images(10), "label": [None] * 10}).cast_column(
+        "image", datasets.Image())
+    teacher = CASE["vit"].build()
+    trained, summary = recover(sliced(teacher), teacher, table.to_iterable_dataset(num_shards=2),
+                               RecoveryConfig(**FAST, num_images=8), processor=PROCESSOR, show_progress=False)
+    assert summary.num_images == 8 and summary.data["source"] == "IterableDataset"
+
+
+def test_prefix_view_of_the_dense_model_equals_the_sliced_model():
+    for name in ("vit-cls", "dinov2-swiglu", "siglip2-vision"):
+        dense = CASE[name].build()
+        spec = get_spec(dense)
+        cut = sliced(dense, heads=3, neurons=17)
+        x = pixels(3) if name != "siglip2-vision" else torch.randn(3, 3, 32, 32)
+        with torch.no_grad(), prefix_view(dense, spec, [3, 3], [17, 17]):
+            masked = forward_outputs(dense, spec, x)
+        with torch.no_grad():
+            plain = forward_outputs(cut, spec, x)
+        for a, b in zip(masked.hidden, plain.hidden):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(masked.embedding, plain.embedding, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------- resuming
+def test_an_interrupted_run_resumes_to_the_same_weights(tmp_path):
+    teacher = CASE["vit-cls"].build()
+    student = sliced(teacher)
+    data = pixels(12)
+    full, _ = recover(student, teacher, data, RecoveryConfig(steps=6, batch_size=4, warmup_steps=1),
+                      show_progress=False)
+    config = RecoveryConfig(steps=6, batch_size=4, warmup_steps=1, checkpoint_every=2, output_dir=str(tmp_path))
+    calls = {"n": 0}
+
+    def interrupt(module, args):
+        calls["n"] += 1
+        if calls["n"] == 5:  # the 5th student forward: during step 5, after the state of step 4 was saved
+            raise KeyboardInterrupt
+
+    victim = copy.deepcopy(student)
+    handle = victim.register_forward_pre_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        recover_(victim, teacher, data, config, show_progress=False)
+    handle.remove()
+    assert torch.load(tmp_path / "recovery_state.pt", weights_only=True)["step"] == 4
+    resumed, summary = recover(student, teacher, data, config, show_progress=False)
+    assert summary.resumed_from == 4 and len(summary.losses) == 6
+    assert same_weights(resumed, full)
+    with pytest.raises(RecoveryError, match="other settings"):
+        recover(student, teacher, data, RecoveryConfig(steps=6, batch_size=4, warmup_steps=1, lr=1e-3,
+                                                       checkpoint_every=2, output_dir=str(tmp_path)),
+                show_progress=False)
+
+
+# ------------------------------------------------------------------------------------------------- bad input
+def test_bad_pairs_and_data_raise_and_write_nothing(tmp_path):
+    teacher = CASE["vit-cls"].build()
+    student = sliced(teacher)
+    out = tmp_path / "state"
+    config = RecoveryConfig(**FAST, checkpoint_every=1, output_dir=str(out))
+    cases = [
+        (student, CASE["deit"].build(), pixels(4), "same class"),
+        (student, None, pixels(4), "needs the dense teacher"),
+        (teacher, student, pixels(4), "wider than the teacher"),
+        (sliced(teacher), transformers.ViTForImageClassification(transformers.ViTConfig(
+            hidden_size=48, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8,
+            intermediate_size=37, num_labels=5)), pixels(4), "hidden_size"),
+    ]
+    for s, t, data, words in cases:
+        with pytest.raises(RecoveryError, match=words):
+            recover(s, t, data, config, show_progress=False)
+    with pytest.raises(DataError, match="empty"):
+        recover(student, teacher, [], config, show_progress=False)
+    with pytest.raises(RecoveryError, match="elastic_ranking"):
+        recover(teacher, None, pixels(4), RecoveryConfig(**FAST, elastic=True), show_progress=False)
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+@pytest.fixture(scope="module")
+def elastic_dir(tmp_path_factory):
+    model = CASE["vit-cls"].build()
+    path = tmp_path_factory.mktemp("elastic") / "vit-elastic"
+    hf_snapvit.save_elastic(model, hf_snapvit.rank(model, method="magnitude"), path, image_processor=PROCESSOR)
+    return path
+
+
+def test_from_pretrained_recovers_and_reloads_at_its_size_only(elastic_dir, tmp_path):
+    config = RecoveryConfig(**FAST, seed=2)
+    data = images(10)
+    model = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.4, recovery_data=data,
+                                                       recovery=config)
+    plain = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.4)
+    dense = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir)
+    reference, _ = recover(plain, dense, data, config, processor=PROCESSOR, show_progress=False)
+    assert same_weights(model, reference)
+    assert model.config.elastic_layout == plain.config.elastic_layout
+    record = model.config.elastic_recovery
+    assert record["settings"] == config.to_dict() and record["steps"] == 4 and not record["elastic"]
+
+    model.save_pretrained(tmp_path / "saved")
+    reloaded = hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / "saved")
+    assert same_weights(reloaded, model) and reloaded.config.elastic_recovery == record
+    with pytest.raises(hf_snapvit.BudgetError, match="recovered"):
+        hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / "saved", sparsity=0.5)
+    with pytest.raises(RecoveryError, match="already sliced"):
+        hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / "saved", recovery_data=data)
+    with pytest.raises(RecoveryError, match="recovery_data"):
+        hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.4, recovery=config)
+    with pytest.raises(RecoveryError, match="without sparsity"):
+        hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.4, recovery_data=data,
+                                                   recovery=RecoveryConfig(**FAST, elastic=True))
+
+
+def test_elastic_recovery_improves_every_size_and_stays_one_elastic_checkpoint(elastic_dir, tmp_path):
+    dense = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir)
+    config = RecoveryConfig(steps=30, batch_size=16, lr=3e-3, warmup_steps=2, num_images=None, elastic=True,
+                            elastic_range=(0.0, 0.5))
+    trained = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, recovery_data=pixels(64), recovery=config)
+    assert not hasattr(trained.config, "elastic_layout") or not trained.config.elastic_layout
+    ranking = hf_snapvit.ElasticRanking.from_dict(trained.config.elastic_ranking)
+    hf_snapvit.save_elastic(trained, ranking, tmp_path / "recovered")
+    held_out = {"pixel_values": pixels(16, seed=99)}
+    for sparsity in (0.2, 0.35, 0.5):
+        before = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=sparsity)
+        after = hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / "recovered", sparsity=sparsity)
+        assert after.config.elastic_layout == before.config.elastic_layout
+        assert distance(after, dense, held_out) < 0.7 * distance(before, dense, held_out), sparsity
+    stored = json.loads((tmp_path / "recovered" / "config.json").read_text())
+    assert stored["elastic_recovery"]["elastic"] is True
+    assert stored["elastic_ranking"]["provenance"]["weights_fingerprint"] != \
+        json.loads((elastic_dir / "config.json").read_text())["elastic_ranking"]["provenance"]["weights_fingerprint"]
+
+
+def test_cli_export_recover(elastic_dir, tmp_path, capsys):
+    from hf_snapvit.cli import main
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, image in enumerate(images(6)):
+        image.save(folder / f"{i}.png")
+    code = main(["export", "--model", str(elastic_dir), "--sparsity", "0.3", "--output", str(tmp_path / "out"),
+                 "--recover", "--data", str(folder), "--steps", "2", "--batch-size", "3", "--json", "-q"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["recovery"]["steps"] == 2 and out["recovery"]["num_images"] == 6
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+    assert "recovered:    at this size, 2 steps on 6 images" in capsys.readouterr().out
+    assert main(["export", "--model", str(elastic_dir), "--sparsity", "0.3", "--output", str(tmp_path / "o2"),
+                 "--steps", "2"]) != 0
+    assert not (tmp_path / "o2").exists()
+
+
+# --------------------------------------------------------------------------------------------- two processes
+def scenario(out: Path, rank: int) -> None:
+    """Recover per size and elastically with 1 thread; write the weights of this process."""
+    torch.set_num_threads(1)
+    teacher = CASE["vit-cls"].build()
+    # 7 images per step: the processes get unequal shares (4 and 3).
+    config = RecoveryConfig(steps=3, batch_size=7, warmup_steps=1, num_images=20)
+    per_size, _ = recover(sliced(teacher), teacher, images(20), config, processor=PROCESSOR, show_progress=False)
+    torch.save(per_size.state_dict(), out / f"per_size.rank{rank}.pt")
+
+
+@pytest.mark.slow  # launches two accelerate processes
+def test_two_processes_recover_like_one(tmp_path):
+    from test_distributed import _free_port
+
+    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONWARNINGS="ignore")
+    command = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+               __file__, str(tmp_path)]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    threads = torch.get_num_threads()
+    try:
+        scenario(tmp_path, 9)
+    finally:
+        torch.set_num_threads(threads)
+    one = torch.load(tmp_path / "per_size.rank9.pt")
+    start = sliced(CASE["vit-cls"].build()).state_dict()
+    for rank in (0, 1):
+        two = torch.load(tmp_path / f"per_size.rank{rank}.pt")
+        for name in one:
+            torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert any(not torch.equal(one[k], start[k]) for k in one)
+
+
+if __name__ == "__main__":
+    from hf_snapvit import distributed
+
+    scenario(Path(sys.argv[1]), distributed.process_state().process_index)
+    distributed.process_state().destroy_process_group()
