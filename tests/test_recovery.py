@@ -91,6 +91,7 @@ def test_same_seed_same_weights_other_seed_other_weights():
     assert not same_weights(runs[0], runs[2])
 
 
+@pytest.mark.slow  # tens of optimizer steps
 def test_recovery_brings_the_student_closer_to_the_teacher_on_held_out_images():
     teacher = CASE["vit-cls"].build()
     student = sliced(teacher, heads=2, neurons=8)
@@ -215,6 +216,7 @@ def test_from_pretrained_recovers_and_reloads_at_its_size_only(elastic_dir, tmp_
                                                    recovery=RecoveryConfig(**FAST, elastic=True))
 
 
+@pytest.mark.slow  # tens of optimizer steps
 def test_elastic_recovery_improves_every_size_and_stays_one_elastic_checkpoint(elastic_dir, tmp_path):
     dense = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir)
     config = RecoveryConfig(steps=30, batch_size=16, lr=3e-3, warmup_steps=2, num_images=None, elastic=True,
@@ -243,7 +245,8 @@ def test_cli_export_recover(elastic_dir, tmp_path, capsys):
     for i, image in enumerate(images(6)):
         image.save(folder / f"{i}.png")
     code = main(["export", "--model", str(elastic_dir), "--sparsity", "0.3", "--output", str(tmp_path / "out"),
-                 "--recover", "--data", str(folder), "--steps", "2", "--batch-size", "3", "--json", "-q"])
+                 "--recover", "--data", str(folder), "--num-samples", "6", "--steps", "2", "--batch-size", "3", "--json",
+                 "-q"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["recovery"]["steps"] == 2 and out["recovery"]["num_images"] == 6
     assert main(["inspect", str(tmp_path / "out")]) == 0
@@ -255,19 +258,27 @@ def test_cli_export_recover(elastic_dir, tmp_path, capsys):
 
 # --------------------------------------------------------------------------------------------- two processes
 def scenario(out: Path, rank: int) -> None:
-    """Recover per size and elastically with 1 thread; write the weights of this process."""
+    """Recover per size and elastically (the elastic checkpoint in ``out/elastic``) with 1 thread; write the weights
+    of this process."""
     torch.set_num_threads(1)
     teacher = CASE["vit-cls"].build()
     # 7 images per step: the processes get unequal shares (4 and 3).
     config = RecoveryConfig(steps=3, batch_size=7, warmup_steps=1, num_images=20)
     per_size, _ = recover(sliced(teacher), teacher, images(20), config, processor=PROCESSOR, show_progress=False)
     torch.save(per_size.state_dict(), out / f"per_size.rank{rank}.pt")
+    dense = hf_snapvit.ElasticViTModel.from_pretrained(out / "elastic")  # written by the test, before the launch
+    elastic, _ = recover(dense, None, images(20), RecoveryConfig(steps=3, batch_size=7, warmup_steps=1, elastic=True,
+                                                                elastic_range=(0.1, 0.5)),
+                         processor=PROCESSOR, show_progress=False)
+    torch.save(elastic.state_dict(), out / f"elastic.rank{rank}.pt")
 
 
 @pytest.mark.slow  # launches two accelerate processes
 def test_two_processes_recover_like_one(tmp_path):
     from test_distributed import _free_port
 
+    teacher = CASE["vit-cls"].build()
+    hf_snapvit.save_elastic(teacher, hf_snapvit.rank(teacher, method="magnitude"), tmp_path / "elastic")
     env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONWARNINGS="ignore")
     command = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
@@ -280,13 +291,15 @@ def test_two_processes_recover_like_one(tmp_path):
         scenario(tmp_path, 9)
     finally:
         torch.set_num_threads(threads)
-    one = torch.load(tmp_path / "per_size.rank9.pt")
+    for kind in ("per_size", "elastic"):
+        one = torch.load(tmp_path / f"{kind}.rank9.pt")
+        for rank in (0, 1):
+            two = torch.load(tmp_path / f"{kind}.rank{rank}.pt")
+            for name in one:
+                torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5, msg=f"{kind}: {name}")
     start = sliced(CASE["vit-cls"].build()).state_dict()
-    for rank in (0, 1):
-        two = torch.load(tmp_path / f"per_size.rank{rank}.pt")
-        for name in one:
-            torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5, msg=name)
-    assert any(not torch.equal(one[k], start[k]) for k in one)
+    trained = torch.load(tmp_path / "per_size.rank9.pt")
+    assert any(not torch.equal(trained[k], start[k]) for k in trained)
 
 
 if __name__ == "__main__":
