@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -47,8 +47,7 @@ class ElasticViTModel:
         width_multiple: int | None = None,
         correction_data: Any = None,
         correction: CorrectionConfig | None = None,
-        recovery_data: Any = None,
-        recovery: RecoveryConfig | None = None,
+        recovery_data: Any = None, recovery: RecoveryConfig | None = None,
         processor: Any = None,
         **kwargs: Any,
     ) -> PreTrainedModel:
@@ -68,14 +67,10 @@ class ElasticViTModel:
                 compensated into the kept weights (SparseGPT-style, :mod:`hf_snapvit.correction`), and the model is
                 then sliced. Needs the dense elastic checkpoint.
             correction: :class:`~hf_snapvit.correction.CorrectionConfig` for the correction (defaults if ``None``).
-            recovery_data: Unlabelled images (as ``correction_data``, or a streaming ``IterableDataset``). When
-                given, the dense weights are loaded as the teacher and the sliced model is distilled from them
-                (:func:`hf_snapvit.recover`); after the correction when both are given. With
-                ``RecoveryConfig(elastic=True)`` and no budget, the dense elastic model itself is trained so that
-                every size improves. Needs the dense elastic checkpoint.
-            recovery: :class:`~hf_snapvit.RecoveryConfig` for the recovery (defaults if ``None``).
-            processor: Image processor for ``correction_data`` and ``recovery_data`` images; by default the
-                checkpoint's own.
+            recovery_data, recovery: Unlabelled images (as ``correction_data``, or a stream) and a
+                :class:`~hf_snapvit.RecoveryConfig`: the sliced model is distilled from the dense weights (after any
+                correction; :func:`hf_snapvit.recover`); ``elastic=True`` without a budget trains the dense model.
+            processor: Image processor for the images of either; by default the checkpoint's own.
             **kwargs: ``revision``, ``token``, ``cache_dir``, ``force_download``, ``local_files_only``, ``subfolder``
                 and ``proxies`` go to the Hub; ``dtype`` (or ``torch_dtype``), ``attn_implementation`` and
                 ``device_map`` (one device) shape the model; anything else overrides config attributes, as in
@@ -84,25 +79,22 @@ class ElasticViTModel:
         Returns:
             The stock transformers model, sliced, in eval mode. Its ``config.elastic_layout`` records the per-block
             widths, so ``save_pretrained`` writes a checkpoint this method reloads without the dense weights. A
-            corrected model also records ``config.elastic_correction`` (settings, number of images, mean
-            reconstruction errors), a recovered one ``config.elastic_recovery`` (settings, data, steps, losses); their
-            checkpoints reload at their saved size only (an elastically recovered dense model loads at any size).
+            corrected (recovered) model also records ``config.elastic_correction`` (``elastic_recovery``): settings,
+            data and errors (losses); both reload at their saved size only.
 
         Example:
             >>> model = ElasticViTModel.from_pretrained("my-org/vit-elastic", sparsity=0.3)  # doctest: +SKIP
         """
         hub_kwargs = {k: kwargs.pop(k) for k in HUB_KWARGS if k in kwargs}
         build_kwargs, device = _build_options(kwargs)
-        config, unused = AutoConfig.from_pretrained(
-            pretrained_model_name_or_path, return_unused_kwargs=True, **hub_kwargs, **kwargs
-        )
+        config, unused = AutoConfig.from_pretrained(pretrained_model_name_or_path, return_unused_kwargs=True,
+                                                    **hub_kwargs, **kwargs)
         if unused:
             raise TypeError(f"ElasticViTModel.from_pretrained got unexpected keyword arguments {sorted(unused)}.")
         get_spec(config)  # unsupported architectures fail before any weight is touched
         ranking, layout = elastic_entries(config, pretrained_model_name_or_path)
-        _check_correction_arguments(correction, correction_data, layout)
-        _check_recovery_arguments(recovery, recovery_data, layout, correction_data,
-                                  any(v is not None for v in (sparsity, target_params, target_gflops)))
+        _check_fit_arguments((correction_data, correction), (recovery_data, recovery), layout,
+                             budget=(sparsity, target_params, target_gflops))
         build_kwargs["dtype"] = _dtype(build_kwargs["dtype"], config)
         if layout is not None:
             del config.elastic_layout  # the skeleton is built dense, then sliced
@@ -112,21 +104,15 @@ class ElasticViTModel:
         check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader)
         stored = _stored_widths(layout, dense_shape)
         counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
-                                           target_gflops, width_multiple,
-                                           corrected=_fitted_to_size(config))
+                                           target_gflops, width_multiple, corrected=_fitted_to_size(config))
         keep = [(np.arange(h), np.arange(f)) for h, f in zip(counts.heads, counts.neurons)]
-        # Correction and recovery work on the dense weights and slice afterwards.
-        fit = correction_data is not None or recovery_data is not None
-        loaded = [(np.arange(h), np.arange(f)) for h, f in zip(*stored)] if fit else keep
-        _load_weights(model, loaded, reader, stored)
+        fit = correction_data is not None or recovery_data is not None  # both start from the dense weights
+        _load_weights(model, [(np.arange(h), np.arange(f)) for h, f in zip(*stored)] if fit else keep, reader, stored)
         if device is not None:
             model.to(device)
         if fit:
-            images = correction_data if correction_data is not None else recovery_data
-            if processor is None and not isinstance(images, (torch.Tensor, Mapping)):
-                processor = load_processor(pretrained_model_name_or_path, purpose="preprocess the calibration images",
-                                           **hub_kwargs)
-            _fit(model, keep, processor, correction_data, correction, recovery_data, recovery)
+            _fit(model, keep, (correction_data, correction), (recovery_data, recovery), processor,
+                 lambda: load_processor(pretrained_model_name_or_path, purpose="preprocess the images", **hub_kwargs))
         model.config._name_or_path = str(pretrained_model_name_or_path)
         if counts.heads != dense_shape.dense_heads or counts.neurons != dense_shape.dense_neurons:
             model.config.elastic_layout = _layout(counts, multiple)
@@ -173,8 +159,11 @@ def _check_correction_arguments(correction: Any, correction_data: Any, layout: d
         )
 
 
-def _check_recovery_arguments(recovery: Any, recovery_data: Any, layout: dict | None, correction_data: Any,
-                              budget: bool) -> None:
+def _check_fit_arguments(correcting: tuple[Any, Any], recovering: tuple[Any, Any], layout: dict | None, *,
+                         budget: tuple[Any, ...]) -> None:
+    """Check the ``(data, config)`` pairs of correction and recovery against the checkpoint and the budget."""
+    (correction_data, correction), (recovery_data, recovery) = correcting, recovering
+    _check_correction_arguments(correction, correction_data, layout)
     if recovery is not None and not isinstance(recovery, RecoveryConfig):
         raise RecoveryError(f"recovery must be a RecoveryConfig, got {type(recovery).__name__}.")
     if recovery is not None and recovery_data is None:
@@ -184,7 +173,8 @@ def _check_recovery_arguments(recovery: Any, recovery_data: Any, layout: dict | 
             "Recovery distils from the dense weights, but this checkpoint is already sliced (config.elastic_layout "
             "is set). Load the dense elastic checkpoint with recovery_data= instead."
         )
-    if recovery is not None and recovery.elastic and (budget or correction_data is not None):
+    if recovery is not None and recovery.elastic and (any(v is not None for v in budget) or
+                                                      correction_data is not None):
         raise RecoveryError("RecoveryConfig(elastic=True) trains the dense elastic model for every size: load it "
                             "without sparsity/target_params/target_gflops and without correction_data, save it with "
                             "hf_snapvit.save_elastic, then load any size from that checkpoint.")
@@ -197,10 +187,14 @@ def _fitted_to_size(config: Any) -> bool:
         isinstance(recovery, dict) and not recovery.get("elastic", False))
 
 
-def _fit(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], processor: Any, correction_data: Any,
-         correction: CorrectionConfig | None, recovery_data: Any, recovery: RecoveryConfig | None) -> None:
+def _fit(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], correcting: tuple[Any, Any],
+         recovering: tuple[Any, Any], processor: Any, default_processor: Callable[[], Any]) -> None:
     """Correct and/or recover the dense ``model`` for ``keep``, slicing it to ``keep``; the teacher of a recovery
-    is the dense model as loaded."""
+    is the dense model as loaded. ``default_processor`` loads the checkpoint's processor when images need one."""
+    (correction_data, correction), (recovery_data, recovery) = correcting, recovering
+    images = correction_data if correction_data is not None else recovery_data
+    if processor is None and not isinstance(images, (torch.Tensor, Mapping)):
+        processor = default_processor()
     elastic = recovery is not None and recovery.elastic
     teacher = copy.deepcopy(model) if recovery_data is not None and not elastic else None
     if correction_data is not None:
