@@ -1,0 +1,238 @@
+"""Label-free recovery on the shared ViT-Tiny: top-1 and k-NN top-1 at 10-60 % sparsity, four ways.
+
+For each sparsity the elastic checkpoint is loaded through the public API as is (``none``), weight-corrected
+(``correction``: ``from_pretrained(..., correction_data=...)``), recovered at that size (``recovery``:
+``from_pretrained(..., recovery_data=..., recovery=RecoveryConfig(...))``), and from one elastically recovered
+checkpoint (``elastic``: ``recover(dense, None, data, RecoveryConfig(elastic=True))``, saved with ``save_elastic``,
+then loaded at every sparsity). Recovery images come from the Tiny-ImageNet train split (labels never read), disjoint
+from the k-NN memory bank (also train); accuracy is measured on the validation split. k-NN: k = 20, cosine on
+L2-normalised final-norm CLS features (``hf_snapvit.evaluation``).
+
+    python benchmarks/recovery_vit_tiny.py --preset cpu                 # <= 30 min on 2 CPU cores
+    python benchmarks/recovery_vit_tiny.py --preset full                # an H100: the probe's scale
+    python benchmarks/recovery_vit_tiny.py --preset full --variants recovery --sparsities 0.3 0.5 \
+        --steps 300 --lr 3e-4 --batch-size 128 --hidden-weight 1 --logits-weight 0 --tag lr3e-4-nologits
+
+``--model ELASTIC`` uses an existing elastic checkpoint; otherwise ``--base`` (the shared ViT-Tiny) is ranked with
+``--method`` first. Results merge into ``--output`` (JSON, written atomically after every row; a re-run replaces
+only its own rows, so ``--tag`` keeps the rows of a settings sweep apart), and a plot of top-1 against sparsity is
+written next to it. Every row names the device and its wall times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import hf_snapvit
+from hf_snapvit.files import write_text_atomic
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+VARIANTS = ("none", "correction", "recovery", "elastic")
+PRESETS: dict[str, dict[str, Any]] = {
+    # Sized for a shared 2-vCPU machine: a few tens of steps of 16 images per size.
+    "cpu": dict(sparsities=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], method="magnitude", num_calibration=1000, num_val=300,
+                num_bank=300, steps=20, elastic_steps=40, batch_size=16, num_correction=256),
+    # The probe's scale (4000 calibration images, batches of 128) for one H100.
+    "full": dict(sparsities=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], method="snapvit", num_calibration=4000, num_val=5000,
+                 num_bank=6000, steps=1500, elastic_steps=3000, batch_size=128, num_correction=1000),
+}
+# Flags that map one to one onto RecoveryConfig fields (None: the preset's value or RecoveryConfig's default).
+CONFIG_FLAGS = ("lr", "weight_decay", "warmup_steps", "hidden_weight", "embedding_weight", "logits_weight",
+                "temperature", "flip", "elastic_samples", "mixed_precision")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    parser.add_argument("--model", default=None, help="elastic checkpoint (else --base is ranked with --method)")
+    parser.add_argument("--base", default=str(SHARED / "models" / "vit-tiny-tinyimagenet"))
+    parser.add_argument("--method", default=None, help="ranking method for --base (preset: magnitude / snapvit)")
+    parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200"))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--sparsities", type=float, nargs="+", default=None)
+    for name in ("num_calibration", "num_val", "num_bank", "num_correction", "steps", "elastic_steps",
+                 "batch_size"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=None)
+    for name in CONFIG_FLAGS:
+        kind = str if name == "mixed_precision" else int if name in ("warmup_steps", "elastic_samples") else float
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    parser.add_argument("--crop-scale", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"))
+    parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tag", default="", help="suffix of the recovered rows' variant names (settings sweeps)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = all)")
+    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "recovery_vit_tiny.json")
+    args = parser.parse_args(argv)
+    for key, value in PRESETS[args.preset].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def recovery_config(args: argparse.Namespace, *, elastic: bool) -> hf_snapvit.RecoveryConfig:
+    """The RecoveryConfig of a row: the preset's steps and batch, RecoveryConfig's defaults, the flags given."""
+    given = {name: getattr(args, name) for name in CONFIG_FLAGS if getattr(args, name) is not None}
+    if args.crop_scale is not None:
+        given["crop_scale"] = tuple(args.crop_scale)
+    return hf_snapvit.RecoveryConfig(steps=args.elastic_steps if elastic else args.steps,
+                                     batch_size=args.batch_size, num_images=None, seed=args.seed, elastic=elastic,
+                                     elastic_range=(0.0, max(args.sparsities)), **given)
+
+
+@torch.no_grad()
+def evaluate(model, val: dict, bank: dict, k: int) -> dict:
+    """Top-1 with the model's head on ``val``; k-NN top-1 of ``val`` against ``bank``."""
+    from hf_snapvit.evaluation import extract_features, knn_accuracy, top1_accuracy
+
+    start = time.perf_counter()
+    queries = extract_features(model, val["pixels"], logits=True, batch_size=100, show_progress=False)
+    memory = extract_features(model, bank["pixels"], logits=False, batch_size=100, show_progress=False)
+    return {"top1": top1_accuracy(queries.logits, val["labels"]),
+            "knn_top1": knn_accuracy(memory.embeddings, bank["labels"], queries.embeddings, val["labels"], k=k),
+            "eval_seconds": round(time.perf_counter() - start, 3)}
+
+
+def timed(load: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    model = load()
+    return model, round(time.perf_counter() - start, 3)
+
+
+def run(args: argparse.Namespace, model_dir: str, calibration: Any, val: dict, bank: dict, device: str,
+        record: Callable[[dict], None]) -> None:
+    """Evaluate every variant at every sparsity; ``record`` receives each row as soon as it exists."""
+    load = hf_snapvit.ElasticViTModel.from_pretrained
+    where = {"device_map": device} if device != "cpu" else {}
+    record({"sparsity": 0.0, "variant": "dense", **evaluate(load(model_dir, **where), val, bank, args.k)})
+    elastic_dir = None
+    if "elastic" in args.variants:
+        config = recovery_config(args, elastic=True)
+        dense = load(model_dir, **where)
+        (trained, summary), seconds = timed(lambda: hf_snapvit.recover(dense, None, calibration, config))
+        elastic_dir = Path(tempfile.mkdtemp(prefix="recovery-bench-")) / "elastic"
+        ranking = hf_snapvit.ElasticRanking.from_dict(trained.config.elastic_ranking)
+        hf_snapvit.save_elastic(trained.to("cpu"), ranking, elastic_dir)
+        elastic_cost = {"fit_seconds": seconds, "settings": config.to_dict(), "final_loss": summary.final_loss()}
+    for sparsity in args.sparsities:
+        for variant in args.variants:
+            extra: dict[str, Any] = {}
+            if variant == "none":
+                model, seconds = timed(lambda: load(model_dir, sparsity=sparsity, **where))
+            elif variant == "correction":
+                config = hf_snapvit.CorrectionConfig(num_samples=args.num_correction, seed=args.seed)
+                model, seconds = timed(lambda: load(model_dir, sparsity=sparsity, correction_data=calibration,
+                                                    correction=config, **where))
+                extra = {"settings": config.to_dict()}
+            elif variant == "recovery":
+                config = recovery_config(args, elastic=False)
+                model, seconds = timed(lambda: load(model_dir, sparsity=sparsity, recovery_data=calibration,
+                                                    recovery=config, **where))
+                extra = {"settings": config.to_dict(), "final_loss": model.config.elastic_recovery["final_loss"]}
+            else:
+                model, seconds = timed(lambda: load(elastic_dir, sparsity=sparsity, **where))
+                extra = dict(elastic_cost, fit_seconds_shared_by_all_sizes=elastic_cost["fit_seconds"])
+                extra.pop("fit_seconds")
+            name = variant if variant in ("none", "correction") or not args.tag else f"{variant}-{args.tag}"
+            record({"sparsity": sparsity, "variant": name, "load_seconds": seconds,
+                    "gflops": model.config.elastic_layout["gflops"], **extra, **evaluate(model, val, bank, args.k)})
+
+
+def plot(results: dict, path: Path) -> None:
+    """Top-1 against sparsity, one line per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rows = results.get("rows", [])
+    for variant in sorted({r["variant"] for r in rows if r["variant"] != "dense"}):
+        points = sorted((r["sparsity"], r["top1"]) for r in rows if r["variant"] == variant)
+        ax.plot(*zip(*points), marker="o", label=variant)
+    for r in rows:
+        if r["variant"] == "dense":
+            ax.axhline(r["top1"], color="grey", linestyle="--", label="dense")
+            break
+    ax.set_xlabel("sparsity")
+    ax.set_ylabel("top-1")
+    ax.set_title(f"ViT-Tiny, Tiny-ImageNet val ({results.get('device', '?')})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def prepare(args: argparse.Namespace) -> tuple[str, Any, dict, dict]:
+    """The elastic checkpoint, the recovery images (train, disjoint from the bank) and the evaluation sets."""
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    from hf_snapvit.data import to_rgb
+    from hf_snapvit.evaluation import load_split
+
+    train, validation = load_split(args.data, "train"), load_split(args.data, "validation")
+    order = np.random.default_rng(args.seed).permutation(len(train))
+    bank_rows = train.select(order[:args.num_bank])
+    calibration = train.select(order[args.num_bank:args.num_bank + args.num_calibration]).remove_columns("label")
+    val_rows = validation.select(np.random.default_rng(args.seed).permutation(len(validation))[:args.num_val])
+    model_dir = args.model
+    if model_dir is None:
+        processor = AutoImageProcessor.from_pretrained(args.base)
+        base = AutoModelForImageClassification.from_pretrained(args.base).eval()
+        ranking = hf_snapvit.rank(base, method=args.method, data=calibration, processor=processor, seed=args.seed)
+        model_dir = str(Path(tempfile.mkdtemp(prefix="recovery-bench-")) / "elastic")
+        hf_snapvit.save_elastic(base, ranking, model_dir, image_processor=processor)
+    processor = AutoImageProcessor.from_pretrained(model_dir)
+
+    def prepared(rows) -> dict:
+        images = [to_rgb(image) for image in rows["image"]]
+        return {"pixels": processor(images=images, return_tensors="pt")["pixel_values"],
+                "labels": torch.tensor(rows["label"])}
+
+    return model_dir, calibration, prepared(val_rows), prepared(bank_rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import transformers
+
+    from hf_snapvit.benchmark import hardware_info
+
+    args = parse_args(argv)
+    transformers.utils.logging.set_verbosity_error()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model_dir, calibration, val, bank = prepare(args)
+    results = json.loads(args.output.read_text()) if args.output.exists() else {}
+    results.update(hardware=hardware_info(), device=torch.cuda.get_device_name() if device == "cuda" else "cpu")
+    protocol = {"preset": args.preset, "num_calibration": args.num_calibration, "num_val": args.num_val,
+                "num_bank": args.num_bank, "k": args.k, "seed": args.seed, "method": args.method,
+                "model": args.model, "calibration": "train split, disjoint from the k-NN bank; labels not read"}
+    rows = results.setdefault("rows", [])
+
+    def record(row: dict) -> None:
+        row = {**row, "device": results["device"], "protocol": protocol}
+        key = (row["sparsity"], row["variant"], args.preset)
+        rows[:] = [r for r in rows if (r["sparsity"], r["variant"], r["protocol"]["preset"]) != key] + [row]
+        rows.sort(key=lambda r: (r["protocol"]["preset"], r["sparsity"], r["variant"]))
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.output, json.dumps(results, indent=2, default=str))
+        print(f"s={row['sparsity']:.2f} {row['variant']:24s} top-1 {row['top1']:.3f}  k-NN {row['knn_top1']:.3f}",
+              flush=True)
+
+    start = time.perf_counter()
+    run(args, model_dir, calibration, val, bank, device, record)
+    results["wall_seconds"] = round(time.perf_counter() - start, 1)
+    write_text_atomic(args.output, json.dumps(results, indent=2, default=str))
+    plot(results, args.output.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()

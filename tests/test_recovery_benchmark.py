@@ -1,0 +1,72 @@
+"""benchmarks/recovery_vit_tiny.py: presets and flags reach RecoveryConfig, and one run on a tiny random ViT records
+every variant at every sparsity, with the settings it used, and plots them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+
+import hf_snapvit
+
+from helpers import CASES, PROCESSOR, images
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "recovery_vit_tiny.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("recovery_vit_tiny", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_presets_fill_in_only_what_is_not_given(bench):
+    args = bench.parse_args(["--preset", "cpu", "--steps", "7", "--lr", "3e-4", "--logits-weight", "0",
+                             "--crop-scale", "0.3", "0.9"])
+    assert args.steps == 7 and args.batch_size == bench.PRESETS["cpu"]["batch_size"]
+    config = bench.recovery_config(args, elastic=False)
+    assert (config.steps, config.lr, config.logits_weight, config.crop_scale) == (7, 3e-4, 0.0, (0.3, 0.9))
+    assert config.hidden_weight == hf_snapvit.RecoveryConfig().hidden_weight  # not given: the library default
+    elastic = bench.recovery_config(args, elastic=True)
+    assert elastic.elastic and elastic.steps == bench.PRESETS["cpu"]["elastic_steps"]
+    assert elastic.elastic_range == (0.0, max(bench.PRESETS["cpu"]["sparsities"]))
+    full = bench.parse_args(["--preset", "full"])
+    assert full.steps > args.steps and full.num_calibration == 4000
+
+
+@pytest.mark.slow  # several tiny trainings and evaluations
+def test_one_run_records_every_variant_and_plots(bench, tmp_path):
+    model = CASES[1].build()  # vit-cls
+    elastic = tmp_path / "elastic"
+    hf_snapvit.save_elastic(model, hf_snapvit.rank(model, method="magnitude"), elastic, image_processor=PROCESSOR)
+    calibration = datasets.Dataset.from_dict({"image": images(12)}).cast_column("image", datasets.Image())
+    pixels = PROCESSOR(images=images(10, seed=1), return_tensors="pt")["pixel_values"]
+    val = {"pixels": pixels[:6], "labels": torch.arange(6) % 5}
+    bank = {"pixels": pixels[4:], "labels": torch.arange(6) % 5}
+    args = bench.parse_args(["--model", str(elastic), "--sparsities", "0.2", "0.4", "--steps", "2",
+                             "--elastic-steps", "3", "--batch-size", "4", "--num-correction", "8", "--k", "3",
+                             "--tag", "t"])
+    rows: list[dict] = []
+    bench.run(args, str(elastic), calibration, val, bank, "cpu", rows.append)
+    names = {(r["sparsity"], r["variant"]) for r in rows}
+    assert names == {(0.0, "dense")} | {(s, v) for s in (0.2, 0.4)
+                                         for v in ("none", "correction", "recovery-t", "elastic-t")}
+    for row in rows:
+        assert 0.0 <= row["top1"] <= 1.0 and 0.0 <= row["knn_top1"] <= 1.0
+    recovered = [r for r in rows if r["variant"] == "recovery-t"]
+    assert all(r["settings"]["steps"] == 2 and r["settings"]["batch_size"] == 4 for r in recovered)
+    shared = {r["fit_seconds_shared_by_all_sizes"] for r in rows if r["variant"] == "elastic-t"}
+    assert len(shared) == 1  # one elastic training serves every size
+    by = {(r["sparsity"], r["variant"]): r for r in rows}
+    assert by[(0.4, "none")]["gflops"] == by[(0.4, "recovery-t")]["gflops"] == by[(0.4, "elastic-t")]["gflops"]
+
+    out = tmp_path / "r.png"
+    bench.plot({"rows": rows, "device": "cpu"}, out)
+    assert out.stat().st_size > 1000
+    json.dumps(rows, default=str)  # what main() writes
