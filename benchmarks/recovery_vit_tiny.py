@@ -38,11 +38,13 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 VARIANTS = ("none", "correction", "recovery", "elastic")
 PRESETS: dict[str, dict[str, Any]] = {
     # Sized for a shared 2-vCPU machine: a few tens of steps of 16 images per size.
-    "cpu": dict(sparsities=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], method="magnitude", num_calibration=1000, num_val=300,
-                num_bank=300, steps=20, elastic_steps=40, batch_size=16, num_correction=256),
+    # Ranked with snip (28 s on 2 CPU cores, docs/results.md), the cheapest ranking that keeps some accuracy at 30 %.
+    "cpu": dict(sparsities=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], method="snip", rank_preset="fast", num_calibration=1000,
+                num_val=300, num_bank=300, steps=15, elastic_steps=20, batch_size=16, num_correction=256),
     # The probe's scale (4000 calibration images, batches of 128) for one H100.
-    "full": dict(sparsities=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], method="snapvit", num_calibration=4000, num_val=5000,
-                 num_bank=6000, steps=1500, elastic_steps=3000, batch_size=128, num_correction=1000),
+    "full": dict(sparsities=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], method="snapvit", rank_preset="default",
+                 num_calibration=4000, num_val=5000, num_bank=6000, steps=1500, elastic_steps=3000, batch_size=128,
+                 num_correction=1000),
 }
 # Flags that map one to one onto RecoveryConfig fields (None: the preset's value or RecoveryConfig's default).
 CONFIG_FLAGS = ("lr", "weight_decay", "warmup_steps", "hidden_weight", "embedding_weight", "logits_weight",
@@ -54,7 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--model", default=None, help="elastic checkpoint (else --base is ranked with --method)")
     parser.add_argument("--base", default=str(SHARED / "models" / "vit-tiny-tinyimagenet"))
-    parser.add_argument("--method", default=None, help="ranking method for --base (preset: magnitude / snapvit)")
+    parser.add_argument("--method", default=None, help="ranking method for --base (preset: snip / snapvit)")
+    parser.add_argument("--rank-preset", default=None, help="hf_snapvit.rank preset (preset: fast / default)")
     parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200"))
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--sparsities", type=float, nargs="+", default=None)
@@ -186,7 +189,8 @@ def prepare(args: argparse.Namespace) -> tuple[str, Any, dict, dict]:
     if model_dir is None:
         processor = AutoImageProcessor.from_pretrained(args.base)
         base = AutoModelForImageClassification.from_pretrained(args.base).eval()
-        ranking = hf_snapvit.rank(base, method=args.method, data=calibration, processor=processor, seed=args.seed)
+        ranking = hf_snapvit.rank(base, method=args.method, data=calibration, processor=processor, seed=args.seed,
+                                  preset=args.rank_preset)
         model_dir = str(Path(tempfile.mkdtemp(prefix="recovery-bench-")) / "elastic")
         hf_snapvit.save_elastic(base, ranking, model_dir, image_processor=processor)
     processor = AutoImageProcessor.from_pretrained(model_dir)
@@ -214,6 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     results.update(hardware=hardware_info(), device=torch.cuda.get_device_name() if device == "cuda" else "cpu")
     protocol = {"preset": args.preset, "num_calibration": args.num_calibration, "num_val": args.num_val,
                 "num_bank": args.num_bank, "k": args.k, "seed": args.seed, "method": args.method,
+                "rank_preset": args.rank_preset,
                 "model": args.model, "calibration": "train split, disjoint from the k-NN bank; labels not read"}
     rows = results.setdefault("rows", [])
 
