@@ -69,6 +69,8 @@ def recover(
     """
     config = _check_config(config)
     student = copy.deepcopy(model)
+    if teacher is None and config.elastic:
+        teacher = model  # the caller's model is the frozen original: it only runs forward passes
     summary = recover_(student, teacher, data, config, processor=processor, show_progress=show_progress)
     return student, summary
 
@@ -194,6 +196,7 @@ def _train(student, teacher, spec, batches: AugmentedBatches, config: RecoveryCo
            show_progress: bool) -> tuple[list[float], int]:
     """Run the optimizer steps (from a saved state, if there is one); return the losses and the step resumed at."""
     state = process_state()
+    teacher_device = next(teacher.parameters()).device
     optimizer, scheduler = make_optimizer(student, config)
     saver = TrainingState(config)
     start, losses = saver.load(student, optimizer, scheduler)
@@ -205,8 +208,8 @@ def _train(student, teacher, spec, batches: AugmentedBatches, config: RecoveryCo
         total = torch.zeros((), dtype=torch.float64)
         if pixels is not None:
             pixels = pixels.to(device)
-            with torch.no_grad(), _autocast(device, config):
-                target = forward_outputs(teacher, spec, pixels)
+            with torch.no_grad(), _autocast(teacher_device, config):  # the teacher may live elsewhere
+                target = forward_outputs(teacher, spec, pixels.to(teacher_device)).to(device)
             chosen = _step_views(views, config, step)
             for _, counts in chosen:
                 view = prefix_view(student, spec, counts.heads, counts.neurons) if counts is not None \

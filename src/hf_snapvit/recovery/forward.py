@@ -28,6 +28,11 @@ class Outputs:
     embedding: torch.Tensor
     logits: torch.Tensor | None
 
+    def to(self, device: torch.device) -> "Outputs":
+        """The same outputs on ``device``."""
+        return Outputs([h.to(device) for h in self.hidden], self.embedding.to(device),
+                       None if self.logits is None else self.logits.to(device))
+
 
 def forward_outputs(model: nn.Module, spec: ArchitectureSpec, pixels: torch.Tensor) -> Outputs:
     """Run ``model`` (task head included) on ``[B, C, H, W]`` pixels and collect what recovery distils."""
