@@ -148,15 +148,15 @@ def run(args: argparse.Namespace, model_dir: str, calibration: Any, val: dict, b
                     "gflops": model.config.elastic_layout["gflops"], **extra, **evaluate(model, val, bank, args.k)})
 
 
-def plot(results: dict, path: Path) -> None:
-    """Top-1 against sparsity, one line per variant."""
+def plot(results: dict, path: Path, preset: str | None = None) -> None:
+    """Top-1 against sparsity, one line per variant (the rows of ``preset`` only, when given)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    rows = results.get("rows", [])
+    rows = [r for r in results.get("rows", []) if preset is None or r["protocol"]["preset"] == preset]
     for variant in sorted({r["variant"] for r in rows if r["variant"] != "dense"}):
         points = sorted((r["sparsity"], r["top1"]) for r in rows if r["variant"] == variant)
         ax.plot(*zip(*points), marker="o", label=variant)
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     run(args, model_dir, calibration, val, bank, device, record)
     results["wall_seconds"] = round(time.perf_counter() - start, 1)
     write_text_atomic(args.output, json.dumps(results, indent=2, default=str))
-    plot(results, args.output.with_suffix(".png"))
+    plot(results, args.output.with_suffix(".png"), args.preset)
 
 
 if __name__ == "__main__":
