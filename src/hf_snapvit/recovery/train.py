@@ -89,11 +89,15 @@ def sum_gradients(model: nn.Module) -> None:
     if process_state().num_processes == 1:
         return
     params = [p for p in model.parameters() if p.requires_grad]
-    device = params[0].device
-    used = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=device)
-    grads = reduce_sum([used] + [p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
-    for p, flag, g in zip(params, grads[0].tolist(), grads[1:]):
-        p.grad = g if flag else None
+    used = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=params[0].device)
+    # One flat buffer: one collective per step instead of one per parameter tensor.
+    flat = torch.cat([used.to(params[0].dtype)] +
+                     [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    flat = reduce_sum([flat])[0]
+    flags, offset = flat[:len(params)].tolist(), len(params)
+    for p, flag in zip(params, flags):
+        p.grad = flat[offset:offset + p.numel()].view_as(p).clone() if flag else None
+        offset += p.numel()
 
 
 class TrainingState:
