@@ -15,8 +15,9 @@ from .architectures import get_spec
 from .budget import layer_widths, model_shape, resolve_width_multiple, skeleton
 from .checkpoint import HUB_KWARGS, CheckpointReader, check_ranking, elastic_entries, load_sliced_state_dict
 from .correction import CorrectionConfig, correct_model_
-from .errors import BudgetError, CheckpointError, CorrectionError, RankingFormatError
+from .errors import BudgetError, CheckpointError, ConfigError, CorrectionError, RankingFormatError
 from .ranking import ElasticRanking, KeepCounts
+from .sliced import as_sliced
 from .slicing import slice_model_
 from .views import load_processor
 
@@ -67,13 +68,15 @@ class ElasticViTModel:
             processor: Image processor for ``correction_data`` images; by default the checkpoint's own.
             **kwargs: ``revision``, ``token``, ``cache_dir``, ``force_download``, ``local_files_only``, ``subfolder``
                 and ``proxies`` go to the Hub; ``dtype`` (or ``torch_dtype``), ``attn_implementation`` and
-                ``device_map`` (one device) shape the model; anything else overrides config attributes, as in
-                transformers.
+                ``device_map`` (one device, or ``"auto"``: the accelerator if there is one, else the CPU) shape the
+                model; anything else overrides config attributes, as in transformers.
 
         Returns:
-            The stock transformers model, sliced, in eval mode. Its ``config.elastic_layout`` records the per-block
-            widths, so ``save_pretrained`` writes a checkpoint this method reloads without the dense weights. A
-            corrected model also records ``config.elastic_correction`` (settings, number of images, mean
+            The stock transformers model, sliced, in eval mode: an instance of its sliced twin in
+            :mod:`hf_snapvit.sliced`. Its ``config.elastic_layout`` records the per-block widths, so
+            ``save_pretrained`` writes a checkpoint this method reloads without the dense weights, with a model card
+            and the code that lets ``AutoModel*.from_pretrained(path, trust_remote_code=True)`` load it without
+            hf_snapvit (:mod:`hf_snapvit.remote_code`). A corrected model also records ``config.elastic_correction`` (settings, number of images, mean
             reconstruction errors); its checkpoint reloads at its saved size only.
 
         Example:
@@ -111,10 +114,18 @@ class ElasticViTModel:
                 processor = load_processor(pretrained_model_name_or_path, purpose="preprocess the correction images",
                                            **hub_kwargs)
             _correct(model, keep, correction_data, processor, correction)
-        model.config._name_or_path = str(pretrained_model_name_or_path)
-        if counts.heads != dense_shape.dense_heads or counts.neurons != dense_shape.dense_neurons:
-            model.config.elastic_layout = _layout(counts, multiple)
-        return model
+        return _finish(model, pretrained_model_name_or_path, counts, multiple, dense_shape)
+
+
+def _finish(model: PreTrainedModel, source: str | os.PathLike, counts: KeepCounts, multiple: int | None,
+            dense_shape: Any) -> PreTrainedModel:
+    """Record where the model came from and, when it is smaller than the dense one, its layout and sliced class
+    (whose ``save_pretrained`` / ``push_to_hub`` write what other libraries need to load and describe it)."""
+    model.config._name_or_path = str(source)
+    if counts.heads != dense_shape.dense_heads or counts.neurons != dense_shape.dense_neurons:
+        model.config.elastic_layout = _layout(counts, multiple)
+        as_sliced(model)
+    return model
 
 
 def _layout(counts: KeepCounts, width_multiple: int | None) -> dict[str, Any]:
@@ -135,10 +146,35 @@ def _build_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     attn_implementation = kwargs.pop("attn_implementation", None)
     if attn_implementation is not None:
         build_kwargs["attn_implementation"] = attn_implementation
-    device = kwargs.pop("device_map", None)
-    if isinstance(device, dict):
-        raise TypeError("device_map must be one device (e.g. 'cuda:0'); multi-device maps are not supported yet.")
+    device = _single_device(kwargs.pop("device_map", None))
     return build_kwargs, device
+
+
+def _single_device(device_map: Any) -> Any:
+    """The one device a ``device_map`` names: ``"auto"`` is the accelerator torch sees (its current device), else
+    the CPU; a dict must send every module to the same device. Multi-device placement is refused."""
+    if isinstance(device_map, dict):
+        devices = {_device_name(d) for d in device_map.values()}
+        if len(devices) != 1:
+            raise ConfigError(f"device_map={device_map!r} spreads the model over {sorted(devices)}; hf_snapvit "
+                              f"loads a sliced model onto one device: pass device_map='auto', 'cpu', 'cuda:0', or "
+                              f"a dict sending every module to one device (e.g. {{'': 'cuda:0'}}).")
+        device_map = devices.pop()
+    if device_map == "auto":
+        accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        return torch.device(accelerator.type, torch.accelerator.current_device_index()) if accelerator else "cpu"
+    if isinstance(device_map, str) and device_map in ("balanced", "balanced_low_0", "sequential"):
+        raise ConfigError(f"device_map={device_map!r} spreads the model over several devices, which hf_snapvit "
+                          "does not support; pass device_map='auto' (the one accelerator, else the CPU), 'cpu', "
+                          "'cuda:0', a torch.device or a device index.")
+    return device_map
+
+
+def _device_name(device: Any) -> str:
+    try:
+        return str(torch.device(device))
+    except (RuntimeError, TypeError):
+        return str(device)  # accelerate's "disk" offload, which torch does not name
 
 
 def _dtype(dtype: Any, config: Any) -> torch.dtype:
