@@ -136,6 +136,11 @@ def test_stock_loading_without_trust_remote_code_fails_and_the_config_says_how_t
     load_with = config["elastic_layout"]["load_with"]
     assert "trust_remote_code=True" in load_with["transformers"] and "ElasticViTModel" in load_with["hf_snapvit"]
     assert (folder / remote_code.REMOTE_FILE).is_file()
+    # Saved under the weight names a stock checkpoint has (transformers' name conversions were applied).
+    from safetensors import safe_open
+
+    names = [safe_open(f / "model.safetensors", "pt").keys() for f in (folder, folder.parent / "vit-cls-elastic")]
+    assert names[0] == names[1] and any(".attention.attention.query." in n for n in names[0])
 
 
 def test_no_absolute_path_is_written(saved):

@@ -86,6 +86,10 @@ class {name}(transformers.{name}):
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
         cut_to_layout(self)
+
+    @classmethod
+    def is_custom_code(cls):
+        return False  # the stock modules and weight names: transformers' weight-name conversions apply
 '''
 
 

@@ -46,6 +46,12 @@ class SlicedModelMixin:
             slice_model_(self, [(np.arange(h), np.arange(f)) for h, f in zip(layout["num_heads"],
                                                                              layout["intermediate_size"])])
 
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        """``False``: the modules and weight names are the stock class's, so transformers applies its weight-name
+        conversions when loading and saving (a sliced checkpoint keeps the names a stock one has)."""
+        return False
+
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """transformers' ``save_pretrained``, written atomically, plus the loading module, ``auto_map``,
         ``elastic_layout["load_with"]`` and README.md (the model card). ``push_to_hub=True`` then uploads it with
