@@ -72,7 +72,7 @@ class SlicedModelMixin:
                                **kwargs: Any) -> Any:
         """Put our card (naming ``repo_id``) back before transformers' ``push_to_hub`` uploads the folder."""
         readme = Path(working_dir) / "README.md"
-        existing = ModelCard.load(readme) if readme.is_file() else None
+        existing = ModelCard(readme.read_text(encoding="utf-8")) if readme.is_file() else None
         tags = list((existing.data.tags or []) if existing is not None else [])
         if existing is None or _STOCK_TEMPLATE in existing.text or "hf-snapvit" in tags:
             config = json.loads((Path(working_dir) / "config.json").read_text())
