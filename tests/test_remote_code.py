@@ -28,7 +28,8 @@ from hf_snapvit.errors import ConfigError
 from helpers import CASES, PROCESSOR, masked_copy, output_of
 
 CASE = {c.name: c for c in CASES}
-REMOTE_CASES = ["vit-cls", "dinov2", "siglip-vision", "clip-vision", "deit-cls-teacher"]
+REMOTE_CASES = [name for name in ("vit-cls", "deit-cls-teacher", "dinov2", "dinov2-swiglu", "dinov3-gated",
+                                   "siglip-vision", "siglip-cls", "siglip2-vision", "clip-vision") if name in CASE]
 
 
 def _sliced(case: str, root: Path, sparsity: float = 0.4):
@@ -208,6 +209,23 @@ def test_push_to_hub_uploads_our_card_not_transformers_template(saved, monkeypat
     assert "hf-snapvit" in readme and "mine" in readme
     assert remote_code.REMOTE_FILE in hub.uploaded
     assert "auto_map" in json.loads(hub.uploaded["config.json"])
+
+
+def test_save_pretrained_with_push_to_hub_uploads_our_card(saved, tmp_path, monkeypatch):
+    import transformers.utils.hub as transformers_hub
+
+    hub = _FakeHub()
+    monkeypatch.setattr(transformers_hub, "hf_api", lambda: hub)
+    monkeypatch.setattr(ModelCard, "load", classmethod(lambda cls, repo_id, **kwargs: ModelCard(
+        "---\nlicense: mit\n---\nA card its author wrote on the Hub.\n")))
+    _, model, _ = saved[1]["dinov2"]
+    model.save_pretrained(tmp_path / "dino", push_to_hub=True, repo_id="me/dino-sliced")
+    assert "A card its author wrote on the Hub." in hub.uploaded["README.md"].decode()  # kept, not replaced
+    assert "auto_map" in json.loads(hub.uploaded["config.json"])
+    assert (tmp_path / "dino" / remote_code.REMOTE_FILE).is_file()
+    local = (tmp_path / "dino" / "README.md").read_text()
+    assert 'AutoModel.from_pretrained("dino", trust_remote_code=True)' in local
+    assert "image-feature-extraction" in local
 
 
 def test_save_is_atomic_and_leaves_the_model_as_it_was(saved, tmp_path, monkeypatch):
