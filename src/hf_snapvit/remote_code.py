@@ -31,6 +31,7 @@ _SOURCES = (
     architectures.MlpSpec, architectures.ArchitectureSpec, architectures._get, architectures.get_backbone,
     architectures.get_layers, architectures.get_attention, architectures.get_mlp, architectures.head_dim,
     slicing._as_index, slicing._take, slicing.slice_heads_, slicing.slice_neurons_, slicing.slice_model_,
+    slicing.slice_to_layout_,
 )
 _STRUCTURAL_FIELDS = ("model_type", "layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "mlp",
                       "mlp_variants", "backbone", "head_count_attrs")
@@ -66,18 +67,10 @@ class UnsupportedArchitectureError(ValueError):
     pass
 '''
 
-_FOOTER = '''
+_GET_SPEC = '''
 
 def get_spec(model):
     return SPECS[model.config.model_type]
-
-
-def cut_to_layout(model):
-    """Cut every block of a freshly built ``model`` to the widths in ``config.elastic_layout`` (none: keep it)."""
-    layout = getattr(model.config, "elastic_layout", None)
-    if layout:
-        keep = [(np.arange(h), np.arange(f)) for h, f in zip(layout["num_heads"], layout["intermediate_size"])]
-        slice_model_(model, keep)
 '''
 
 _CLASS = '''
@@ -85,7 +78,7 @@ _CLASS = '''
 class {name}(transformers.{name}):
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
-        cut_to_layout(self)
+        slice_to_layout_(self)
 
     @classmethod
     def is_custom_code(cls):
@@ -108,8 +101,8 @@ def auto_classes(model_class: type) -> list[str]:
 
 def remote_classes(model: transformers.PreTrainedModel) -> dict[str, str]:
     """``{auto class: stock class name}`` for a sliced model's ``auto_map``: its own class under every auto class
-    that loads it. (Not its backbone under ``AutoModel`` for a classifier: transformers 5 cannot load a backbone
-    from a classifier's checkpoint whose weight names it converts, stock models included.)"""
+    that loads it. A classifier's backbone is not offered under ``AutoModel``: transformers 5 cannot load a backbone
+    from a classifier checkpoint whose weight names it converts (stock ViT included)."""
     stock = _stock_class(type(model))
     return {auto: stock.__name__ for auto in auto_classes(stock)}
 
@@ -119,25 +112,20 @@ def _stock_class(cls: type) -> type:
     return next(c for c in cls.__mro__ if c.__module__.startswith("transformers."))
 
 
-def remote_module_source(model_type: str, class_names: list[str]) -> str:
-    """The text of :data:`REMOTE_FILE` for a sliced ``model_type`` model with the stock classes ``class_names``.
+def remote_module_source(model_type: str, classes: dict[str, str]) -> str:
+    """The text of :data:`REMOTE_FILE` for a sliced ``model_type`` model: the classes of ``classes`` (auto class ->
+    stock class name, as from :func:`remote_classes`).
 
     Raises:
         UnsupportedArchitectureError: ``model_type`` has no registered spec.
     """
     spec = get_spec(model_type)
     fields = ", ".join(f"{name}={getattr(spec, name)!r}" for name in _STRUCTURAL_FIELDS)
-    parts = [_HEADER.format(version=__version__, auto=_first_auto(class_names))]
+    parts = [_HEADER.format(version=__version__, auto=next(iter(classes)))]
     parts += ["\n\n" + inspect.getsource(obj).rstrip() + "\n" for obj in _SOURCES]
-    parts.append(f"\n\nSPECS = {{{model_type!r}: ArchitectureSpec({fields})}}\n")
-    parts.append(_FOOTER)
-    parts += [_CLASS.format(name=name) for name in sorted(set(class_names))]
+    parts += [f"\n\nSPECS = {{{model_type!r}: ArchitectureSpec({fields})}}\n", _GET_SPEC]
+    parts += [_CLASS.format(name=name) for name in sorted(set(classes.values()))]
     return "".join(parts)
-
-
-def _first_auto(class_names: list[str]) -> str:
-    return "AutoModelForImageClassification" if any("ForImageClassification" in n for n in class_names) \
-        else "AutoModel"
 
 
 def auto_map(classes: dict[str, str]) -> dict[str, str]:

@@ -21,7 +21,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import transformers
 from huggingface_hub import ModelCard
 from transformers import PreTrainedModel
@@ -29,7 +28,7 @@ from transformers import PreTrainedModel
 from .files import atomic_directory, write_text_atomic
 from .remote_code import REMOTE_FILE, auto_map, dump_config, load_with, remote_classes, remote_module_source
 from .sliced_card import base_model_id, sliced_card
-from .slicing import slice_model_
+from .slicing import slice_to_layout_
 
 _CLASSES: dict[type, type] = {}
 # The sentence of transformers' empty card template (``create_and_tag_model_card``), which ours replaces.
@@ -41,10 +40,7 @@ class SlicedModelMixin:
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
-        layout = getattr(config, "elastic_layout", None)
-        if layout:  # built by transformers' from_pretrained / from_config: cut before the weights are loaded
-            slice_model_(self, [(np.arange(h), np.arange(f)) for h, f in zip(layout["num_heads"],
-                                                                             layout["intermediate_size"])])
+        slice_to_layout_(self)  # from_pretrained / from_config: cut before transformers loads the weights
 
     @classmethod
     def is_custom_code(cls) -> bool:
@@ -90,7 +86,7 @@ def write_sliced_extras(model: PreTrainedModel, folder: str | os.PathLike, repo:
     classes = remote_classes(model)
     config["auto_map"] = {**(config.get("auto_map") or {}), **auto_map(classes)}
     config["elastic_layout"] = {**config["elastic_layout"], "load_with": load_with(classes)}
-    write_text_atomic(folder / REMOTE_FILE, remote_module_source(config["model_type"], list(classes.values())))
+    write_text_atomic(folder / REMOTE_FILE, remote_module_source(config["model_type"], classes))
     write_text_atomic(folder / "config.json", dump_config(config))
     card = sliced_card(config, repo, base_model=base_model_id(config, model.config.name_or_path))
     write_text_atomic(folder / "README.md", str(card))

@@ -93,3 +93,14 @@ def slice_model_(
                      get_attention(origin, spec) if origin is not None else None)
         slice_neurons_(layer, spec, neurons, origin)
     return model
+
+
+def slice_to_layout_(model: PreTrainedModel) -> PreTrainedModel:
+    """Cut every block of a freshly built ``model`` to the widths in ``config.elastic_layout`` (the first units of
+    each, as a sliced checkpoint stores them), in place; without a layout the model is left as it is. Sliced classes
+    call this in ``__init__``, so transformers' own loading fills the sliced modules."""
+    layout = getattr(model.config, "elastic_layout", None)
+    if layout:
+        slice_model_(model, [(np.arange(h), np.arange(f)) for h, f in zip(layout["num_heads"],
+                                                                          layout["intermediate_size"])])
+    return model
