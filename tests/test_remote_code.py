@@ -166,6 +166,16 @@ def test_the_card_parses_and_says_how_to_load(saved):
     assert "How the ranking was made" in card.text and "`magnitude`" in card.text
 
 
+def test_the_card_reports_weight_correction_when_present(saved):
+    from hf_snapvit.sliced_card import sliced_card
+
+    config = json.loads((saved[1]["vit-cls"][2] / "config.json").read_text())
+    assert "Weight correction" not in sliced_card(config, "x").text
+    config["elastic_correction"] = {"num_images": 8, "mean_error_before": 0.5, "mean_error_after": 0.125}
+    text = sliced_card(config, "x").text
+    assert "Weight correction" in text and "8 calibration images" in text and "0.125 after" in text
+
+
 def test_the_card_names_a_hub_base_model(tmp_path):
     _, model, _ = _sliced("vit", tmp_path)
     model.config._name_or_path = "my-org/vit-elastic"
