@@ -334,3 +334,27 @@ def test_device_map_auto_picks_the_one_device_and_multi_device_maps_are_refused(
                                                                                           "classifier": "disk"}):
         with pytest.raises(ConfigError, match="one device.*device_map='auto'|several devices.*device_map='auto'"):
             hs.ElasticViTModel.from_pretrained(path, sparsity=0.4, device_map=device_map)
+
+
+class _Images(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return {"pixel_values": CASE["vit-cls"].inputs(1)["pixel_values"][0] + i, "labels": i % 5}
+
+
+@pytest.mark.slow
+def test_trainer_checkpoints_of_a_sliced_model_carry_the_loading_module_and_card(saved, tmp_path):
+    _, model, _ = saved[1]["vit-cls"]
+    model = copy.deepcopy(model)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=1, save_steps=1,
+                                          per_device_train_batch_size=2, report_to=[], use_cpu=True)
+    transformers.Trainer(model=model, args=args, train_dataset=_Images()).train()
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    assert (checkpoint / remote_code.REMOTE_FILE).is_file() and (checkpoint / "trainer_state.json").is_file()
+    assert "hf-snapvit" in ModelCard.load(checkpoint / "README.md").data.tags
+    assert "auto_map" in json.loads((checkpoint / "config.json").read_text())
+    reloaded = hs.ElasticViTModel.from_pretrained(checkpoint)  # (remote-code loading: tested in a subprocess)
+    inputs = CASE["vit-cls"].inputs(2)
+    torch.testing.assert_close(output_of(reloaded, inputs), output_of(model.eval(), inputs))
