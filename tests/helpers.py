@@ -103,6 +103,19 @@ def output_of(model: transformers.PreTrainedModel, inputs: dict) -> torch.Tensor
     return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
 
 
+def sliced_model(folder, case: Case, **kwargs) -> transformers.PreTrainedModel:
+    """``ElasticViTModel.from_pretrained(folder, **kwargs)``, checked to be narrower than the dense ``case`` model
+    (comparisons against a model that was not sliced would prove nothing)."""
+    from hf_snapvit import ElasticViTModel
+    from hf_snapvit.budget import layer_widths
+
+    model = ElasticViTModel.from_pretrained(folder, **kwargs)
+    heads, neurons = layer_widths(model)
+    dense_heads, dense_neurons = layer_widths(case.build())
+    assert sum(heads) < sum(dense_heads) and sum(neurons) < sum(dense_neurons), (heads, neurons)
+    return model
+
+
 SHARED_MODEL = ("models", "vit-tiny-tinyimagenet")
 SHARED_TRAIN = ("data", "tiny-imagenet-200", "train.parquet")
 SHARED_VALIDATION = ("data", "tiny-imagenet-200", "validation.parquet")
