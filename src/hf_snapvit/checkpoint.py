@@ -280,9 +280,13 @@ def _shadow_copy(model: PreTrainedModel) -> PreTrainedModel:
 
 
 def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, model: PreTrainedModel,
-                  shape: ModelShape, reader: CheckpointReader) -> None:
+                  shape: ModelShape, reader: CheckpointReader, *, sliced: bool = False) -> None:
     """Check that ``ranking`` fits ``model`` (the dense skeleton the loader builds, of ``shape``) and that the weights
     ``reader`` reads are in the order ``config.elastic_ranking`` describes.
+
+    A ``sliced`` checkpoint (``config.elastic_layout``) was written by a model this package sliced, so its units are
+    in rank order by construction; its weights differing from the fingerprint means they were trained since (e.g.
+    fine-tuned with ``Trainer``), which warns rather than fails.
 
     Raises:
         RankingFormatError: The ranking's cost model differs from the model's, its fingerprint is corrupt, or the
@@ -316,6 +320,15 @@ def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, mode
                  read_units(reader, disk.get(names[id(in_weight)]), None, len(neurons))]
         for kind, want, got in zip(("heads", "FFN neurons"), (heads, neurons), found):
             if got is not None and not close(want[:len(got)], got):
+                if sliced:
+                    warnings.warn(
+                        f"The weights of {str(source)!r} differ from those its elastic_ranking was computed on "
+                        f"(block {block}: the {kind}); it was probably fine-tuned after slicing. Slicing it further "
+                        "removes units in the ranking's order, which the training did not see; for a model of "
+                        "another size, slice the dense elastic checkpoint and fine-tune that instead.",
+                        UserWarning, stacklevel=3,
+                    )
+                    return
                 raise RankingFormatError(
                     f"The weights of {str(source)!r} are not in the weight order its elastic_ranking describes "
                     f"(block {block}: the {kind} differ from the ranking's weights fingerprint). The ranking was "

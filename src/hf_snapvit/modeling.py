@@ -98,7 +98,10 @@ class ElasticViTModel:
         model = skeleton(config, **build_kwargs)
         dense_shape = model_shape(model)
         reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
-        check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader)
+        if layout is None or any(v is not None for v in (sparsity, target_params, target_gflops)):
+            # At its saved size a sliced checkpoint's order is never used, so fine-tuned weights load as they are.
+            check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader,
+                          sliced=layout is not None)
         stored = _stored_widths(layout, dense_shape)
         counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
                                            target_gflops, width_multiple,
