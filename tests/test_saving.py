@@ -191,3 +191,15 @@ def test_without_matplotlib_the_card_says_how_to_get_the_heatmap(tmp_path):
     assert 'pip install "hf-snapvit[plots]"' in text and "heatmap was left out" in text
     assert HEATMAP_FILENAME not in text and not (tmp_path / "e" / HEATMAP_FILENAME).exists()
     assert not (tmp_path / "x.png").exists()
+
+
+def test_inspect_plot_without_matplotlib_names_the_extra(local_model, tmp_path, capsys, monkeypatch):
+    _, model = local_model
+    out = tmp_path / "elastic"
+    hf_snapvit.save_elastic(model, hf_snapvit.rank(model, method="magnitude"), out, model_card=False)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--plot", str(tmp_path / "heat.png")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and 'pip install "hf-snapvit[plots]"' in last
+    assert not (tmp_path / "heat.png").exists()
