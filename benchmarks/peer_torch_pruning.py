@@ -355,7 +355,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _protocol(args: argparse.Namespace) -> dict[str, Any]:
-    return {"model": public_name(args.model), "data": public_name(args.data), "num_val": args.num_val, "num_bank": args.num_bank,
+    return {"model": public_name(args.model), "data": public_name(args.data), "num_val": args.num_val,
+            "num_bank": args.num_bank,
             "num_calib": args.num_calib, "seed": args.seed,
             "knn": "k=20, L2-normalised final-norm CLS features, majority vote, train split as memory bank",
             "top1": "model's own classifier head, validation split",
@@ -478,7 +479,8 @@ def main(argv: list[str] | None = None) -> None:
     protocol = _protocol(args)
     results = earlier_results(args, protocol)
     results["protocol"], results["hardware"] = protocol, hardware()
-    run = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": [public_name(a) for a in (sys.argv[1:] if argv is None else argv)],
+    run = {"started": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "argv": [public_name(a) for a in (sys.argv[1:] if argv is None else argv)],
            "hardware": results["hardware"]}
 
     val_images, val_labels = draw(args.data, "validation", 0, args.num_val, args.seed)

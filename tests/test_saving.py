@@ -99,9 +99,9 @@ def test_inspect_output_names_no_local_path(local_model, tmp_path, capsys):
 def test_evaluations_go_into_the_saved_card(local_model, tmp_path):
     _, model = local_model
     out = tmp_path / "e"
-    hf_snapvit.save_elastic(model, hf_snapvit.rank(model, method="magnitude"), out,
-                            evaluations=[{"sparsity": s, "metric": "accuracy", "value": v, "dataset": "zh-plus/tiny-imagenet"}
-                                         for s, v in ((0.0, 0.81), (0.3, 0.77))],
+    measured = [{"sparsity": s, "metric": "accuracy", "value": v, "dataset": "zh-plus/tiny-imagenet"}
+                for s, v in ((0.0, 0.81), (0.3, 0.77))]
+    hf_snapvit.save_elastic(model, hf_snapvit.rank(model, method="magnitude"), out, evaluations=measured,
                             card_options={"sparsities": (0.3,)})
     card = ModelCard.load(out / "README.md")
     values = sorted(metric.metric_value for metric in card.data.eval_results)

@@ -67,7 +67,7 @@ def save_elastic(
             :func:`hf_snapvit.push_to_hub` on it (or :func:`hf_snapvit.hub.save_and_push` for both in one call).
 
     Returns:
-        The ranking as stored (in rank order), i.e. what ``ElasticViTModel.from_pretrained`` will resolve budgets with.
+        The ranking as stored (in rank order): what ``ElasticViTModel.from_pretrained`` resolves budgets with.
     """
     ranking.check_matches(model_shape(model))
     if getattr(model.config, "elastic_layout", None):
@@ -111,7 +111,8 @@ def _shadow_copy(model: PreTrainedModel) -> PreTrainedModel:
             copies[id(module)] = clone
             clone._parameters = dict(module._parameters)
             clone._buffers = dict(module._buffers)
-            clone._modules = {name: None if child is None else shadow(child) for name, child in module._modules.items()}
+            clone._modules = {name: None if child is None else shadow(child)
+                              for name, child in module._modules.items()}
         return copies[id(module)]
 
     clone = shadow(model)
