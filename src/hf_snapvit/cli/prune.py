@@ -60,7 +60,7 @@ def _images_needed(method: str, preset: str | None) -> int:
 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
     """Rank ``--model`` with ``--method`` and save the elastic checkpoint; ``None`` on non-main processes."""
-    from ..checkpoint import save_elastic
+    from ..saving import save_elastic
     from ..distributed import process_state
     from ..methods import rank
 

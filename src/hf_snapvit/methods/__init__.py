@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from ..budget import ModelShape, layer_widths, model_shape
 from ..errors import ConfigError, DataError
+from ..files import public_name
 from ..ranking import ElasticRanking, Floors, RankingMode
 from .baselines import GRADIENT_METHODS, gradient_baseline_scores, lamp_scores, magnitude_scores, random_scores
 from .snapvit import SnapViTConfig, SnapViTPruner
@@ -136,7 +137,7 @@ def _baseline(model: PreTrainedModel, method: str, data: Any, config: SnapViTCon
             "settings": settings,
             "seed": seed,
             "calibration_data": calibration,
-            "base_model": getattr(model.config, "_name_or_path", None) or None,
+            "base_model": public_name(getattr(model.config, "_name_or_path", None) or None),
         },
     )
 

@@ -26,6 +26,7 @@ from ..budget import ModelShape, layer_widths, model_shape
 from ..calibration import draw_calibration
 from ..distributed import mixed_precision, on_process_device, process_state
 from ..errors import ConfigError
+from ..files import public_name
 from ..fitness import EmbeddingFitness
 from ..ranking import ElasticRanking, Floors, RankingMode
 from ..scoring import ScoreConfig, gradient_scores
@@ -292,7 +293,7 @@ class SnapViTPruner:
             "settings": config.to_dict(),
             "seed": config.seed,
             "calibration_data": calibration,
-            "base_model": getattr(model.config, "_name_or_path", None) or None,
+            "base_model": public_name(getattr(model.config, "_name_or_path", None) or None),
             "search": {"best_loss": result.best_fitness, "evaluations": result.evaluations,
                        "generations": result.generations},
         }
