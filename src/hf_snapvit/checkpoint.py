@@ -213,13 +213,15 @@ def load_sliced_state_dict(
 
 # ------------------------------------------------------------------------------------ checking the order
 def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, model: PreTrainedModel,
-                  shape: ModelShape, reader: CheckpointReader, *, sliced: bool = False) -> None:
+                  shape: ModelShape, reader: CheckpointReader, *, sliced: bool = False,
+                  resized: bool = True) -> None:
     """Check that ``ranking`` fits ``model`` (the dense skeleton the loader builds, of ``shape``) and that the weights
     ``reader`` reads are in the order ``config.elastic_ranking`` describes.
 
     A ``sliced`` checkpoint (``config.elastic_layout``) was written by a model this package sliced, so its units are
     in rank order by construction; its weights differing from the fingerprint means they were trained since (e.g.
-    fine-tuned with ``Trainer``), which warns rather than fails.
+    fine-tuned with ``Trainer``), which warns rather than fails, and loaded at its saved size (not ``resized``) its
+    order is never used, so it is not checked.
 
     Raises:
         RankingFormatError: The ranking's cost model differs from the model's, its fingerprint is corrupt, or the
@@ -232,6 +234,8 @@ def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, mode
     if ranking is None:
         return
     ranking.check_matches(shape)
+    if sliced and not resized:
+        return
     stored = config.elastic_ranking.get("provenance")
     fingerprint = stored.get("weights_fingerprint") if isinstance(stored, dict) else None
     if fingerprint is None:

@@ -98,10 +98,9 @@ class ElasticViTModel:
         model = skeleton(config, **build_kwargs)
         dense_shape = model_shape(model)
         reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
-        if layout is None or any(v is not None for v in (sparsity, target_params, target_gflops)):
-            # At its saved size a sliced checkpoint's order is never used, so fine-tuned weights load as they are.
-            check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader,
-                          sliced=layout is not None)
+        resized = any(v is not None for v in (sparsity, target_params, target_gflops))
+        check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader,
+                      sliced=layout is not None, resized=resized)
         stored = _stored_widths(layout, dense_shape)
         counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
                                            target_gflops, width_multiple,
@@ -113,9 +112,7 @@ class ElasticViTModel:
         if device is not None:
             model.to(device)
         if correction_data is not None:
-            if processor is None and not isinstance(correction_data, (torch.Tensor, Mapping)):
-                processor = load_processor(pretrained_model_name_or_path, purpose="preprocess the correction images",
-                                           **hub_kwargs)
+            processor = _processor_for(correction_data, processor, pretrained_model_name_or_path, hub_kwargs)
             _correct(model, keep, correction_data, processor, correction)
         return _finish(model, pretrained_model_name_or_path, counts, multiple, dense_shape)
 
@@ -284,6 +281,13 @@ def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarra
     if left:
         raise CheckpointError(f"These tensors were neither in the checkpoint nor initialised: {left}.")
     model.eval()
+
+
+def _processor_for(data: Any, processor: Any, source: Any, hub_kwargs: dict[str, Any]) -> Any:
+    """The processor for images handed to the loader: the caller's, else the checkpoint's own (pixels need none)."""
+    if processor is None and not isinstance(data, (torch.Tensor, Mapping)):
+        processor = load_processor(source, purpose="preprocess the correction images", **hub_kwargs)
+    return processor
 
 
 def _correct(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], data: Any, processor: Any,
