@@ -206,7 +206,7 @@ def test_scores_of_disjoint_step_shares_add_up_to_the_whole():
     """Per-image squared gradients are additive: two processes' shares, each in any order, sum to the whole sample's
     scores, which needs an image's crops to depend on (seed, index) only, not on what was processed before it."""
     model = CASE["vit"].build()
-    config = ScoreConfig(definition="fisher", crops=MultiCropConfig(num_global=2, num_local=1))
+    config = ScoreConfig(definition="fisher", batch_size=1, crops=MultiCropConfig(num_global=2, num_local=1))
     pictures = images(5)
     whole = gradient_scores(model, pictures, PROCESSOR, config, seed=4, show_progress=False)
     steps = [(i, pictures[i:i + 1], None) for i in range(5)]
