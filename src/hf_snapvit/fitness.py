@@ -114,17 +114,18 @@ class EmbeddingFitness:
 
     def similarities(self, ranking: ElasticRanking) -> torch.Tensor:
         """``[len(sparsities)]`` mean cosine similarities (float32, on the device; nothing waits for them)."""
-        return torch.stack([self._similarity(ranking, s) for s in self.sparsities])
+        limit = ranking.max_sparsity_for(self.width_multiple)
+        return torch.stack([self._similarity(ranking, min(s, limit)) for s in self.sparsities])
 
     def _similarity(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
-        m = self.width_multiple
-        counts = ranking.keep_counts(min(sparsity, ranking.max_sparsity_for(m)), width_multiple=m)
+        counts = ranking.keep_counts(sparsity, width_multiple=self.width_multiple)
         pruned = self.project(self.embed(ranking.keep_indices(counts)))
         return F.cosine_similarity(pruned, self.target, dim=1).mean()
 
     def similarity(self, ranking: ElasticRanking, sparsity: float) -> float:
         """Mean cosine similarity of the PCA projections at one sparsity."""
-        return self._similarity(ranking, sparsity).item()
+        limit = ranking.max_sparsity_for(self.width_multiple)
+        return self._similarity(ranking, min(sparsity, limit)).item()
 
     def loss(self, ranking: ElasticRanking) -> float:
         """``1 - mean over sparsities of the mean cosine similarity``; lower is better."""
