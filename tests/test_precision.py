@@ -107,3 +107,27 @@ def test_the_search_objective_in_bf16_is_close_to_float32():
         losses[precision] = np.array([fitness.loss(r) for r in candidates])
     assert not np.array_equal(losses["no"], losses["bf16"])
     assert np.abs(losses["no"] - losses["bf16"]).max() < 0.1 * np.ptp(losses["no"])
+
+
+def test_rank_and_the_cli_take_the_precision(capsys):
+    from hf_snapvit.cli import build_parser
+
+    model = CASE["vit"].build()
+    with pytest.raises(hs.ConfigError, match="preset/mode/seed/floors/precision"):
+        hs.rank(model, method="snapvit", data=images(4), config=hs.SnapViTConfig(), precision="bf16")
+    common = ["prune", "--model", "m", "--output", "o", "--data", "d"]
+    assert build_parser("prune").parse_args(common).precision == "auto"
+    assert build_parser("prune").parse_args([*common, "--precision", "bf16"]).precision == "bf16"
+    with pytest.raises(SystemExit):
+        build_parser("prune").parse_args([*common, "--precision", "fp16"])
+    assert "invalid choice: 'fp16'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_rank_records_the_precision_that_ran(no_accelerator):
+    model = CASE["vit"].build()
+    config = dict(num_gradient_images=2, num_fitness_images=4, pca_components=4, max_generations=1,
+                  scores=ScoreConfig(batch_size=2, crops=MultiCropConfig(num_global=1, num_local=0)))
+    ranking = hs.rank(model, method="snapvit", data=images(6), processor=PROCESSOR, show_progress=False,
+                      config=hs.SnapViTConfig(**config, precision="bf16"))
+    assert ranking.provenance["precision"] == "bf16" and ranking.provenance["settings"]["precision"] == "bf16"
