@@ -72,22 +72,22 @@ class Counters:
 
     def __init__(self) -> None:
         self.steps = self.evaluations = 0
-        self._batch_loss, self._loss = scoring._batch_loss, fitness.EmbeddingFitness.loss
+        self._batch_loss, self._similarities = scoring._batch_loss, fitness.EmbeddingFitness.similarities
 
     def __enter__(self) -> "Counters":
         def batch_loss(*args, **kwargs):
             self.steps += 1
             return self._batch_loss(*args, **kwargs)
 
-        def loss(fit, ranking):
+        def similarities(fit, ranking):  # one candidate evaluation, whether one process or several ask for it
             self.evaluations += 1
-            return self._loss(fit, ranking)
+            return self._similarities(fit, ranking)
 
-        scoring._batch_loss, fitness.EmbeddingFitness.loss = batch_loss, loss
+        scoring._batch_loss, fitness.EmbeddingFitness.similarities = batch_loss, similarities
         return self
 
     def __exit__(self, *exc) -> None:
-        scoring._batch_loss, fitness.EmbeddingFitness.loss = self._batch_loss, self._loss
+        scoring._batch_loss, fitness.EmbeddingFitness.similarities = self._batch_loss, self._similarities
 
 
 def run_scenarios(out: Path, rank: int) -> None:
