@@ -14,6 +14,9 @@ weights the unit owns (paper §3.2; the reference's choices are in ``snapvit-ref
 * a neuron is scored on its FFN input rows, a head on its value rows (``head_rows="v"``, as the reference) or on its
   q, k and v rows; each score is the mean over those weights. Scores are accumulated in float64: they reach 1e-30.
 
+The per-image definitions take every image of a gradient step from the step's one backward pass
+(:mod:`hf_snapvit.sample_gradients`), not one backward pass per image.
+
 The crops of image ``i`` are drawn from ``numpy.random.default_rng([seed, i])``, so they do not depend on the batch
 or the process that embeds the image; on several processes (:mod:`hf_snapvit.distributed`) each takes whole gradient
 steps and the float64 sums are added across processes.
@@ -56,7 +59,9 @@ class ScoreConfig:
         head_rows: ``"v"`` scores a head on its value rows (the reference), ``"qkv"`` on its q, k and v rows.
         batch_size: Images per gradient step. The per-image definitions (``"fisher"``, ``"obd"``) take every image's
             own gradient from the step's one backward pass (:mod:`hf_snapvit.sample_gradients`), so the step size
-            changes their scores only by float rounding; the others average the gradient over the step.
+            changes their scores only by float rounding; the others average the gradient over the step. Memory
+            grows with it: every crop of a step's images is forwarded with gradients at once (lower it for a large
+            model on a CPU).
         crops: The multi-crop views of the DINO loss.
     """
 
