@@ -64,6 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--images", type=int, default=None,
                         help="gradient and fitness images each (default: the preset's)")
     parser.add_argument("--generations", type=int, default=None, help="cap on xNES generations (default: preset's)")
+    parser.add_argument("--fitness-batch-size", type=int, default=None,
+                        help="images per search forward (default: the preset's, 64)")
     parser.add_argument("--floor-repeats", type=int, default=5, help="timed dense forwards for the throughput")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None,
@@ -125,6 +127,8 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
         overrides.update(num_gradient_images=args.images, num_fitness_images=args.images)
     if args.generations is not None:
         overrides["max_generations"] = args.generations
+    if args.fitness_batch_size is not None:
+        overrides["fitness_batch_size"] = args.fitness_batch_size
     config = hf_snapvit.SnapViTConfig.preset(preset, **overrides)
     size = model.config.image_size
     processor = transformers.ViTImageProcessor(size={"height": size, "width": size})
@@ -140,6 +144,7 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
     phases = pruner.timings_
     return {
         "preset": preset, "precision": precision, "ran_in": ranking.provenance["precision"],
+        "fitness_batch_size": config.fitness_batch_size,
         "num_gradient_images": config.num_gradient_images, "num_fitness_images": config.num_fitness_images,
         "evaluations": search["evaluations"], "generations": search["generations"],
         "wall_seconds": wall, "phases": phases,

@@ -40,7 +40,7 @@ def test_the_ranking_benchmark_records_phases_and_the_forward_floor_for_each_pre
     output = tmp_path / "ranking_time.json"
     data = _parquet(tmp_path / "train.parquet", 12)
     assert script.main(["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "paper", "--images", "6",
-                        "--generations", "1", "--floor-repeats", "1", "--data", str(data),
+                        "--generations", "1", "--floor-repeats", "1", "--data", str(data), "--fitness-batch-size", "4",
                         "--output", str(output)]) == 0
     report = json.loads(output.read_text())
     assert report["hardware"]["device"] == "cpu" and report["data"] == str(data)
@@ -48,6 +48,7 @@ def test_the_ranking_benchmark_records_phases_and_the_forward_floor_for_each_pre
     assert set(runs) == {("fast", "fp32"), ("fast", "bf16"), ("paper", "fp32"), ("paper", "bf16")}
     for (preset, precision), run in runs.items():
         assert run["shape"] == "tiny" and run["ran_in"] == precision and run["generations"] == 1
+        assert run["fitness_batch_size"] == 4
         phases = run["phases"]
         assert {"data", "gradients", "search", "search_forward"} <= set(phases)
         assert 0 < phases["search_forward"] <= phases["search"] <= run["wall_seconds"]
