@@ -62,6 +62,8 @@ class SquaredSampleGradients:
             # A layer the loss does not reach (an unused head) gets zero gradients rather than an error.
             grads = iter(torch.autograd.grad(loss, outputs, allow_unused=True, materialize_grads=True))
             for calls, total in zip(self._calls, sums):
+                if not calls:  # not called with gradients on: its samples' gradients are zero
+                    continue
                 inputs = [x.reshape(num_samples, -1, x.shape[-1]) for x, _ in calls]
                 output_grads = [next(grads).reshape(num_samples, -1, out.shape[-1]) for _, out in calls]
                 _add_squared(torch.cat(output_grads, 1), torch.cat(inputs, 1), total)
