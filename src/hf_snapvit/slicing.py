@@ -21,6 +21,8 @@ IndexLike = Sequence[int] | np.ndarray | torch.Tensor
 
 
 def _as_index(index: IndexLike, device: torch.device) -> torch.Tensor:
+    if isinstance(index, torch.Tensor):  # already on the device, as the search passes it: no host round trip
+        return index.to(device=device, dtype=torch.int64)
     return torch.as_tensor(np.asarray(index, dtype=np.int64), device=device)
 
 
