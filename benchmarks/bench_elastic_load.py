@@ -67,7 +67,7 @@ DEFAULT_SPARSITIES = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
 # The measurement code lives in hf_snapvit.benchmark (also used by `hf-snapvit bench`); this script builds the
 # ViT-B/16-shaped checkpoint, runs it and prints the tables.
 from hf_snapvit.benchmark import MIB, hardware_info, measure_loading  # noqa: E402
-from hf_snapvit.files import write_text_atomic  # noqa: E402
+from hf_snapvit.files import public_name, write_text_atomic  # noqa: E402
 
 
 def build_checkpoint(directory: Path, seed: int) -> dict[str, Any]:
@@ -89,11 +89,11 @@ def build_checkpoint(directory: Path, seed: int) -> dict[str, Any]:
     ranking = hf_snapvit.rank(model, method="magnitude", seed=seed)
     timings["rank_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    hf_snapvit.save_elastic(model, ranking, directory)
+    hf_snapvit.save_elastic(model, ranking, directory, model_card=False)  # the checkpoint alone, as measured
     timings["save_s"] = time.perf_counter() - t0
     size = sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
     info = {
-        "path": str(directory),
+        "path": public_name(directory),
         "files": sorted(p.name for p in directory.iterdir()),
         "size_bytes": size,
         "seed": seed,
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                        "every configuration measured in a fresh subprocess. Ratios are to the dense elastic load "
                        "(sparsity 0) of this run. Memory in bytes, times in seconds unless the key says ms.",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": [sys.executable, *sys.argv],
+        "command": [public_name(arg) for arg in (sys.executable, *sys.argv)],  # no local paths in results
         "settings": {
             "sparsities": sparsities, "batch_sizes": args.batch_sizes, "repeats": args.repeats,
             "warmup": args.warmup, "load_repeats": args.load_repeats, "warm_loads": args.warm_loads,

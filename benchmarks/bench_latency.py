@@ -34,7 +34,7 @@ import transformers  # noqa: E402
 import hf_snapvit  # noqa: E402
 from hf_snapvit.architectures import model_class  # noqa: E402
 from hf_snapvit.benchmark import format_latency_table, hardware_info, latency_vs_sparsity  # noqa: E402
-from hf_snapvit.files import write_text_atomic  # noqa: E402
+from hf_snapvit.files import public_name, write_text_atomic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -76,9 +76,9 @@ def load(args: argparse.Namespace):
     config = transformers.AutoConfig.from_pretrained(args.model)
     if getattr(config, "elastic_ranking", None) is not None:
         model = hf_snapvit.ElasticViTModel.from_pretrained(args.model)
-        return model, hf_snapvit.ElasticRanking.from_dict(model.config.elastic_ranking), args.model
+        return model, hf_snapvit.ElasticRanking.from_dict(model.config.elastic_ranking), public_name(args.model)
     model = model_class(config).from_pretrained(args.model)
-    return model, hf_snapvit.rank(model, method=args.method, seed=args.seed), args.model
+    return model, hf_snapvit.rank(model, method=args.method, seed=args.seed), public_name(args.model)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                        "(torch.inference_mode, seeded random input). speedup = dense median / sliced median; "
                        "theoretical_speedup = dense GFLOPs / sliced GFLOPs; efficiency = their ratio.",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": [sys.executable, *sys.argv],
+        "command": [public_name(arg) for arg in (sys.executable, *sys.argv)],  # no local paths in results
         "model": description,
         "ranking": {"method": ranking.provenance.get("method"), "mode": ranking.mode},
         "settings": {"sparsities": grid, "batch_sizes": args.batch_sizes, "repeats": args.repeats,

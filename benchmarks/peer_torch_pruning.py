@@ -63,7 +63,7 @@ from hf_snapvit.evaluation import (
     representation_retention,
     top1_accuracy,
 )
-from hf_snapvit.files import write_text_atomic
+from hf_snapvit.files import public_name, write_text_atomic
 from hf_snapvit.ranking import ElasticRanking, Floors
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -355,7 +355,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _protocol(args: argparse.Namespace) -> dict[str, Any]:
-    return {"model": str(args.model), "data": str(args.data), "num_val": args.num_val, "num_bank": args.num_bank,
+    return {"model": public_name(args.model), "data": public_name(args.data), "num_val": args.num_val,
+            "num_bank": args.num_bank,
             "num_calib": args.num_calib, "seed": args.seed,
             "knn": "k=20, L2-normalised final-norm CLS features, majority vote, train split as memory bank",
             "top1": "model's own classifier head, validation split",
@@ -379,8 +380,11 @@ def earlier_results(args: argparse.Namespace, protocol: dict[str, Any]) -> dict[
     """``--output``'s results when they were made with the same evaluation settings (merged into), else a new one."""
     if args.output.exists() and not args.no_merge:
         previous = json.loads(args.output.read_text())
-        if previous.get("protocol") == protocol:
-            return previous
+        recorded = dict(previous.get("protocol") or {})
+        # Results recorded before paths were reduced to folder names hold the full paths: the same settings.
+        recorded.update({k: public_name(recorded[k]) for k in ("model", "data") if recorded.get(k)})
+        if recorded == protocol:
+            return {**previous, "protocol": protocol}
         print(f"{args.output} has other evaluation settings; overwriting it")
     return {"protocol": protocol, "methods": {}}
 
@@ -475,7 +479,8 @@ def main(argv: list[str] | None = None) -> None:
     protocol = _protocol(args)
     results = earlier_results(args, protocol)
     results["protocol"], results["hardware"] = protocol, hardware()
-    run = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:] if argv is None else argv,
+    run = {"started": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "argv": [public_name(a) for a in (sys.argv[1:] if argv is None else argv)],
            "hardware": results["hardware"]}
 
     val_images, val_labels = draw(args.data, "validation", 0, args.num_val, args.seed)

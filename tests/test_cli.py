@@ -127,6 +127,22 @@ def test_prune_export_inspect_round_trip(model_dir, tmp_path, capsys):
     assert len([line for line in out.splitlines() if line.strip().startswith("0.")]) >= 3  # the default grid
 
 
+def test_prune_writes_a_model_card_and_no_local_path(model_dir, tmp_path, capsys):
+    from huggingface_hub import ModelCard
+
+    elastic = tmp_path / "elastic"
+    code, out, err = run(capsys, "prune", "--model", model_dir, "--method", "magnitude", "--output", elastic, "-q")
+    assert code == 0, err
+    card = ModelCard.load(elastic / "README.md")
+    assert {"hf-snapvit", "elastic", "pruned"} <= set(card.data.tags) and card.data.base_model is None
+    assert f"`{model_dir.name}`" in card.text and "**Method**: `magnitude`" in card.text
+    written = [p.name for p in elastic.rglob("*") if p.is_file() and str(model_dir).encode() in p.read_bytes()]
+    assert written == []  # the base model's folder is named, its path is not
+    code, out, err = run(capsys, "inspect", elastic)
+    assert code == 0, err
+    assert f"base model:   {model_dir.name}" in out and str(tmp_path) not in out and str(model_dir) not in out
+
+
 def test_export_correct_equals_the_library_call_on_the_same_images(elastic_dir, data_file, tmp_path, capsys):
     from hf_snapvit.correction import CorrectionConfig
     from hf_snapvit.data import load_image_dataset
@@ -163,7 +179,7 @@ def test_inspect_plot_writes_a_png(elastic_dir, tmp_path, capsys):
     plot = tmp_path / "allocation.png"
     code, out, err = run(capsys, "inspect", elastic_dir, "--sparsities", "0.1", "0.3", "--plot", plot, "--json")
     assert code == 0, err
-    assert json.loads(out)["plot"] == str(plot.resolve())
+    assert json.loads(out)["plot"] == plot.name  # no local path in the output
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert Image.open(plot).size[0] > 100
 

@@ -72,22 +72,22 @@ class Counters:
 
     def __init__(self) -> None:
         self.steps = self.evaluations = 0
-        self._batch_loss, self._loss = scoring._batch_loss, fitness.EmbeddingFitness.loss
+        self._batch_loss, self._similarities = scoring._batch_loss, fitness.EmbeddingFitness.similarities
 
     def __enter__(self) -> "Counters":
         def batch_loss(*args, **kwargs):
             self.steps += 1
             return self._batch_loss(*args, **kwargs)
 
-        def loss(fit, ranking):
+        def similarities(fit, ranking):  # one candidate evaluation, whether one process or several ask for it
             self.evaluations += 1
-            return self._loss(fit, ranking)
+            return self._similarities(fit, ranking)
 
-        scoring._batch_loss, fitness.EmbeddingFitness.loss = batch_loss, loss
+        scoring._batch_loss, fitness.EmbeddingFitness.similarities = batch_loss, similarities
         return self
 
     def __exit__(self, *exc) -> None:
-        scoring._batch_loss, fitness.EmbeddingFitness.loss = self._batch_loss, self._loss
+        scoring._batch_loss, fitness.EmbeddingFitness.similarities = self._batch_loss, self._similarities
 
 
 def run_scenarios(out: Path, rank: int) -> None:
@@ -206,7 +206,7 @@ def test_scores_of_disjoint_step_shares_add_up_to_the_whole():
     """Per-image squared gradients are additive: two processes' shares, each in any order, sum to the whole sample's
     scores, which needs an image's crops to depend on (seed, index) only, not on what was processed before it."""
     model = CASE["vit"].build()
-    config = ScoreConfig(definition="fisher", crops=MultiCropConfig(num_global=2, num_local=1))
+    config = ScoreConfig(definition="fisher", batch_size=1, crops=MultiCropConfig(num_global=2, num_local=1))
     pictures = images(5)
     whole = gradient_scores(model, pictures, PROCESSOR, config, seed=4, show_progress=False)
     steps = [(i, pictures[i:i + 1], None) for i in range(5)]

@@ -132,7 +132,7 @@ def test_folder_upload_is_one_commit_with_weights_config_processor_and_card(tiny
 
     card = ModelCard(commit["files"]["README.md"].decode())
     assert card.data.library_name == "transformers"
-    assert {"pruning", "elastic", "hf_snapvit", "vision-transformer"} <= set(card.data.tags)
+    assert {"hf-snapvit", "elastic", "pruned", "pruning", "vision-transformer"} <= set(card.data.tags)
     assert card.data.pipeline_tag == "image-classification"
     assert f"({HEATMAP_FILENAME})" in card.text
     assert commit["files"][HEATMAP_FILENAME].startswith(b"\x89PNG")
@@ -148,7 +148,7 @@ def test_save_and_push_writes_locally_then_commits_once(tiny, hub, tmp_path):
     stored, info = save_and_push(model, ranking, folder, image_processor=processor, token=TOKEN, create_pr=True,
                                  base_model="google/vit-base-patch16-224")
     assert info.commit_url.endswith("/commit/abc")
-    assert (folder / "config.json").is_file() and not (folder / "README.md").exists()
+    assert (folder / "config.json").is_file()
     assert hub.repos[0]["repo_id"] == "vit-tiny-elastic"  # default repo name: the folder's, as in transformers
     assert hub.branches == []  # a pull request needs no branch
     commit = hub.only_commit()
@@ -160,6 +160,8 @@ def test_save_and_push_writes_locally_then_commits_once(tiny, hub, tmp_path):
     np.testing.assert_allclose(uploaded.head_scores, stored.head_scores)
     card = ModelCard(commit["files"]["README.md"].decode())
     assert card.data.base_model == "google/vit-base-patch16-224"
+    assert (folder / "README.md").read_bytes() == commit["files"]["README.md"]  # the local card is the uploaded one
+    assert "me/vit-tiny-elastic" not in card.text and 'from_pretrained("vit-tiny-elastic"' in card.text
 
 
 def test_save_and_push_passes_save_pretrained_arguments_to_save_elastic(tiny, hub, tmp_path):
@@ -243,7 +245,7 @@ def test_hand_written_readme_is_kept_and_tagged_stale_generated_one_replaced(ela
     push_to_hub(elastic_dir, "me/own", token=TOKEN)
     card = ModelCard(hub.commits[-1]["files"]["README.md"].decode())
     assert "# My own card" in card.text and card.data.license == "mit"
-    assert "hf_snapvit" in card.data.tags and card.data.library_name == "transformers"
+    assert "hf-snapvit" in card.data.tags and card.data.library_name == "transformers"
 
     (elastic_dir / "README.md").write_text(f"<!-- {GENERATED_MARKER} 0.0.1 -->\nold table\n")
     (elastic_dir / HEATMAP_FILENAME).write_bytes(b"stale")

@@ -54,7 +54,7 @@ def test_metadata_follows_hub_conventions(elastic):
     assert card.data.base_model == "google/vit-base-patch16-224"
     assert card.data.library_name == "transformers"
     assert card.data.pipeline_tag == "image-classification"
-    assert {"pruning", "elastic", "hf_snapvit", "vision-transformer"} <= set(card.data.tags)
+    assert {"hf-snapvit", "elastic", "pruned", "pruning", "vision-transformer"} <= set(card.data.tags)
     assert card.data.license == "apache-2.0"
     assert card.data.eval_results is None  # no evaluations, no model-index
 

@@ -254,14 +254,15 @@ def test_a_folder_that_is_no_checkpoint_is_written_into_file_by_file(tmp_path):
     inode = os.stat(target).st_ino
     hs.save_elastic(model, hs.rank(model), target)
     assert os.stat(target).st_ino == inode and (target / "link").is_symlink()
-    assert sorted(p.name for p in target.iterdir()) == ["config.json", "data", "link", "model.safetensors"]
+    assert sorted(p.name for p in target.iterdir()) == ["README.md", "allocation_heatmap.png", "config.json", "data",
+                                                        "link", "model.safetensors"]
     load(target, sparsity=0.3)
 
 
 def test_replacing_a_checkpoint_keeps_links_as_links(tmp_path):
     model = CASE["vit"].build()
     target = tmp_path / "e"
-    hs.save_elastic(model, hs.rank(model), target)
+    hs.save_elastic(model, hs.rank(model), target, model_card=False)
     (tmp_path / "card.md").write_text("card")
     (target / "README.md").symlink_to("../card.md")
     (target / "extra").mkdir()
@@ -344,8 +345,8 @@ def test_writing_into_a_folder_removes_the_shards_of_an_earlier_save_only(tmp_pa
     assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
     (tmp_path / "model_backup.safetensors").write_text("mine")
     hs.save_elastic(model, hs.rank(model, method="random"), ".")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors",
-                                                          "model_backup.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "allocation_heatmap.png", "config.json",
+                                                          "model.safetensors", "model_backup.safetensors"]
     load(".", sparsity=0.3)
 
 

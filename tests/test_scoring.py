@@ -118,3 +118,56 @@ def test_obd_is_fisher_times_squared_weight():
     obd = gradient_scores(model, images(2), PROCESSOR, ScoreConfig(definition="obd", crops=FEW_CROPS.crops),
                           show_progress=False)
     np.testing.assert_allclose(obd[1][0], 0.09 * fisher[1][0], rtol=1e-5)
+
+
+def _per_image_reference(model, pictures, config, labels=None):
+    """Fisher scores from one ordinary backward pass per image: image ``i`` alone as gradient step ``i`` (so it gets
+    its own crops), scored as the square of its gradient, and averaged over the images."""
+    from hf_snapvit.calibration import GradientSteps
+
+    single = ScoreConfig(loss=config.loss, definition="accumulated", batch_size=1, crops=config.crops)
+    total = None
+    for i in range(len(pictures)):
+        step = [(i, pictures[i:i + 1], None if labels is None else labels[i:i + 1])]
+        heads, neurons = gradient_scores(model, GradientSteps(step, len(pictures), 1), PROCESSOR, single, seed=3,
+                                         show_progress=False)
+        total = (heads, neurons) if total is None else (total[0] + heads, total[1] + neurons)
+    return total[0] / len(pictures), total[1] / len(pictures)
+
+
+# ViT and a gated FFN run in the quick suite; the other layouts (distilled tokens, patch sequences, pooled heads)
+# with the slow tests.
+BATCHED_CASES = [pytest.param(c, id=c.name, marks=[] if c.name in ("vit", "dinov2-swiglu") else [pytest.mark.slow])
+                 for c in CASES if c.name in ("vit", "deit-cls-teacher", "dinov2-swiglu", "siglip-vision",
+                                              "siglip2-vision", "clip-vision", "dinov3-gated")]
+
+
+@pytest.mark.parametrize("case", BATCHED_CASES)
+def test_batched_per_image_scores_match_one_backward_pass_per_image(case):
+    """Per-image squared gradients of a whole batch (per-sample gradients of the scored layers) equal those of one
+    backward pass per image, for both per-image definitions and the multi-crop loss."""
+    model = case.build()
+    with torch.no_grad():  # every weight of magnitude 0.15: OBD is then exactly 0.0225 x Fisher, unit by unit
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(0.15 * torch.where(module.weight >= 0, 1.0, -1.0))
+    pictures = images(5)
+    crops = MultiCropConfig(num_global=2, num_local=2)
+    reference = _per_image_reference(model, pictures, ScoreConfig(crops=crops))
+    for definition, factor in (("fisher", 1.0), ("obd", 0.15**2)):
+        # batch_size 3: a full step and a partial one
+        batched = gradient_scores(model, pictures, PROCESSOR, ScoreConfig(definition=definition, batch_size=3,
+                                                                          crops=crops), seed=3, show_progress=False)
+        for got, expected in zip(batched, reference):
+            assert expected.max() > 0
+            np.testing.assert_allclose(got, factor * expected, rtol=2e-4, atol=1e-6 * factor * expected.max())
+
+
+def test_batched_per_image_scores_match_with_the_classifier_loss():
+    model = CASE["vit-cls"].build()
+    pictures, labels = images(4), torch.tensor([0, 3, 1, 3])
+    config = ScoreConfig(loss="ce", definition="fisher", batch_size=4)
+    batched = gradient_scores(model, pictures, PROCESSOR, config, labels=labels, show_progress=False)
+    reference = _per_image_reference(model, pictures, config, labels)
+    for got, expected in zip(batched, reference):
+        np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-6 * expected.max())

@@ -5,25 +5,29 @@ Rank every attention head and FFN neuron once (:func:`rank`), store the ranking 
 
 The names here are the public API. The research harness (sweeps, benchmarks, the xNES optimiser, scores) and the
 in-place surgery (``slicing.slice_model_``, ``correction.correct_model_``) stay importable from their submodules.
+Names whose features need an optional extra (``plot_allocation``: ``hf-snapvit[plots]``) or the evaluation harness
+(``evaluate``) are imported on first use, so ``import hf_snapvit`` and loading a model import neither matplotlib,
+evaluate nor datasets.
 """
+
+from importlib import import_module
+from typing import Any
 
 from ._version import __version__
 from .architectures import supported_model_types
 from .budget import backbone_parameters, estimate_gflops
-from .checkpoint import save_elastic
 from .correction import CorrectionConfig
 from .data import load_image_dataset
 from .errors import (BudgetError, CheckpointError, ConfigError, DataError, RankingFormatError, SnapViTError,
                      UnsupportedArchitectureError)
-from .evaluation import evaluate
 from .hub import push_to_hub
 from .methods import available_methods, rank, register_method
 from .methods.snapvit import SnapViTConfig, SnapViTPruner
 from .modeling import ElasticViTModel
-from .plotting import plot_allocation
 from .budget import KeepCounts
 from .ranking import ElasticRanking, Floors
 from .recovery import RecoveryConfig, recover
+from .saving import save_elastic
 from .scoring import ScoreConfig
 from .views import MultiCropConfig
 
@@ -59,3 +63,18 @@ __all__ = [
     "save_elastic",
     "supported_model_types",
 ]
+
+# Public name -> the submodule that defines it, imported on first access (PEP 562).
+_LAZY = {"evaluate": ".evaluation", "plot_allocation": ".plotting"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -9,6 +9,7 @@ process, taking only that process's gradient steps (see :mod:`hf_snapvit.distrib
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,10 +53,7 @@ def sample_images(
             )
         data = check_pixel_values(data, model=model)
         return data[torch.as_tensor(rng.permutation(data.shape[0])[:num_samples])], None
-    try:
-        import datasets
-    except ImportError:  # pragma: no cover - datasets is a dependency
-        datasets = None
+    datasets = loaded_datasets()
     if datasets is not None and isinstance(data, datasets.Dataset):
         if len(data) == 0:
             raise DataError("The calibration dataset is empty; give at least one image.")
@@ -151,6 +149,15 @@ def _description(data: Any, num_gradient: int, num_fitness: int, seed: int, imag
     return {"source": type(data).__name__, "name": getattr(getattr(data, "info", None), "dataset_name", None),
             "num_gradient": num_gradient, "num_fitness": num_fitness, "seed": seed, "image_column": image_column,
             "label_column": label_column}
+
+
+def loaded_datasets() -> Any:
+    """The ``datasets`` module if it is already imported, else ``None``.
+
+    A ``datasets.Dataset`` can only exist once ``datasets`` is imported, so type checks need no import of their own:
+    ranking with PIL images or pixel tensors never imports ``datasets``.
+    """
+    return sys.modules.get("datasets")
 
 
 def split_calibration(
@@ -277,10 +284,9 @@ def draw_calibration(
         ``(gradient images or GradientSteps, fitness images (empty list if num_fitness is 0), description,
         gradient labels or None)``.
     """
-    import datasets
-
+    datasets = loaded_datasets()
     state = state or process_state()
-    streaming = isinstance(data, datasets.IterableDataset) and state.num_processes > 1
+    streaming = datasets is not None and isinstance(data, datasets.IterableDataset) and state.num_processes > 1
 
     def full_draw() -> tuple[Any, Any, dict[str, Any], torch.Tensor | None]:
         if num_fitness == 0:

@@ -1,4 +1,4 @@
-"""Elastic checkpoints on disk: atomic writing, and reading only the slices a model keeps.
+"""Elastic checkpoints on disk: reading only the slices a model keeps (writing them is :mod:`hf_snapvit.saving`).
 
 An elastic checkpoint is a normal transformers checkpoint whose heads and FFN neurons were permuted into rank order
 (function-preserving) with the ranking in ``config.json["elastic_ranking"]``. Stock ``AutoModel.from_pretrained``
@@ -8,7 +8,6 @@ budget keeps, straight from the safetensors files.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import warnings
@@ -20,12 +19,10 @@ from transformers import PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from transformers.utils.hub import cached_file
 
-from .budget import ModelShape, model_shape
+from .budget import ModelShape
 from .errors import CheckpointError, RankingFormatError
-from .files import atomic_directory
-from .fingerprint import RESAVE, close, expected_values, fingerprint_of, read_units, unit_rows
+from .fingerprint import RESAVE, close, expected_values, read_units, unit_rows
 from .ranking import ElasticRanking
-from .slicing import slice_model_
 
 HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
 
@@ -46,51 +43,6 @@ def elastic_entries(config: Any, source: Any, *, how_to_create: str = "ranking =
             f"{how_to_create}."
         )
     return (ElasticRanking.from_dict(stored) if stored is not None else None), layout
-
-
-def save_elastic(
-    model: PreTrainedModel,
-    ranking: ElasticRanking,
-    save_directory: str | os.PathLike,
-    *,
-    image_processor: Any = None,
-    **save_kwargs: Any,
-) -> ElasticRanking:
-    """Write the elastic checkpoint of ``model``: its weights permuted into rank order plus the ranking.
-
-    The write is atomic (:func:`hf_snapvit.files.atomic_directory`): an interrupted save leaves ``save_directory``
-    as it was. ``model`` is not touched: the permuted weights are new tensors of a shallow copy, so the model's
-    parameter objects, values, gradients and config stay as they are (optimizers, hooks and EMA copies made before
-    the save keep working). The stored ranking carries a fingerprint of the permuted weights
-    (``provenance["weights_fingerprint"]``), which ``ElasticViTModel.from_pretrained`` checks.
-
-    Args:
-        model: The dense model that ``ranking`` was computed on.
-        ranking: From :func:`hf_snapvit.rank`.
-        save_directory: Destination folder (created if needed).
-        image_processor: Saved alongside when given (e.g. ``AutoImageProcessor.from_pretrained(base)``), so
-            pipelines can load the checkpoint by path alone.
-        **save_kwargs: Passed to ``model.save_pretrained`` (``max_shard_size``, ...). To publish the folder, call
-            :func:`hf_snapvit.push_to_hub` on it (or :func:`hf_snapvit.hub.save_and_push` for both in one call).
-
-    Returns:
-        The ranking as stored (in rank order), i.e. what ``ElasticViTModel.from_pretrained`` will resolve budgets with.
-    """
-    ranking.check_matches(model_shape(model))
-    if getattr(model.config, "elastic_layout", None):
-        raise CheckpointError(
-            "save_elastic needs the dense model, but this one is sliced (config.elastic_layout is set). Load the dense "
-            "elastic checkpoint or the original model instead."
-        )
-    data = ranking.sorted().to_dict()
-    permuted = slice_model_(_shadow_copy(model), ranking.orders())
-    data["provenance"]["weights_fingerprint"] = fingerprint_of(permuted)
-    permuted.config.elastic_ranking = data
-    with atomic_directory(save_directory) as staging:
-        permuted.save_pretrained(staging, **save_kwargs)
-        if image_processor is not None:
-            image_processor.save_pretrained(staging)
-    return ElasticRanking.from_dict(data)
 
 
 class CheckpointReader:
@@ -259,30 +211,17 @@ def load_sliced_state_dict(
     return state
 
 
-# ------------------------------------------------------------------------------------ saving and checking the order
-def _shadow_copy(model: PreTrainedModel) -> PreTrainedModel:
-    """A copy of ``model``'s module tree and config that shares its parameters and buffers: slicing the copy
-    assigns new tensors to the copy's modules and leaves ``model`` as it is."""
-    copies: dict[int, torch.nn.Module] = {}
-
-    def shadow(module: torch.nn.Module) -> torch.nn.Module:
-        if id(module) not in copies:
-            clone = copy.copy(module)
-            copies[id(module)] = clone
-            clone._parameters = dict(module._parameters)
-            clone._buffers = dict(module._buffers)
-            clone._modules = {name: None if child is None else shadow(child) for name, child in module._modules.items()}
-        return copies[id(module)]
-
-    clone = shadow(model)
-    clone.config = copy.deepcopy(model.config)
-    return clone
-
-
+# ------------------------------------------------------------------------------------ checking the order
 def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, model: PreTrainedModel,
-                  shape: ModelShape, reader: CheckpointReader) -> None:
+                  shape: ModelShape, reader: CheckpointReader, *, sliced: bool = False,
+                  resized: bool = True) -> None:
     """Check that ``ranking`` fits ``model`` (the dense skeleton the loader builds, of ``shape``) and that the weights
     ``reader`` reads are in the order ``config.elastic_ranking`` describes.
+
+    A ``sliced`` checkpoint (``config.elastic_layout``) was written by a model this package sliced, so its units are
+    in rank order by construction; its weights differing from the fingerprint means they were trained since (e.g.
+    fine-tuned with ``Trainer``), which warns rather than fails, and loaded at its saved size (not ``resized``) its
+    order is never used, so it is not checked.
 
     Raises:
         RankingFormatError: The ranking's cost model differs from the model's, its fingerprint is corrupt, or the
@@ -295,6 +234,8 @@ def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, mode
     if ranking is None:
         return
     ranking.check_matches(shape)
+    if sliced and not resized:
+        return
     stored = config.elastic_ranking.get("provenance")
     fingerprint = stored.get("weights_fingerprint") if isinstance(stored, dict) else None
     if fingerprint is None:
@@ -316,6 +257,15 @@ def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, mode
                  read_units(reader, disk.get(names[id(in_weight)]), None, len(neurons))]
         for kind, want, got in zip(("heads", "FFN neurons"), (heads, neurons), found):
             if got is not None and not close(want[:len(got)], got):
+                if sliced:
+                    warnings.warn(
+                        f"The weights of {str(source)!r} differ from those its elastic_ranking was computed on "
+                        f"(block {block}: the {kind}); it was probably fine-tuned after slicing. Slicing it further "
+                        "removes units in the ranking's order, which the training did not see; for a model of "
+                        "another size, slice the dense elastic checkpoint and fine-tune that instead.",
+                        UserWarning, stacklevel=3,
+                    )
+                    return
                 raise RankingFormatError(
                     f"The weights of {str(source)!r} are not in the weight order its elastic_ranking describes "
                     f"(block {block}: the {kind} differ from the ranking's weights fingerprint). The ranking was "

@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image
 
 from .errors import DataError
+from .files import public_name
 
 logger = logging.getLogger(__name__)
 
@@ -145,13 +146,6 @@ def looks_like_path(source: str) -> bool:
             or (len(source) > 1 and source[1] == ":") or source.lower().endswith(_PATH_SUFFIXES))
 
 
-def _display_name(source: str | os.PathLike) -> str:
-    """The dataset's name for provenance: a Hub id as is, a local path by its last component only (a published
-    ``config.json`` should not carry the user's directory layout)."""
-    path = Path(source).expanduser()
-    return path.name if path.exists() else str(source)
-
-
 def _load_raw(source: str | os.PathLike, split: str, streaming: bool, revision: str | None,
               token: str | bool | None) -> Any:
     import datasets
@@ -264,7 +258,7 @@ def load_image_dataset(
         raise DataError(f"num_samples={num_samples!r} must be a positive integer (or None for the whole stream).")
     if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 1:
         raise DataError(f"shuffle_buffer={shuffle_buffer!r} must be a positive integer.")
-    name = _display_name(source)
+    name = public_name(source)  # a published config.json must not carry the user's directory layout
     raw = _load_raw(source, split, streaming, revision, token)
     if raw.features is None:
         raise DataError(

@@ -17,8 +17,9 @@ Every process runs the same program on the same inputs; three places split the w
   shards, a different sample than one process draws.
 
 Mixed precision comes from the accelerate configuration (``accelerate launch --mixed_precision bf16`` or the config
-file, or an ``Accelerator`` created before ranking) and applies to forward passes through ``torch.autocast``; scores
-are still accumulated in float64.
+file, or an ``Accelerator`` created before ranking) or from the ranking's own ``precision`` setting
+(:func:`resolve_precision`: ``"auto"`` is bf16 on CUDA, float32 elsewhere) and applies to forward passes through
+``torch.autocast``; scores are still accumulated in float64.
 
 Without a launcher there is one process and every function here reduces to the single-process computation.
 """
@@ -32,7 +33,7 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object, reduce
 
-from .errors import ProcessFailedError
+from .errors import ConfigError, ProcessFailedError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -73,23 +74,90 @@ def mixed_precision() -> str:
     return parse_choice_from_env("ACCELERATE_MIXED_PRECISION", "no")
 
 
-def autocast(device: torch.device, *, gradients: bool = False) -> contextlib.AbstractContextManager:
-    """``torch.autocast`` for the configured mixed precision (a no-op for ``"no"``).
+def autocast(device: torch.device, *, gradients: bool = False,
+             precision: str | None = None) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` for ``precision`` or, by default, the configured mixed precision (a no-op for ``"no"``).
 
     Args:
         device: Where the forward pass runs.
         gradients: The forward pass feeds a backward pass. float16 then stays off: the scored gradients reach 1e-15,
             far below float16's range, and a loss scaler would need an optimizer step to unscale; bfloat16 (and fp8,
             which autocasts to bfloat16 as accelerate does) has float32's exponent range and is used for both.
+        precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"`` (from :func:`resolve_precision`); ``None`` reads
+            :func:`mixed_precision`.
 
     Returns:
         A context manager.
     """
-    precision = mixed_precision()
+    precision = mixed_precision() if precision is None else precision
     dtype = _AUTOCAST_DTYPES.get(precision)
     if dtype is None or (gradients and dtype == torch.float16):
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """The autocast precision (accelerate's names: ``"no"``, ``"bf16"``, ...) of a ranking that asks for ``precision``.
+
+    ``"auto"`` follows accelerate's mixed precision when one is configured (``--mixed_precision``, the config file or
+    an ``Accelerator``), else runs bf16 on CUDA devices that support it and float32 elsewhere. ``"fp32"`` and
+    ``"bf16"`` are explicit and must agree with a configured mixed precision: two different answers to "which
+    precision" are an error, not a silent override.
+
+    Raises:
+        ConfigError: ``precision`` is unknown, conflicts with accelerate's setting, or asks bf16 of a device
+            without bf16 support.
+    """
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision={precision!r} is not one of {PRECISIONS}: use 'auto' (bf16 on CUDA, float32 "
+                          "elsewhere), 'fp32' or 'bf16'.")
+    configured = mixed_precision()
+    if precision == "auto":
+        if configured != "no":
+            return configured
+        return "bf16" if device.type == "cuda" and bf16_supported(device) else "no"
+    wanted = "no" if precision == "fp32" else "bf16"
+    if configured != "no" and configured != wanted:
+        raise ConfigError(f"precision={precision!r} conflicts with accelerate's mixed precision {configured!r} "
+                          f"(--mixed_precision or the accelerate config); use precision='auto' to follow "
+                          f"accelerate, or configure --mixed_precision {'no' if wanted == 'no' else wanted}.")
+    if wanted == "bf16" and not bf16_supported(device):
+        raise ConfigError(f"precision='bf16' but the device {device} does not support bfloat16; choose one of "
+                          f"{PRECISIONS} other than 'bf16' ('auto' picks float32 there).")
+    return wanted
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """Whether ``device`` can run bfloat16 matrix products (CUDA: compute capability 8.0 or later)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    try:
+        ones = torch.ones(2, 2, device=device, dtype=torch.bfloat16)
+        return bool((ones @ ones)[0, 0] == 2)
+    except (RuntimeError, TypeError):
+        return False
+
+
+@contextlib.contextmanager
+def tf32_matmuls(device: torch.device, precision: str) -> Iterator[None]:
+    """Allow TF32 float32 matrix products on a CUDA ``device`` while a float32 (``precision == "no"``) ranking runs.
+
+    TF32 keeps float32's range with a 10-bit mantissa in the products (a dense ViT-B/16 forward: 206 ms in float32,
+    61 ms with TF32 on an H100, ``/work/shared/docs/gpu-device.md``); the global setting is restored afterwards.
+    Elsewhere (CPU) nothing changes, so CPU rankings stay exact float32.
+    """
+    if device.type != "cuda" or precision != "no":
+        yield
+        return
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 @contextlib.contextmanager
@@ -189,7 +257,9 @@ def map_across_processes(fn: Callable[[T], R], items: Sequence[T], state: Partia
 
 
 __all__ = [
+    "PRECISIONS",
     "autocast",
+    "bf16_supported",
     "local_share",
     "map_across_processes",
     "mixed_precision",
@@ -197,4 +267,6 @@ __all__ = [
     "process_state",
     "raise_if_failed_anywhere",
     "reduce_sum",
+    "resolve_precision",
+    "tf32_matmuls",
 ]

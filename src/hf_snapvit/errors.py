@@ -3,7 +3,8 @@
 Each error inherits from :class:`SnapViTError` (catch everything from this package) and from the matching builtin:
 ``ValueError`` for bad input of any kind (settings, data, files, budgets), so callers that already catch
 ``ValueError`` keep working; ``RuntimeError`` only for :class:`ProcessFailedError`, a failure reported by another
-process of a multi-process run. Nothing raises the bare base class.
+process of a multi-process run, and :class:`MissingExtraError` (also an ``ImportError``), an optional dependency that
+is not installed. Nothing raises the bare base class.
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ class HubUploadError(SnapViTError, ValueError):
     """An upload to the Hugging Face Hub cannot start: no token, a bad repo id, or an incomplete checkpoint."""
 
 
+class MissingExtraError(SnapViTError, ImportError, RuntimeError):
+    """A feature needs an optional dependency that is not installed; the message names the extra to install
+    (``pip install "hf-snapvit[plots]"``). An ``ImportError`` too, so ``except ImportError`` keeps working."""
+
+
 class ProcessFailedError(SnapViTError, RuntimeError):
     """Another process of a multi-process (``accelerate launch``) run failed; the message is that process's error."""
 
@@ -82,6 +88,7 @@ __all__ = [
     "DataError",
     "EvaluationError",
     "HubUploadError",
+    "MissingExtraError",
     "ModelCardError",
     "ProcessFailedError",
     "RankingFormatError",

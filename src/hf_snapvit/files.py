@@ -1,4 +1,8 @@
-"""Atomic writes of files and checkpoint folders: a reader sees the old version or the new one, never half of one."""
+"""Atomic writes of files and checkpoint folders: a reader sees the old version or the new one, never half of one.
+
+:func:`public_name` is what everything we write (config.json, model cards, plots, JSON results, CLI output) calls a
+model or folder: a Hub id as it is, a local path reduced to its folder name, so no file names the machine's paths.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,27 @@ from typing import IO, Iterator
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
 from .errors import CheckpointError
+
+
+def public_name(name_or_path: str | os.PathLike | None) -> str | None:
+    """How files we write name a model or folder: a Hub id (``org/name``) as it is, a local path by its last
+    component (``/home/me/models/vit-tiny`` -> ``vit-tiny``).
+
+    A local path is one that is absolute, starts with ``.`` or ``~``, has a backslash or more than one ``/``, or
+    exists on this machine; anything else (``org/name``, ``vit-tiny``) is kept, as transformers would resolve it
+    on the Hub. ``None`` and ``""`` stay as they are.
+    """
+    if name_or_path is None:
+        return None
+    text = os.fspath(name_or_path)
+    if not text:
+        return text
+    local = (os.path.isabs(text) or text.startswith((".", "~")) or "\\" in text or text.count("/") > 1
+             or (len(text) > 1 and text[1] == ":") or os.path.exists(text))
+    if not local:
+        return text
+    name = Path(text.replace("\\", "/").rstrip("/")).name
+    return name or Path(text).resolve().name or text
 
 
 def default_file_mode() -> int:

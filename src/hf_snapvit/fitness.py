@@ -7,15 +7,20 @@ pruned model's embeddings; the loss minimised by the search is one minus the ave
 Pruned models are evaluated physically sliced, so a forward pass costs what the pruned model costs: one working copy
 of the model is re-sliced from the dense weights for every (candidate, sparsity), never copied again.
 
+On an accelerator the search never waits for the device between candidates: the pixels stay on the device, a
+candidate's kept indices travel in one asynchronous copy, slicing, the PCA projection and the similarities run
+there, and one generation's losses come back to the host together. Forward time is measured with device events.
+
 On several processes (``accelerate launch``) the candidates of a generation are split across processes and their
 losses gathered (:func:`hf_snapvit.distributed.map_across_processes`); each candidate is evaluated by one process
-exactly as one process would, so every process holds the same loss vector. Forward passes autocast to the
-configured mixed precision.
+exactly as one process would, so every process holds the same loss vector. Forward passes autocast to the ranking's
+precision (:func:`hf_snapvit.distributed.resolve_precision`), by default accelerate's mixed precision.
 """
 
 from __future__ import annotations
 
 import copy
+import time
 from typing import Callable, Sequence
 
 import numpy as np
@@ -24,7 +29,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from .architectures import get_spec, image_embedding
-from .distributed import autocast, map_across_processes
+from .distributed import autocast, map_across_processes, process_state
 from .slicing import slice_model_
 from .ranking import ElasticRanking
 
@@ -34,12 +39,14 @@ class EmbeddingFitness:
 
     Args:
         model: The dense model (its weights are never changed).
-        pixel_values: ``[N, C, H, W]`` fitness images, preprocessed; kept in memory for the whole search.
+        pixel_values: ``[N, C, H, W]`` fitness images, preprocessed; kept on the model's device for the whole search.
         sparsities: Budgets each candidate is evaluated at (clamped to the ranking's maximum).
         pca_components: Dimensions kept by the PCA (all, if the embedding is smaller).
         batch_size: Images per forward pass.
         width_multiple: FFN widths of the evaluated candidates, as in :meth:`ElasticRanking.keep_counts` (the
             default is the loading default).
+        precision: Autocast precision of the forward passes (``"no"``, ``"bf16"``, ...); ``None`` follows
+            accelerate's configuration. Embeddings, PCA and similarities stay float32.
     """
 
     def __init__(
@@ -51,6 +58,7 @@ class EmbeddingFitness:
         pca_components: int = 192,
         batch_size: int = 64,
         width_multiple: int | None = None,
+        precision: str | None = None,
     ) -> None:
         self.model = model
         # Candidates are scored at the widths a user loads (aligned by default), so the search optimises those models.
@@ -60,7 +68,8 @@ class EmbeddingFitness:
         self.pixel_values = pixel_values.to(self.device)
         self.sparsities = tuple(sparsities)
         self.batch_size = batch_size
-        self.forward_seconds = 0.0
+        self.precision = precision
+        self._clock = _ForwardClock(self.device)
         self.work = copy.deepcopy(model)  # re-sliced from ``model`` for every evaluation
         teacher = self.embed(None)
         self.mean = teacher.mean(0, keepdim=True)
@@ -71,39 +80,62 @@ class EmbeddingFitness:
         self.components = vh[:k]  # [k, D]
         self.target = self.project(teacher)
 
+    @property
+    def forward_seconds(self) -> float:
+        """Seconds spent in forward passes so far (waits for the device to finish them)."""
+        return self._clock.seconds()
+
+    @forward_seconds.setter
+    def forward_seconds(self, value: float) -> None:
+        self._clock.reset(value)
+
     @torch.no_grad()
     def embed(self, keep) -> torch.Tensor:
         """Embeddings ``[N, D]`` (float32) of the fitness images with only ``keep`` units active."""
-        import time
-
-        model = self.model if keep is None else slice_model_(self.work, keep, source=self.model)
-        start = time.perf_counter()
+        model = self.model if keep is None else slice_model_(self.work, self._on_device(keep), source=self.model)
         chunks = []
-        with autocast(self.device):
+        with self._clock, autocast(self.device, precision=self.precision):
             for i in range(0, len(self.pixel_values), self.batch_size):
                 batch = {"pixel_values": self.pixel_values[i:i + self.batch_size]}
                 chunks.append(image_embedding(model, batch, self.spec).float())
-        self.forward_seconds += time.perf_counter() - start
         return torch.cat(chunks)
+
+    def _on_device(self, keep) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``keep``'s index arrays on the device, copied in one transfer that does not wait for queued work."""
+        if self.device.type != "cuda":
+            return keep
+        sizes = [len(part) for pair in keep for part in pair]
+        flat = torch.from_numpy(np.concatenate([np.asarray(part, dtype=np.int64) for pair in keep for part in pair]))
+        parts = flat.pin_memory().to(self.device, non_blocking=True).split(sizes)
+        return list(zip(parts[0::2], parts[1::2]))
 
     def project(self, embeddings: torch.Tensor) -> torch.Tensor:
         return (embeddings - self.mean) @ self.components.T
 
+    def similarities(self, ranking: ElasticRanking) -> torch.Tensor:
+        """``[len(sparsities)]`` mean cosine similarities (float32, on the device; nothing waits for them)."""
+        limit = ranking.max_sparsity_for(self.width_multiple)
+        return torch.stack([self._similarity(ranking, min(s, limit)) for s in self.sparsities])
+
+    def _similarity(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
+        counts = ranking.keep_counts(sparsity, width_multiple=self.width_multiple)
+        pruned = self.project(self.embed(ranking.keep_indices(counts)))
+        return F.cosine_similarity(pruned, self.target, dim=1).mean()
+
     def similarity(self, ranking: ElasticRanking, sparsity: float) -> float:
         """Mean cosine similarity of the PCA projections at one sparsity."""
-        m = self.width_multiple
-        counts = ranking.keep_counts(min(sparsity, ranking.max_sparsity_for(m)), width_multiple=m)
-        pruned = self.project(self.embed(ranking.keep_indices(counts)))
-        return F.cosine_similarity(pruned, self.target, dim=1).mean().item()
+        limit = ranking.max_sparsity_for(self.width_multiple)
+        return self._similarity(ranking, min(sparsity, limit)).item()
 
     def loss(self, ranking: ElasticRanking) -> float:
         """``1 - mean over sparsities of the mean cosine similarity``; lower is better."""
-        return 1.0 - float(np.mean([self.similarity(ranking, s) for s in self.sparsities]))
+        return _loss(self.similarities(ranking).cpu().numpy())
 
     def batch_loss(self, rankings: Callable[[np.ndarray], ElasticRanking], candidates: np.ndarray) -> np.ndarray:
         """Loss of every candidate vector (one row each), built into a ranking by ``rankings``.
 
-        The candidates are split across processes; every process returns the losses of all of them.
+        The candidates are split across processes; every process returns the losses of all of them. On one process
+        the similarities of all candidates come back from the device in one transfer.
 
         Args:
             rankings: Builds the ranking a candidate vector stands for.
@@ -112,4 +144,45 @@ class EmbeddingFitness:
         Returns:
             ``[n]`` losses, in the order of ``candidates``.
         """
-        return np.array(map_across_processes(lambda c: self.loss(rankings(c)), list(candidates)))
+        if process_state().num_processes > 1:
+            return np.array(map_across_processes(lambda c: self.loss(rankings(c)), list(candidates)))
+        similarities = torch.stack([self.similarities(rankings(c)) for c in candidates]).cpu().numpy()
+        return np.array([_loss(row) for row in similarities])
+
+
+def _loss(similarities: np.ndarray) -> float:
+    # float64 mean of the float32 similarities, as when they were read one by one.
+    return 1.0 - float(np.mean([float(s) for s in similarities]))
+
+
+class _ForwardClock:
+    """Accumulated time inside ``with clock:`` blocks: device events on CUDA (measuring the device's work without
+    making the host wait), wall time elsewhere."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.reset(0.0)
+
+    def reset(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def __enter__(self) -> None:
+        if self.cuda:
+            self._events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            self._events[-1][0].record()
+        else:
+            self._start = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self._events[-1][1].record()
+        else:
+            self._seconds += time.perf_counter() - self._start
+
+    def seconds(self) -> float:
+        if self._events:
+            self._events[-1][1].synchronize()
+            self._seconds += sum(start.elapsed_time(end) for start, end in self._events) / 1000
+            self._events.clear()
+        return self._seconds

@@ -26,10 +26,10 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ._version import __version__
 from .card_source import describe_checkpoint, pipeline_tag_for
-from .checkpoint import save_elastic
 from .errors import HubUploadError, ModelCardError
 from .model_card import CARD_TAGS, GENERATED_MARKER, HEATMAP_FILENAME, write_model_card
 from .ranking import ElasticRanking
+from .saving import save_elastic
 
 logger = logging.getLogger(__name__)
 
@@ -244,6 +244,11 @@ HUB_UPLOAD_KWARGS = tuple(
 )
 
 
+# Arguments of push_to_hub that shape the generated card; save_and_push gives them to save_elastic's card too.
+CARD_OPTIONS = ("sparsities", "model_name", "license", "datasets", "eval_dataset", "eval_split",
+                "base_model_description")
+
+
 class SavedAndPushed(NamedTuple):
     """What :func:`save_and_push` did: the ranking as stored, and the Hub commit."""
 
@@ -268,6 +273,9 @@ def save_and_push(
     **kwargs: Any,
 ) -> SavedAndPushed:
     """Write the elastic checkpoint of ``model`` with :func:`hf_snapvit.save_elastic`, then upload it in one commit.
+
+    The model card written into ``save_directory`` is the one uploaded (``model_card=False`` or a card of your own
+    writes none locally).
 
     The token is resolved and the arguments checked before anything is written, so a missing login or a typo fails
     without leaving a folder behind.
@@ -298,5 +306,10 @@ def save_and_push(
     hub_kwargs["token"] = resolve_token(hub_kwargs.get("token"))
     repo_id = repo_id or Path(save_directory).name
     _check_repo_id(repo_id)
-    stored = save_elastic(model, ranking, save_directory, image_processor=image_processor, **kwargs)
+    model_card = hub_kwargs.get("model_card", True)
+    # The local card is the one uploaded: same arguments, same repository in its usage snippet.
+    card_options = {"repo_id": repo_id, **{k: hub_kwargs[k] for k in CARD_OPTIONS if k in hub_kwargs}}
+    stored = save_elastic(model, ranking, save_directory, image_processor=image_processor,
+                          model_card=model_card is True, base_model=hub_kwargs.get("base_model"),
+                          evaluations=hub_kwargs.get("evaluations"), card_options=card_options, **kwargs)
     return SavedAndPushed(stored, push_to_hub(save_directory, repo_id, **hub_kwargs))

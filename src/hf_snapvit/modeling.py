@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,9 +16,10 @@ from .architectures import get_spec
 from .budget import layer_widths, model_shape, resolve_width_multiple, skeleton
 from .checkpoint import HUB_KWARGS, CheckpointReader, check_ranking, elastic_entries, load_sliced_state_dict
 from .correction import CorrectionConfig, correct_model_
-from .errors import BudgetError, CheckpointError, CorrectionError, RankingFormatError, RecoveryError
+from .errors import BudgetError, CheckpointError, ConfigError, CorrectionError, RankingFormatError, RecoveryError
 from .ranking import ElasticRanking, KeepCounts
 from .recovery import RecoveryConfig, recover_
+from .sliced import as_sliced
 from .slicing import slice_model_
 from .views import load_processor
 
@@ -67,20 +68,21 @@ class ElasticViTModel:
                 compensated into the kept weights (SparseGPT-style, :mod:`hf_snapvit.correction`), and the model is
                 then sliced. Needs the dense elastic checkpoint.
             correction: :class:`~hf_snapvit.correction.CorrectionConfig` for the correction (defaults if ``None``).
-            recovery_data, recovery: Unlabelled images (as ``correction_data``, or a stream) and a
-                :class:`~hf_snapvit.RecoveryConfig`: the sliced model is distilled from the dense weights (after any
-                correction; :func:`hf_snapvit.recover`); ``elastic=True`` without a budget trains the dense model.
+            recovery_data, recovery: Images (as ``correction_data``, or a stream) and a ``RecoveryConfig``: the
+                model is distilled from the dense one (:func:`hf_snapvit.recover`, after any correction).
             processor: Image processor for the images of either; by default the checkpoint's own.
             **kwargs: ``revision``, ``token``, ``cache_dir``, ``force_download``, ``local_files_only``, ``subfolder``
                 and ``proxies`` go to the Hub; ``dtype`` (or ``torch_dtype``), ``attn_implementation`` and
-                ``device_map`` (one device) shape the model; anything else overrides config attributes, as in
-                transformers.
+                ``device_map`` (one device, or ``"auto"``: the accelerator if there is one, else the CPU) shape the
+                model; anything else overrides config attributes, as in transformers.
 
         Returns:
-            The stock transformers model, sliced, in eval mode. Its ``config.elastic_layout`` records the per-block
-            widths, so ``save_pretrained`` writes a checkpoint this method reloads without the dense weights. A
-            corrected (recovered) model also records ``config.elastic_correction`` (``elastic_recovery``): settings,
-            data and errors (losses); both reload at their saved size only.
+            The stock transformers model, sliced, in eval mode: an instance of its sliced twin in
+            :mod:`hf_snapvit.sliced`. Its ``config.elastic_layout`` records the per-block widths, so
+            ``save_pretrained`` writes a checkpoint this method reloads without the dense weights, with a model card
+            and the code that lets ``AutoModel*.from_pretrained(path, trust_remote_code=True)`` load it without
+            hf_snapvit (:mod:`hf_snapvit.remote_code`). A corrected (recovered) model also records
+            ``config.elastic_correction`` (``elastic_recovery``); both reload at their saved size only.
 
         Example:
             >>> model = ElasticViTModel.from_pretrained("my-org/vit-elastic", sparsity=0.3)  # doctest: +SKIP
@@ -93,15 +95,16 @@ class ElasticViTModel:
             raise TypeError(f"ElasticViTModel.from_pretrained got unexpected keyword arguments {sorted(unused)}.")
         get_spec(config)  # unsupported architectures fail before any weight is touched
         ranking, layout = elastic_entries(config, pretrained_model_name_or_path)
-        _check_fit_arguments((correction_data, correction), (recovery_data, recovery), layout,
-                             budget=(sparsity, target_params, target_gflops))
+        resized = any(v is not None for v in (sparsity, target_params, target_gflops))
+        _check_fit_arguments((correction_data, correction), (recovery_data, recovery), layout, budget=resized)
         build_kwargs["dtype"] = _dtype(build_kwargs["dtype"], config)
         if layout is not None:
             del config.elastic_layout  # the skeleton is built dense, then sliced
         model = skeleton(config, **build_kwargs)
         dense_shape = model_shape(model)
         reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
-        check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader)
+        check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader,
+                      sliced=layout is not None, resized=resized)
         stored = _stored_widths(layout, dense_shape)
         counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
                                            target_gflops, width_multiple, corrected=_fitted_to_size(config))
@@ -111,12 +114,21 @@ class ElasticViTModel:
         if device is not None:
             model.to(device)
         if fit:
-            _fit(model, keep, (correction_data, correction), (recovery_data, recovery), processor,
-                 lambda: load_processor(pretrained_model_name_or_path, purpose="preprocess the images", **hub_kwargs))
-        model.config._name_or_path = str(pretrained_model_name_or_path)
-        if counts.heads != dense_shape.dense_heads or counts.neurons != dense_shape.dense_neurons:
-            model.config.elastic_layout = _layout(counts, multiple)
-        return model
+            images = correction_data if correction_data is not None else recovery_data
+            processor = _processor_for(images, processor, pretrained_model_name_or_path, hub_kwargs)
+            _fit(model, keep, (correction_data, correction), (recovery_data, recovery), processor)
+        return _finish(model, pretrained_model_name_or_path, counts, multiple, dense_shape)
+
+
+def _finish(model: PreTrainedModel, source: str | os.PathLike, counts: KeepCounts, multiple: int | None,
+            dense_shape: Any) -> PreTrainedModel:
+    """Record where the model came from and, when it is smaller than the dense one, its layout and sliced class
+    (whose ``save_pretrained`` / ``push_to_hub`` write what other libraries need to load and describe it)."""
+    model.config._name_or_path = str(source)
+    if counts.heads != dense_shape.dense_heads or counts.neurons != dense_shape.dense_neurons:
+        model.config.elastic_layout = _layout(counts, multiple)
+        as_sliced(model)
+    return model
 
 
 def _layout(counts: KeepCounts, width_multiple: int | None) -> dict[str, Any]:
@@ -137,10 +149,35 @@ def _build_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     attn_implementation = kwargs.pop("attn_implementation", None)
     if attn_implementation is not None:
         build_kwargs["attn_implementation"] = attn_implementation
-    device = kwargs.pop("device_map", None)
-    if isinstance(device, dict):
-        raise TypeError("device_map must be one device (e.g. 'cuda:0'); multi-device maps are not supported yet.")
+    device = _single_device(kwargs.pop("device_map", None))
     return build_kwargs, device
+
+
+def _single_device(device_map: Any) -> Any:
+    """The one device a ``device_map`` names: ``"auto"`` is the accelerator torch sees (its current device), else
+    the CPU; a dict must send every module to the same device. Multi-device placement is refused."""
+    if isinstance(device_map, dict):
+        devices = {_device_name(d) for d in device_map.values()}
+        if len(devices) != 1:
+            raise ConfigError(f"device_map={device_map!r} spreads the model over {sorted(devices)}; hf_snapvit "
+                              f"loads a sliced model onto one device: pass device_map='auto', 'cpu', 'cuda:0', or "
+                              f"a dict sending every module to one device (e.g. {{'': 'cuda:0'}}).")
+        device_map = devices.pop()
+    if device_map == "auto":
+        accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        return torch.device(accelerator.type, torch.accelerator.current_device_index()) if accelerator else "cpu"
+    if isinstance(device_map, str) and device_map in ("balanced", "balanced_low_0", "sequential"):
+        raise ConfigError(f"device_map={device_map!r} spreads the model over several devices, which hf_snapvit "
+                          "does not support; pass device_map='auto' (the one accelerator, else the CPU), 'cpu', "
+                          "'cuda:0', a torch.device or a device index.")
+    return device_map
+
+
+def _device_name(device: Any) -> str:
+    try:
+        return str(torch.device(device))
+    except (RuntimeError, TypeError):
+        return str(device)  # accelerate's "disk" offload, which torch does not name
 
 
 def _dtype(dtype: Any, config: Any) -> torch.dtype:
@@ -160,7 +197,7 @@ def _check_correction_arguments(correction: Any, correction_data: Any, layout: d
 
 
 def _check_fit_arguments(correcting: tuple[Any, Any], recovering: tuple[Any, Any], layout: dict | None, *,
-                         budget: tuple[Any, ...]) -> None:
+                         budget: bool) -> None:
     """Check the ``(data, config)`` pairs of correction and recovery against the checkpoint and the budget."""
     (correction_data, correction), (recovery_data, recovery) = correcting, recovering
     _check_correction_arguments(correction, correction_data, layout)
@@ -173,8 +210,7 @@ def _check_fit_arguments(correcting: tuple[Any, Any], recovering: tuple[Any, Any
             "Recovery distils from the dense weights, but this checkpoint is already sliced (config.elastic_layout "
             "is set). Load the dense elastic checkpoint with recovery_data= instead."
         )
-    if recovery is not None and recovery.elastic and (any(v is not None for v in budget) or
-                                                      correction_data is not None):
+    if recovery is not None and recovery.elastic and (budget or correction_data is not None):
         raise RecoveryError("RecoveryConfig(elastic=True) trains the dense elastic model for every size: load it "
                             "without sparsity/target_params/target_gflops and without correction_data, save it with "
                             "hf_snapvit.save_elastic, then load any size from that checkpoint.")
@@ -188,13 +224,10 @@ def _fitted_to_size(config: Any) -> bool:
 
 
 def _fit(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], correcting: tuple[Any, Any],
-         recovering: tuple[Any, Any], processor: Any, default_processor: Callable[[], Any]) -> None:
+         recovering: tuple[Any, Any], processor: Any) -> None:
     """Correct and/or recover the dense ``model`` for ``keep``, slicing it to ``keep``; the teacher of a recovery
-    is the dense model as loaded. ``default_processor`` loads the checkpoint's processor when images need one."""
+    is the dense model as loaded."""
     (correction_data, correction), (recovery_data, recovery) = correcting, recovering
-    images = correction_data if correction_data is not None else recovery_data
-    if processor is None and not isinstance(images, (torch.Tensor, Mapping)):
-        processor = default_processor()
     elastic = recovery is not None and recovery.elastic
     teacher = copy.deepcopy(model) if recovery_data is not None and not elastic else None
     if correction_data is not None:
@@ -293,6 +326,13 @@ def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarra
     if left:
         raise CheckpointError(f"These tensors were neither in the checkpoint nor initialised: {left}.")
     model.eval()
+
+
+def _processor_for(data: Any, processor: Any, source: Any, hub_kwargs: dict[str, Any]) -> Any:
+    """The processor for images handed to the loader: the caller's, else the checkpoint's own (pixels need none)."""
+    if processor is None and not isinstance(data, (torch.Tensor, Mapping)):
+        processor = load_processor(source, purpose="preprocess the calibration images", **hub_kwargs)
+    return processor
 
 
 def _correct(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], data: Any, processor: Any,

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .errors import BudgetError, ConfigError
+from .extras import require_extra
 from .files import atomic_file
 
-if TYPE_CHECKING:  # matplotlib is imported lazily so that `import hf_snapvit` stays cheap
+if TYPE_CHECKING:  # matplotlib is optional (hf-snapvit[plots]) and imported only to draw
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
@@ -70,7 +71,11 @@ def plot_allocation(
 
     Returns:
         The matplotlib figure holding the two panels.
+
+    Raises:
+        MissingExtraError: matplotlib is not installed (``pip install "hf-snapvit[plots]"``).
     """
+    require_extra("matplotlib", "plot_allocation (the per-block allocation heatmap)")
     if ax is None:
         # A bare Figure on an Agg canvas: no pyplot, no global backend switch, works headless and in threads.
         from matplotlib.backends.backend_agg import FigureCanvasAgg

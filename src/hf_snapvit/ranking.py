@@ -304,8 +304,9 @@ class ElasticRanking:
         return self._result(results[0], results[1])
 
     def keep_indices(self, counts: KeepCounts) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per block, the ``(head, neuron)`` indices to keep, most important first."""
-        return [(ho[:h], no[:f]) for (ho, no), h, f in zip(self.orders(), counts.heads, counts.neurons)]
+        """Per block, the ``(head, neuron)`` indices to keep, most important first (the orders sorted once)."""
+        orders = self._cache["orders"] = self._cache.get("orders") or self.orders()
+        return [(ho[:h].copy(), no[:f].copy()) for (ho, no), h, f in zip(orders, counts.heads, counts.neurons)]
 
     # ----------------------------------------------------------------------------------------------- format
     def to_dict(self) -> dict[str, Any]:

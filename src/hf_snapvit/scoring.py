@@ -14,6 +14,9 @@ weights the unit owns (paper §3.2; the reference's choices are in ``snapvit-ref
 * a neuron is scored on its FFN input rows, a head on its value rows (``head_rows="v"``, as the reference) or on its
   q, k and v rows; each score is the mean over those weights. Scores are accumulated in float64: they reach 1e-30.
 
+The per-image definitions take every image of a gradient step from the step's one backward pass
+(:mod:`hf_snapvit.sample_gradients`), not one backward pass per image.
+
 The crops of image ``i`` are drawn from ``numpy.random.default_rng([seed, i])``, so they do not depend on the batch
 or the process that embeds the image; on several processes (:mod:`hf_snapvit.distributed`) each takes whole gradient
 steps and the float64 sums are added across processes.
@@ -21,12 +24,14 @@ steps and the float64 sums are added across processes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
@@ -37,6 +42,7 @@ from .errors import ConfigError, DataError
 from .validation import require_choice, require_int
 from .calibration import GradientSteps
 from .distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
+from .sample_gradients import SquaredSampleGradients
 
 ScoreDefinition = Literal["fisher", "obd", "accumulated", "snip", "taylor"]
 
@@ -51,7 +57,11 @@ class ScoreConfig:
         definition: ``"fisher"`` (per-image squared gradients, the paper), ``"obd"`` (``fisher · w²``), ``"accumulated"`` (square of the summed
             batch-mean gradients, the reference code), ``"snip"`` (``|w·g|``) or ``"taylor"`` (``(Σ_unit w·g)²``).
         head_rows: ``"v"`` scores a head on its value rows (the reference), ``"qkv"`` on its q, k and v rows.
-        batch_size: Images per gradient step (``"accumulated"``); ``"fisher"`` needs one image per step.
+        batch_size: Images per gradient step. The per-image definitions (``"fisher"``, ``"obd"``) take every image's
+            own gradient from the step's one backward pass (:mod:`hf_snapvit.sample_gradients`), so the step size
+            changes their scores only by float rounding; the others average the gradient over the step. Memory
+            grows with it: every crop of a step's images is forwarded with gradients at once (lower it for a large
+            model on a CPU).
         crops: The multi-crop views of the DINO loss.
     """
 
@@ -72,8 +82,8 @@ class ScoreConfig:
 
     @property
     def step_size(self) -> int:
-        """Images per gradient step: 1 for the per-image definitions (``"fisher"``, ``"obd"``), else ``batch_size``."""
-        return 1 if self.definition in ("fisher", "obd") else self.batch_size
+        """Images per gradient step (``batch_size``, for every definition)."""
+        return self.batch_size
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,15 +104,16 @@ def dino_loss(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
     return cross.masked_fill(same[None], 0.0).sum((1, 2)).mean()
 
 
-def _scored_weights(model: PreTrainedModel, head_rows: str) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+def _scored_layers(model: PreTrainedModel, head_rows: str) -> tuple[list[list[nn.Linear]], list[list[nn.Linear]]]:
+    """The linear layers whose weight rows score each block's heads and FFN neurons."""
     spec = get_spec(model)
     heads, neurons = [], []
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
         names = (spec.v_proj,) if head_rows == "v" else (spec.q_proj, spec.k_proj, spec.v_proj)
-        heads.append([getattr(attention, n).weight for n in names])
+        heads.append([getattr(attention, n) for n in names])
         mlp, variant = get_mlp(layer, spec)
-        neurons.append([getattr(mlp, n).weight for n in variant.in_proj])
+        neurons.append([getattr(mlp, n) for n in variant.in_proj])
     return heads, neurons
 
 
@@ -127,7 +138,25 @@ def _crops(chunk, first_index: int, seed: int, config: ScoreConfig, normalizer, 
     return torch.cat([v[0] for v in views]), local
 
 
-def _batch_loss(model, spec, chunk, labels, processor, normalizer, config, input_size, first_index, seed,
+def _add_step(loss_of, chunk, labels, first: int, recorder: SquaredSampleGradients | None,
+              weights: list[torch.Tensor], sums: list[torch.Tensor], precision_context) -> None:
+    """Add one gradient step to ``sums``: every image's squared gradient (with a ``recorder``), else the step's
+    batch-mean gradient."""
+    if recorder is None:
+        with precision_context:
+            loss = loss_of(chunk, labels, first_index=first)
+        loss.backward()
+        for total, w in zip(sums, weights):
+            total += w.grad.double()
+            w.grad = None
+        return
+    with recorder, precision_context:
+        # The sum of the images' losses: each image's rows then receive that image's own gradient.
+        loss = loss_of(chunk, labels, first_index=first) * len(chunk)
+    recorder.accumulate(loss, len(chunk), sums)
+
+
+def _batch_loss(model, spec, chunk, labels, *, processor, normalizer, config, input_size, first_index, seed,
                 device) -> torch.Tensor:
     if config.loss == "ce":
         logits = model(pixel_values=processor_inputs(chunk, processor).to(device)).logits
@@ -154,13 +183,14 @@ def gradient_scores(
     labels: torch.Tensor | None = None,
     seed: int = 0,
     show_progress: bool = True,
+    precision: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Gradient scores ``(heads [L, H], neurons [L, F])`` of ``model`` on calibration ``images``.
 
     On several processes (``accelerate launch``) each process computes the gradient steps ``rank, rank + N, ...``
     of the same sample and the per-weight float64 sums are added across processes, so every process returns the
-    one-process scores (up to the order of float64 additions). Forward passes autocast to the configured mixed
-    precision (:func:`hf_snapvit.distributed.autocast`).
+    one-process scores (up to the order of float64 additions). Forward passes autocast to ``precision``, by default
+    the configured mixed precision (:func:`hf_snapvit.distributed.autocast`).
 
     Args:
         model: A dense model of a supported architecture; its weights, gradients (``.grad``), ``requires_grad``
@@ -173,6 +203,8 @@ def gradient_scores(
         labels: Class labels of ``images``, for ``loss="ce"``.
         seed: Seeds the crops: image ``i`` is cropped with ``numpy.random.default_rng([seed, i])``.
         show_progress: Show a progress bar over gradient steps (on the main process).
+        precision: Autocast precision of the forward passes (``"no"``, ``"bf16"``, ...; see
+            :func:`hf_snapvit.distributed.resolve_precision`); ``None`` follows accelerate's configuration.
 
     Returns:
         Per-unit scores as float64 arrays: heads ``[L, H]`` and FFN neurons ``[L, F]``.
@@ -180,36 +212,28 @@ def gradient_scores(
     spec = get_spec(model)
     state = process_state()
     num_images, steps, labelled = _this_process_steps(images, labels, config, state)
-    if config.loss == "ce":
-        if not labelled:
-            raise DataError("loss='ce' needs labelled images: give a dataset with a label column.")
-        if not hasattr(model, "classifier") and not hasattr(model, "cls_classifier"):
-            raise ConfigError(
-                f"loss='ce' needs a classification head, and {type(model).__name__} has none; use loss='dino'."
-            )
+    _check_labels(model, config, labelled)
     device = next(model.parameters()).device
     normalizer = Normalizer(processor) if processor is not None else None
     input_size = architecture_input_size(model.config)
-    head_weights, neuron_weights = _scored_weights(model, config.head_rows)
-    weights = [w for group in head_weights + neuron_weights for w in group]
+    head_layers, neuron_layers = _scored_layers(model, config.head_rows)
+    layers = [m for group in head_layers + neuron_layers for m in group]
+    weights = [m.weight for m in layers]
     saved, was_training = _only_these_require_grad(model, {id(w) for w in weights})
-    per_image = config.definition in ("fisher", "obd")
+    recorder = SquaredSampleGradients(layers) if config.definition in ("fisher", "obd") else None
     # Per-image squared gradients, or (batched definitions) the batch-mean gradients summed over batches, as the
     # reference accumulates them; float64 on every process so that the cross-process sum is exact up to rounding.
     sums = [torch.zeros_like(w, dtype=torch.float64) for w in weights]
+    loss_of = functools.partial(_batch_loss, model, spec, processor=processor, normalizer=normalizer, config=config,
+                                input_size=input_size, seed=seed, device=device)
     error: BaseException | None = None
     try:
         model.zero_grad(set_to_none=True)
         try:  # a failure here must reach the other processes before they wait in the reduction
             for first, chunk, chunk_labels in tqdm(steps, desc="gradient scores", unit="step",
                                                    disable=not show_progress or not state.is_main_process):
-                with autocast(device, gradients=True):
-                    loss = _batch_loss(model, spec, chunk, chunk_labels, processor, normalizer, config, input_size,
-                                       first, seed, device)
-                loss.backward()
-                for total, w in zip(sums, weights):
-                    total += w.grad.double() ** 2 if per_image else w.grad.double()
-                    w.grad = None
+                _add_step(loss_of, chunk, chunk_labels, first, recorder, weights, sums,
+                          autocast(device, gradients=True, precision=precision))
         except Exception as exc:
             error = exc
         raise_if_failed_anywhere(error, state)
@@ -222,9 +246,19 @@ def gradient_scores(
         model.train(was_training)
     hd = head_dim(get_attention(get_layers(model, spec)[0], spec), spec)
     squared_sum = config.definition == "taylor"
-    heads = _reduce([[stats[id(w)] for w in group] for group in head_weights], hd, squared_sum)
-    neurons = _reduce([[stats[id(w)] for w in group] for group in neuron_weights], 1, squared_sum)
+    heads = _reduce([[stats[id(m.weight)] for m in group] for group in head_layers], hd, squared_sum)
+    neurons = _reduce([[stats[id(m.weight)] for m in group] for group in neuron_layers], 1, squared_sum)
     return heads, neurons
+
+
+def _check_labels(model: PreTrainedModel, config: ScoreConfig, labelled: bool) -> None:
+    if config.loss == "ce":
+        if not labelled:
+            raise DataError("loss='ce' needs labelled images: give a dataset with a label column.")
+        if not hasattr(model, "classifier") and not hasattr(model, "cls_classifier"):
+            raise ConfigError(
+                f"loss='ce' needs a classification head, and {type(model).__name__} has none; use loss='dino'."
+            )
 
 
 def _this_process_steps(images: Any, labels: torch.Tensor | None, config: ScoreConfig, state: Any

@@ -21,6 +21,8 @@ IndexLike = Sequence[int] | np.ndarray | torch.Tensor
 
 
 def _as_index(index: IndexLike, device: torch.device) -> torch.Tensor:
+    if isinstance(index, torch.Tensor):  # already on the device, as the search passes it: no host round trip
+        return index.to(device=device, dtype=torch.int64)
     return torch.as_tensor(np.asarray(index, dtype=np.int64), device=device)
 
 
@@ -92,4 +94,15 @@ def slice_model_(
         slice_heads_(get_attention(layer, spec), spec, heads,
                      get_attention(origin, spec) if origin is not None else None)
         slice_neurons_(layer, spec, neurons, origin)
+    return model
+
+
+def slice_to_layout_(model: PreTrainedModel) -> PreTrainedModel:
+    """Cut every block of a freshly built ``model`` to the widths in ``config.elastic_layout`` (the first units of
+    each, as a sliced checkpoint stores them), in place; without a layout the model is left as it is. Sliced classes
+    call this in ``__init__``, so transformers' own loading fills the sliced modules."""
+    layout = getattr(model.config, "elastic_layout", None)
+    if layout:
+        slice_model_(model, [(np.arange(h), np.arange(f)) for h, f in zip(layout["num_heads"],
+                                                                          layout["intermediate_size"])])
     return model

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..errors import BenchmarkError
-from ..files import write_text_atomic
+from ..files import public_name, write_text_atomic
 from ..modeling import ElasticViTModel
 from ..ranking import ElasticRanking
 from .environment import hardware_info
@@ -65,7 +65,7 @@ def run_bench(
     report: dict[str, Any] = {
         "benchmark": "hf_snapvit.benchmark.run_bench",
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "checkpoint": str(checkpoint),
+        "checkpoint": public_name(checkpoint),
         "hardware": hardware_info(torch.get_num_threads(), device),
         "settings": {"sparsities": list(sparsities), "batch_sizes": list(batch_sizes), "repeats": repeats,
                      "warmup": warmup, "threads": torch.get_num_threads(), "device": device or "cpu",

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from ..errors import RankingFormatError
+from ..files import public_name
 from .formatting import gflops, millions, widths
 from .options import add_width_multiple, check_checkpoint_source, fraction
 
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = AutoConfig.from_pretrained(args.checkpoint)
     ranking, layout = elastic_entries(config, args.checkpoint, how_to_create="'hf-snapvit prune'")
     result: dict[str, Any] = {
-        "checkpoint": args.checkpoint,
+        "checkpoint": public_name(args.checkpoint),  # output names no local path (it gets pasted into issues)
         "model_type": config.model_type,
         "architectures": list(config.architectures or []),
         "layout": layout,
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from ..plotting import plot_allocation
 
         plot_allocation(ranking, args.plot, sparsities=sparsities, width_multiple=args.width_multiple)
-        result["plot"] = str(Path(args.plot).resolve())
+        result["plot"] = public_name(args.plot)
     return result
 
 
@@ -63,13 +63,15 @@ def _ranking_summary(ranking: Any, format_version: Any, width_multiple: int | No
 
     shape = ranking.shape
     provenance = dict(ranking.provenance)
+    # Checkpoints written before save_elastic reduced it may hold the full local path.
+    provenance["base_model"] = public_name(provenance.get("base_model"))
     head_floor, neuron_floor = ranking.floors(width_multiple)
     return {
         "method": provenance.get("method"),
         "mode": ranking.mode,
         "format_version": format_version,
         "seed": provenance.get("seed"),
-        "base_model": provenance.get("base_model"),
+        "base_model": provenance["base_model"],
         "library_version": provenance.get("library_version"),
         "calibration_data": provenance.get("calibration_data"),
         "provenance": provenance,

@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", default=None, choices=("global", "paired"),
                         help="ranking mode (default: the preset's for snapvit, global otherwise)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the image draw, crops and search (default: 0)")
+    parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
+                        help="SnapViT forward passes: auto = bf16 on CUDA, float32 elsewhere, or accelerate's "
+                             "--mixed_precision when it sets one; fp32 uses TF32 products on CUDA (default: auto)")
     add_data_arguments(parser, required=False, labels=True)
     hub = parser.add_argument_group("hub")
     hub.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="also upload the checkpoint to this repo")
@@ -60,7 +63,7 @@ def _images_needed(method: str, preset: str | None) -> int:
 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
     """Rank ``--model`` with ``--method`` and save the elastic checkpoint; ``None`` on non-main processes."""
-    from ..checkpoint import save_elastic
+    from ..saving import save_elastic
     from ..distributed import process_state
     from ..methods import rank
 
@@ -92,7 +95,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         data = load_data(args, args.num_samples or _images_needed(args.method, args.preset),
                          label_column=label_column, show_progress=show)
     ranking = rank(model, method=args.method, data=data, preset=args.preset, processor=processor, mode=args.mode,
-                   seed=args.seed, label_column=label_column or "label", show_progress=show)
+                   seed=args.seed, label_column=label_column or "label", show_progress=show,
+                   precision=args.precision)
     if not state.is_main_process:  # every process ranks (the work is split); one writes
         return None
 

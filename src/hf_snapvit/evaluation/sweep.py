@@ -32,7 +32,8 @@ from transformers import PreTrainedModel
 from ..benchmark import hardware_info, measure_latency, sliced_copy
 from ..budget import model_shape
 from ..errors import SnapViTError, SweepError
-from ..files import write_text_atomic
+from ..extras import require_extra
+from ..files import public_name, write_text_atomic
 from ..methods import rank
 from ..ranking import ElasticRanking
 from ..views import load_processor
@@ -77,7 +78,7 @@ def _load_ranking(entry: ElasticRanking | str | os.PathLike, model: PreTrainedMo
                              "give the dense elastic checkpoint written by hf_snapvit.save_elastic.")
         ranking = ElasticRanking.from_dict(stored)
         base.to(next(model.parameters()).device)
-        return base, ranking, {"source": str(entry)}
+        return base, ranking, {"source": public_name(entry)}
     raise SweepError(f"rankings[{name!r}] is a {type(entry).__name__}; give an ElasticRanking of the model or the "
                      "path of an elastic checkpoint.")
 
@@ -104,8 +105,11 @@ class _LatencyPairs:
                 "throughput": timed["sliced"][key]["throughput"]}
 
 
-def _checked_grid(rankings: Mapping[str, Any], sparsities: Sequence[float]) -> list[float]:
-    """The sparsities as floats, after checking them and the method names (which become file names)."""
+def _checked_grid(rankings: Mapping[str, Any], sparsities: Sequence[float], plots: bool) -> list[float]:
+    """The sparsities as floats, after checking them, the method names (which become file names) and, for
+    ``plots``, that matplotlib is there: a sweep fails before its evaluation, not after it."""
+    if plots:
+        require_extra("matplotlib", "sweep(plots=True) (pass plots=False to write no plots)")
     if not rankings:
         raise SweepError("rankings is empty; give at least one method, e.g. {'magnitude': hf_snapvit.rank(model)}.")
     grid = [float(s) for s in sparsities]
@@ -199,7 +203,7 @@ def run_sweep(
     Returns:
         The :class:`SweepResult` (also in ``output_dir/sweep.json``).
     """
-    sparsities = _checked_grid(rankings, sparsities)
+    sparsities = _checked_grid(rankings, sparsities, plots)
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
     model.eval()
@@ -251,7 +255,7 @@ def _settings(evaluator: Evaluator, model: PreTrainedModel, dense: Mapping[str, 
         "probe": dataclasses.asdict(evaluator.probe), "batch_size": evaluator.batch_size,
         "num_eval": dense["num_eval"], "num_bank": dense["num_bank"], "eval_data": evaluator.eval_set.description,
         "bank_data": evaluator.bank_set.description if evaluator.bank_set is not None else None,
-        "latency": latency, "model": getattr(model.config, "_name_or_path", None),
+        "latency": latency, "model": public_name(getattr(model.config, "_name_or_path", None)),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "wall_seconds": None,
     }
 
@@ -259,11 +263,11 @@ def _settings(evaluator: Evaluator, model: PreTrainedModel, dense: Mapping[str, 
 def _write_files(result: SweepResult, rankings: Mapping[str, ElasticRanking], output: Path, plots: bool,
                  started: float) -> None:
     """``sweep.csv``, the plots and, last (with the sweep's wall time), ``sweep.json``."""
-    result.files["csv"] = str(output / "sweep.csv")
+    result.files["csv"] = "sweep.csv"  # names in the output folder: no local path in sweep.json
     write_text_atomic(output / "sweep.csv", csv_text([result.dense, *result.rows]))
     if plots:
         result.files.update(write_plots(result, rankings, output))
-    result.files["json"] = str(output / "sweep.json")
+    result.files["json"] = "sweep.json"
     result.settings["wall_seconds"] = time.perf_counter() - started
     write_text_atomic(output / "sweep.json", json_text(result))
 def sweep_from_paths(

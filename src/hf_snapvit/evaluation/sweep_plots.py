@@ -9,12 +9,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..extras import require_extra
 from ..files import atomic_file
 from ..ranking import ElasticRanking
 from .sweep_result import ACCURACY_METRICS, SweepResult
 
 
 def _figure(panels: int):
+    require_extra("matplotlib", "The sweep's plots (pass plots=False to skip them)")
     # A bare Figure on an Agg canvas: no pyplot state and no global backend switch, so it works headless.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -103,25 +105,23 @@ def plot_latency(result: SweepResult, path: str | os.PathLike) -> None:
 
 
 def write_plots(result: SweepResult, rankings: Mapping[str, ElasticRanking], output: Path) -> dict[str, str]:
-    """Every plot the result allows, written into ``output``; returns name -> path of each file written."""
+    """Every plot the result allows, written into ``output``; returns name -> file name (in ``output``) of each."""
     files = {}
     if plot_accuracy(result, output / "accuracy_vs_sparsity.png", x="sparsity"):
-        files["accuracy_vs_sparsity"] = str(output / "accuracy_vs_sparsity.png")
+        files["accuracy_vs_sparsity"] = "accuracy_vs_sparsity.png"
         plot_accuracy(result, output / "accuracy_vs_gflops.png", x="gflops")
-        files["accuracy_vs_gflops"] = str(output / "accuracy_vs_gflops.png")
+        files["accuracy_vs_gflops"] = "accuracy_vs_gflops.png"
     if result.rows and all(r.get("latency_ms") is not None for r in result.rows):
         plot_latency(result, output / "latency_vs_sparsity.png")
-        files["latency_vs_sparsity"] = str(output / "latency_vs_sparsity.png")
-    try:
-        from ..plotting import plot_allocation
-    except ImportError:  # the heatmap module is optional here
-        return files
+        files["latency_vs_sparsity"] = "latency_vs_sparsity.png"
+    from ..plotting import plot_allocation
+
     for name, ranking in rankings.items():
         grid = [s for s in result.settings["sparsities"] if s <= ranking.max_sparsity]
         if grid:
             path = output / f"allocation_{name}.png"
             plot_allocation(ranking, path, sparsities=grid)
-            files[f"allocation_{name}"] = str(path)
+            files[f"allocation_{name}"] = path.name
     return files
 
 

@@ -36,7 +36,7 @@ class SweepResult:
         methods: Per method: where its ranking came from, its ranking time and provenance, skipped sparsities.
         settings: The sweep's settings (sparsities, metrics, k, probe, latency protocol).
         hardware: Machine and library versions.
-        files: Name → path of every file written.
+        files: Name → file name (in the sweep's output folder) of every file written.
     """
 
     dense: dict[str, Any]

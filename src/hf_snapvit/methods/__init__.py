@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from ..budget import ModelShape, layer_widths, model_shape
 from ..errors import ConfigError, DataError
+from ..files import public_name
 from ..ranking import ElasticRanking, Floors, RankingMode
 from .baselines import GRADIENT_METHODS, gradient_baseline_scores, lamp_scores, magnitude_scores, random_scores
 from .snapvit import SnapViTConfig, SnapViTPruner
@@ -60,6 +61,7 @@ def rank(
     paired_head_offset: float = Floors.paired_head_offset,
     label_column: str = "label",
     show_progress: bool = True,
+    precision: str = "auto",
 ) -> ElasticRanking:
     """Rank every attention head and FFN neuron of ``model``.
 
@@ -84,6 +86,8 @@ def rank(
             :class:`~hf_snapvit.ranking.Floors`).
         label_column: The label column of ``data`` for label-based methods (``taylor-ce``).
         show_progress: Show progress bars for long phases.
+        precision: SnapViT's forward precision, ``"auto"`` (bf16 on CUDA, float32 elsewhere, or accelerate's
+            ``--mixed_precision``), ``"fp32"`` or ``"bf16"`` (see :class:`SnapViTConfig`).
 
     Example:
         >>> ranking = hf_snapvit.rank(model, method="magnitude")  # doctest: +SKIP
@@ -103,7 +107,7 @@ def rank(
         if data is None:
             raise DataError(f"method={method!r} needs calibration images: pass data=... (images, a dataset or a "
                             "tensor).")
-        config = _config(config, preset, mode if method == "snapvit" else None, seed, floors, method)
+        config = _config(config, preset, mode if method == "snapvit" else None, seed, floors, method, precision)
     if method == "snapvit":
         pruner = SnapViTPruner(config)
         ranking = pruner.fit(model, data, processor=processor, show_progress=show_progress)
@@ -136,23 +140,24 @@ def _baseline(model: PreTrainedModel, method: str, data: Any, config: SnapViTCon
             "settings": settings,
             "seed": seed,
             "calibration_data": calibration,
-            "base_model": getattr(model.config, "_name_or_path", None) or None,
+            "base_model": public_name(getattr(model.config, "_name_or_path", None) or None),
         },
     )
 
 
 def _config(config: SnapViTConfig | None, preset: str | None, mode: RankingMode | None, seed: int, floors: Floors,
-            method: str) -> SnapViTConfig:
-    """The run's settings: ``config`` as given, or the preset with the caller's mode, seed and floors."""
+            method: str, precision: str = "auto") -> SnapViTConfig:
+    """The run's settings: ``config`` as given, or the preset with the caller's mode, seed, floors and precision."""
     if config is None:
-        overrides: dict[str, Any] = dict(seed=seed, **floors.to_dict())
+        overrides: dict[str, Any] = dict(seed=seed, precision=precision, **floors.to_dict())
         if mode is not None:
             overrides["mode"] = mode
         return SnapViTConfig.preset(preset or "default", **overrides)
     if not isinstance(config, SnapViTConfig):
         raise ConfigError(f"config must be a SnapViTConfig, got {type(config).__name__}.")
-    if preset is not None or mode is not None or seed != 0 or floors != Floors():
-        raise ConfigError(f"Give either config=SnapViTConfig(...) or preset/mode/seed/floors for method={method!r}, "
+    if preset is not None or mode is not None or seed != 0 or floors != Floors() or precision != "auto":
+        raise ConfigError(f"Give either config=SnapViTConfig(...) or preset/mode/seed/floors/precision for "
+                          f"method={method!r}, "
                           "not both: put them in the config (dataclasses.replace(config, seed=...)).")
     return config
 

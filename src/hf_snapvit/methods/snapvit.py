@@ -24,8 +24,9 @@ from transformers import PreTrainedModel
 
 from ..budget import ModelShape, layer_widths, model_shape
 from ..calibration import draw_calibration
-from ..distributed import mixed_precision, on_process_device, process_state
+from ..distributed import PRECISIONS, on_process_device, process_state, resolve_precision, tf32_matmuls
 from ..errors import ConfigError
+from ..files import public_name
 from ..fitness import EmbeddingFitness
 from ..ranking import ElasticRanking, Floors, RankingMode
 from ..scoring import ScoreConfig, gradient_scores
@@ -35,7 +36,8 @@ from ..xnes import XNES
 
 PRESETS = ("default", "fast", "paper")
 # Settings that do not define a preset: a run keeps its preset's name whatever its seed, floors or mode.
-_NOT_PRESET_SETTINGS = ("seed", "min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset", "mode")
+_NOT_PRESET_SETTINGS = ("seed", "min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset", "mode",
+                        "precision")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,10 @@ class SnapViTConfig:
         min_head_keep_ratio, min_neuron_keep_ratio, paired_head_offset: See :class:`~hf_snapvit.ElasticRanking`.
         fitness_batch_size: Images per forward pass in the search.
         seed: Seeds the image draw, the crops and the search.
+        precision: Forward passes in ``"bf16"`` (autocast; scores, PCA and similarities stay float32/float64),
+            ``"fp32"`` (TF32 products on CUDA) or ``"auto"``: accelerate's ``--mixed_precision`` when one is
+            configured, else bf16 on CUDA and float32 elsewhere, so CPU rankings are exact float32
+            (:func:`hf_snapvit.distributed.resolve_precision`). The provenance records what ran.
     """
 
     num_gradient_images: int = 1000
@@ -82,6 +88,7 @@ class SnapViTConfig:
     paired_head_offset: float = Floors.paired_head_offset
     fitness_batch_size: int = 64
     seed: int = 0
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -105,6 +112,7 @@ class SnapViTConfig:
             raise ConfigError(f"{owner}(init_mean={self.init_mean!r}): give two finite factors (first block, last "
                               "block), e.g. (1.2, 0.8).")
         require_choice(owner, "covariance", self.covariance, ("identity", "cka"))
+        require_choice(owner, "precision", self.precision, PRECISIONS)
         require_choice(owner, "mode", self.mode, ("global", "paired"))
         for name in ("min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset"):
             value = getattr(self, name)
@@ -225,11 +233,17 @@ class SnapViTPruner:
             raise ConfigError("SnapViT ranks a dense model; this one is already sliced.")
         state = process_state()
         show_progress = show_progress and state.is_main_process
-        with on_process_device(model, state):
-            return self._fit(model, data, processor, image_column, show_progress)
+        with on_process_device(model, state) as device:
+            precision = resolve_precision(self.config.precision, device)
+            with tf32_matmuls(device, precision):
+                ranking = self._fit(model, data, processor, image_column, show_progress, precision)
+        recorded = "fp32" if precision == "no" else precision
+        if precision == "no" and device.type == "cuda":
+            recorded = "tf32"
+        return replace(ranking, provenance={**ranking.provenance, "precision": recorded})
 
     def _fit(self, model: PreTrainedModel, data: Any, processor: Any, image_column: str | None,
-             show_progress: bool) -> ElasticRanking:
+             show_progress: bool, precision: str) -> ElasticRanking:
         config = self.config
         timings: dict[str, float] = {}
         start = time.perf_counter()
@@ -243,7 +257,8 @@ class SnapViTPruner:
 
         start = time.perf_counter()
         head_scores, neuron_scores = gradient_scores(model, gradient_images, processor, config.scores,
-                                                     seed=config.seed, show_progress=show_progress)
+                                                     seed=config.seed, show_progress=show_progress,
+                                                     precision=precision)
         timings["gradients"] = time.perf_counter() - start
 
         shape = model_shape(model)
@@ -255,7 +270,8 @@ class SnapViTPruner:
 
         start = time.perf_counter()
         fitness = EmbeddingFitness(model, fitness_pixels, sparsities=config.fitness_sparsities,
-                                   pca_components=config.pca_components, batch_size=config.fitness_batch_size)
+                                   pca_components=config.pca_components, batch_size=config.fitness_batch_size,
+                                   precision=precision)
         block = np.linspace(config.init_mean[0], config.init_mean[1], L)
         mean = np.concatenate([block, np.repeat(block, H)])
         self.initial_factors_ = mean.copy()
@@ -292,10 +308,8 @@ class SnapViTPruner:
             "settings": config.to_dict(),
             "seed": config.seed,
             "calibration_data": calibration,
-            "base_model": getattr(model.config, "_name_or_path", None) or None,
+            "base_model": public_name(getattr(model.config, "_name_or_path", None) or None),
             "search": {"best_loss": result.best_fitness, "evaluations": result.evaluations,
                        "generations": result.generations},
         }
-        if mixed_precision() != "no":  # it changes the scores; full precision leaves the record as it always was
-            provenance["mixed_precision"] = mixed_precision()
         return replace(best, provenance=provenance)

@@ -136,7 +136,9 @@ def _check_pair(student: PreTrainedModel, teacher: PreTrainedModel | None,
         raise RecoveryError("recover() needs the dense teacher: pass teacher=<the dense model> (or set "
                             "RecoveryConfig(elastic=True) to train a dense elastic model against its own copy).")
     if teacher is not None:
-        if type(teacher) is not type(student) or get_spec(teacher).model_type != get_spec(student).model_type:
+        # By name: a sliced model is an instance of hf_snapvit.sliced's twin of its stock class (same name).
+        if type(teacher).__name__ != type(student).__name__ or \
+                get_spec(teacher).model_type != get_spec(student).model_type:
             raise RecoveryError(f"The teacher is a {type(teacher).__name__} and the student a "
                                 f"{type(student).__name__}: recovery needs the dense model the student was sliced "
                                 "from (same class).")

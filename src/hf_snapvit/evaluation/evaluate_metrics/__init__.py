@@ -56,8 +56,13 @@ def load_metric(name: str, **kwargs: Any):
 
     Returns:
         The ``evaluate.EvaluationModule``.
+
+    Raises:
+        MissingExtraError: ``evaluate`` is not installed (``pip install "hf-snapvit[eval]"``).
     """
-    import evaluate
+    from ...extras import require_extra
+
+    evaluate = require_extra("evaluate", f"load_metric({name!r})")
 
     return evaluate.load(metric_path(name), **kwargs)
 

@@ -1,0 +1,195 @@
+"""Wall time of a SnapViT ranking and of its phases, next to the forward-pass floor measured in the same run.
+
+For each model shape (random weights: the time does not depend on what the weights are), each preset and each
+precision, ``SnapViTPruner.fit`` runs once and its phase times are recorded (``data``: drawing and preprocessing the
+calibration images; ``gradients``: the gradient scores; ``search``: the xNES search, of which ``search_forward`` is
+the forward passes, timed with device events on CUDA). Beside them the script measures the dense model's forward
+throughput at the search's batch size and precision, and reports the **forward floor** of the search: the images the
+search forwards (the teacher pass plus every evaluation at every fitness sparsity) at the dense throughput. Pruned
+candidates are cheaper than the dense model, so the true floor is lower still; the floor shows how much of the
+search is the forwards themselves and how much is everything else.
+
+Data: the first rows of a Tiny-ImageNet-style parquet (``--data``, an ``image`` struct column with encoded bytes),
+streamed batch by batch with pyarrow, else random 64x64 RGB images; both are PIL images preprocessed by the pruner as
+a user's images would be.
+
+    # on one GPU (ViT-S/16 and ViT-B/16, every preset, fp32 = TF32 matmuls and bf16 autocast):
+    python benchmarks/bench_ranking_time.py --device cuda --data train.parquet
+    # on a CPU with a tiny model (what the test runs):
+    python benchmarks/bench_ranking_time.py --device cpu --shapes tiny --presets fast --images 8 --generations 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from PIL import Image  # noqa: E402
+
+import hf_snapvit  # noqa: E402
+from hf_snapvit.architectures import image_embedding  # noqa: E402
+from hf_snapvit.benchmark import hardware_info  # noqa: E402
+from hf_snapvit.distributed import autocast, resolve_precision, tf32_matmuls  # noqa: E402
+from hf_snapvit.files import write_text_atomic  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = {
+    "vit-b16": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "vit-s16": dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536),
+    # For tests: small enough for a CPU.
+    "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+                 patch_size=8),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=["vit-s16", "vit-b16"], choices=sorted(SHAPES))
+    parser.add_argument("--presets", nargs="+", default=["default", "fast", "paper"],
+                        choices=["default", "fast", "paper"])
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--data", default=None, help="parquet file with an 'image' column (default: random images)")
+    parser.add_argument("--images", type=int, default=None,
+                        help="gradient and fitness images each (default: the preset's)")
+    parser.add_argument("--generations", type=int, default=None, help="cap on xNES generations (default: preset's)")
+    parser.add_argument("--fitness-batch-size", type=int, default=None,
+                        help="images per search forward (default: the preset's, 64)")
+    parser.add_argument("--floor-repeats", type=int, default=5, help="timed dense forwards for the throughput")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default=None,
+                        help="JSON file (default: benchmarks/results/ranking_time_<device name>.json)")
+    return parser.parse_args(argv)
+
+
+def build(shape: str, seed: int, device: str) -> transformers.ViTModel:
+    torch.manual_seed(seed)
+    config = transformers.ViTConfig(**{"image_size": 224, "patch_size": 16, **SHAPES[shape]})
+    return transformers.ViTModel(config, add_pooling_layer=False).eval().to(device)
+
+
+def load_images(path: str | None, count: int, seed: int) -> list[Image.Image]:
+    """The first ``count`` images of the parquet at ``path`` (read a record batch at a time), else random ones."""
+    if path is None:
+        rng = np.random.default_rng(seed)
+        return [Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)) for _ in range(count)]
+    import io
+
+    import pyarrow.parquet as pq
+
+    images: list[Image.Image] = []
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=256, columns=["image"]):
+        for cell in batch.column("image").to_pylist():
+            images.append(Image.open(io.BytesIO(cell["bytes"])).convert("RGB"))
+            if len(images) == count:
+                return images
+    raise SystemExit(f"{path} holds {len(images)} images; this run needs {count} (lower --images).")
+
+
+def dense_throughput(model: transformers.ViTModel, config: hf_snapvit.SnapViTConfig, precision: str,
+                     repeats: int) -> float:
+    """Images per second of the dense model's embedding forward at the search's batch size and precision."""
+    device = next(model.parameters()).device
+    size = model.config.image_size
+    pixels = torch.randn(config.fitness_batch_size, 3, size, size, device=device)
+    with torch.no_grad(), tf32_matmuls(device, precision), autocast(device, precision=precision):
+        for _ in range(2):  # warm-up: kernels chosen, memory allocated
+            image_embedding(model, {"pixel_values": pixels})
+        _synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            image_embedding(model, {"pixel_values": pixels})
+        _synchronize(device)
+    return repeats * len(pixels) / (time.perf_counter() - start)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str, precision: str,
+            args: argparse.Namespace) -> dict[str, Any]:
+    """One ranking with its phase times, and the dense forward floor of its search."""
+    overrides: dict[str, Any] = {"precision": precision, "seed": args.seed}
+    if args.images is not None:
+        overrides.update(num_gradient_images=args.images, num_fitness_images=args.images)
+    if args.generations is not None:
+        overrides["max_generations"] = args.generations
+    if args.fitness_batch_size is not None:
+        overrides["fitness_batch_size"] = args.fitness_batch_size
+    config = hf_snapvit.SnapViTConfig.preset(preset, **overrides)
+    size = model.config.image_size
+    processor = transformers.ViTImageProcessor(size={"height": size, "width": size})
+    pruner = hf_snapvit.SnapViTPruner(config)
+    _synchronize(next(model.parameters()).device)
+    start = time.perf_counter()
+    ranking = pruner.fit(model, images, processor=processor, show_progress=False)
+    wall = time.perf_counter() - start
+    resolved = resolve_precision(precision, next(model.parameters()).device)
+    throughput = dense_throughput(model, config, resolved, args.floor_repeats)
+    search = ranking.provenance["search"]
+    forwarded = config.num_fitness_images * (1 + search["evaluations"] * len(config.fitness_sparsities))
+    phases = pruner.timings_
+    return {
+        "preset": preset, "precision": precision, "ran_in": ranking.provenance["precision"],
+        "fitness_batch_size": config.fitness_batch_size,
+        "num_gradient_images": config.num_gradient_images, "num_fitness_images": config.num_fitness_images,
+        "evaluations": search["evaluations"], "generations": search["generations"],
+        "wall_seconds": wall, "phases": phases,
+        "dense_images_per_second": throughput, "search_images_forwarded": forwarded,
+        "search_forward_floor_seconds": forwarded / throughput,
+        "search_forward_fraction": phases["search_forward"] / phases["search"] if phases["search"] else None,
+    }
+
+
+def summary_line(shape: str, row: dict[str, Any]) -> str:
+    p = row["phases"]
+    return (f"{shape:<8} {row['preset']:<8} {row['ran_in']:<5} wall {row['wall_seconds']:7.1f} s | data "
+            f"{p['data']:6.1f} gradients {p['gradients']:6.1f} search {p['search']:6.1f} (forwards "
+            f"{p['search_forward']:6.1f}, {100 * (row['search_forward_fraction'] or 0):3.0f} %; dense floor "
+            f"{row['search_forward_floor_seconds']:6.1f})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    presets = [hf_snapvit.SnapViTConfig.preset(p) for p in args.presets]
+    needed = max(2 * args.images if args.images else c.num_gradient_images + c.num_fitness_images for c in presets)
+    images = load_images(args.data, needed, args.seed)
+    hardware = hardware_info(device=args.device)
+    name = (hardware.get("gpu_name") or args.device).lower().replace(" ", "-")
+    output = Path(args.output) if args.output else ROOT / "benchmarks" / "results" / f"ranking_time_{name}.json"
+    report: dict[str, Any] = {
+        "command": " ".join(["python", "benchmarks/bench_ranking_time.py", *(argv if argv is not None
+                                                                            else sys.argv[1:])]),
+        "hardware": hardware, "data": args.data or "random 64x64 images",
+        "settings": {k: v for k, v in vars(args).items() if k != "output"}, "runs": []}
+    for shape in args.shapes:
+        model = build(shape, args.seed, args.device)
+        for preset in args.presets:
+            for precision in args.precisions:
+                row = {"shape": shape, **run_one(model, images, preset, precision, args)}
+                report["runs"].append(row)
+                print(summary_line(shape, row), file=sys.stderr, flush=True)
+                # Written after every run: a long GPU session that is cut off keeps what it measured.
+                write_text_atomic(output, json.dumps(report, indent=1) + "\n")
+        del model
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    print(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

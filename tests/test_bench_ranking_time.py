@@ -1,0 +1,67 @@
+"""benchmarks/bench_ranking_time.py runs as is on a CPU with a tiny model (the GPU run uses the same code)."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("bench_ranking_time", ROOT / "benchmarks" / "bench_ranking_time.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _parquet(path: Path, count: int) -> Path:
+    rng = np.random.default_rng(0)
+    cells = []
+    for _ in range(count):
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(buffer, format="PNG")
+        cells.append({"bytes": buffer.getvalue(), "path": None})
+    pq.write_table(pa.table({"image": cells, "label": list(range(count))}), path)
+    return path
+
+
+@pytest.mark.slow
+def test_the_ranking_benchmark_records_phases_and_the_forward_floor_for_each_preset_and_precision(tmp_path):
+    script = load_script()
+    output = tmp_path / "ranking_time.json"
+    data = _parquet(tmp_path / "train.parquet", 12)
+    assert script.main(["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "paper", "--images", "6",
+                        "--generations", "1", "--floor-repeats", "1", "--data", str(data), "--fitness-batch-size", "4",
+                        "--output", str(output)]) == 0
+    report = json.loads(output.read_text())
+    assert report["hardware"]["device"] == "cpu" and report["data"] == str(data)
+    runs = {(r["preset"], r["precision"]): r for r in report["runs"]}
+    assert set(runs) == {("fast", "fp32"), ("fast", "bf16"), ("paper", "fp32"), ("paper", "bf16")}
+    for (preset, precision), run in runs.items():
+        assert run["shape"] == "tiny" and run["ran_in"] == precision and run["generations"] == 1
+        assert run["fitness_batch_size"] == 4
+        phases = run["phases"]
+        assert {"data", "gradients", "search", "search_forward"} <= set(phases)
+        assert 0 < phases["search_forward"] <= phases["search"] <= run["wall_seconds"]
+        assert run["search_forward_fraction"] == pytest.approx(phases["search_forward"] / phases["search"])
+        # The teacher pass, then every evaluation at each of the preset's four fitness sparsities.
+        assert run["search_images_forwarded"] == 6 * (1 + 4 * run["evaluations"])
+        assert run["search_forward_floor_seconds"] == pytest.approx(
+            run["search_images_forwarded"] / run["dense_images_per_second"])
+
+
+def test_the_ranking_benchmark_reads_only_the_images_it_needs_and_says_when_there_are_too_few(tmp_path):
+    script = load_script()
+    data = _parquet(tmp_path / "train.parquet", 5)
+    assert len(script.load_images(str(data), 3, 0)) == 3
+    with pytest.raises(SystemExit, match="holds 5 images; this run needs 8"):
+        script.load_images(str(data), 8, 0)

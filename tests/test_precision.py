@@ -1,0 +1,133 @@
+"""The ranking's precision setting: how it resolves against accelerate's mixed precision, bad input, and how close a
+bf16 ranking comes to the float32 one (CPU bf16 autocast, tiny model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+import hf_snapvit as hs
+from hf_snapvit.distributed import bf16_supported, resolve_precision
+from hf_snapvit.scoring import ScoreConfig
+from hf_snapvit.views import MultiCropConfig
+from helpers import CASES, PROCESSOR, images
+
+CASE = {c.name: c for c in CASES}
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def no_accelerator(monkeypatch):
+    from accelerate.state import AcceleratorState
+
+    monkeypatch.setattr(AcceleratorState, "_shared_state", {})  # as in a fresh process: no Accelerator yet
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    return monkeypatch
+
+
+def test_auto_is_float32_on_the_cpu_and_follows_accelerate_when_configured(no_accelerator):
+    assert resolve_precision("auto", CPU) == "no"
+    assert resolve_precision("fp32", CPU) == "no"
+    assert resolve_precision("bf16", CPU) == "bf16"
+    no_accelerator.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # what `accelerate launch --mixed_precision fp16` sets
+    assert resolve_precision("auto", CPU) == "fp16"
+
+
+@pytest.mark.parametrize("asked, configured", [("fp32", "bf16"), ("bf16", "fp16"), ("fp32", "fp16")])
+def test_an_explicit_precision_that_contradicts_accelerate_is_an_error(no_accelerator, asked, configured):
+    no_accelerator.setenv("ACCELERATE_MIXED_PRECISION", configured)
+    with pytest.raises(hs.ConfigError, match=rf"precision='{asked}' conflicts with accelerate's mixed precision "
+                                             rf"'{configured}'.*precision='auto'"):
+        resolve_precision(asked, CPU)
+    no_accelerator.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    assert resolve_precision("bf16", CPU) == "bf16"
+
+
+def test_unknown_precision_is_rejected_with_the_choices():
+    with pytest.raises(hs.ConfigError, match=r"precision='fp16'.*one of 'auto', 'fp32', 'bf16'"):
+        hs.SnapViTConfig(precision="fp16")
+    with pytest.raises(hs.ConfigError, match=r"precision='float32' is not one of \('auto', 'fp32', 'bf16'\)"):
+        resolve_precision("float32", CPU)
+
+
+def test_bf16_on_a_device_without_bf16_is_rejected(no_accelerator):
+    meta = torch.device("meta")  # computes nothing: no bf16 products either
+    assert bf16_supported(CPU) and not bf16_supported(meta)
+    with pytest.raises(hs.ConfigError, match=r"precision='bf16' but the device meta does not support bfloat16"):
+        resolve_precision("bf16", meta)
+    assert resolve_precision("auto", meta) == "no"
+
+
+def _fit(model, precision, generations=0):
+    config = hs.SnapViTConfig(num_gradient_images=8, num_fitness_images=8, pca_components=8,
+                              max_generations=generations, fitness_sparsities=(0.3,),
+                              scores=ScoreConfig(definition="obd", batch_size=4,
+                                                 crops=MultiCropConfig(num_global=2, num_local=2)),
+                              precision=precision)
+    return hs.SnapViTPruner(config).fit(model, images(16), processor=PROCESSOR, show_progress=False)
+
+
+@pytest.mark.slow
+def test_bf16_scores_rank_units_like_float32(no_accelerator):
+    """Without search (the starting factors), the bf16 ranking orders the units and sizes the blocks as float32."""
+    model = CASE["vit"].build()
+    dtypes: list[torch.dtype] = []
+    model.layers[0].mlp.fc1.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
+    full = _fit(model, "fp32")
+    assert set(dtypes) == {torch.float32} and full.provenance["precision"] == "fp32"
+    dtypes.clear()
+    half = _fit(model, "bf16")
+    assert set(dtypes) == {torch.bfloat16} and half.provenance["precision"] == "bf16"
+    assert half.provenance["settings"]["precision"] == "bf16"
+    for a, b in ((full.head_scores, half.head_scores), (full.neuron_scores, half.neuron_scores)):
+        assert not np.array_equal(a, b)
+        assert spearmanr(a.ravel(), b.ravel()).statistic > 0.95
+    # A 2-block model with 4 heads and 37 neurons per block: one unit is a large step, so allow a head and 10 % of a
+    # block's neurons either way.
+    for sparsity in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6):
+        sparsity = min(sparsity, full.max_sparsity, half.max_sparsity)
+        a, b = full.keep_counts(sparsity), half.keep_counts(sparsity)
+        assert np.abs(np.subtract(a.neurons, b.neurons)).max() <= 0.1 * full.shape.intermediate_size, sparsity
+        assert np.abs(np.subtract(a.heads, b.heads)).max() <= 1, sparsity
+
+
+def test_the_search_objective_in_bf16_is_close_to_float32():
+    """The fitness of candidate rankings under bf16 forwards differs from float32 far less than candidates differ."""
+    from hf_snapvit.fitness import EmbeddingFitness
+
+    model = CASE["vit"].build()
+    pixels = PROCESSOR(images=images(8), return_tensors="pt")["pixel_values"]
+    candidates = [hs.rank(model, method="random", seed=s) for s in range(4)] + [hs.rank(model, method="magnitude")]
+    losses = {}
+    for precision in ("no", "bf16"):
+        fitness = EmbeddingFitness(model, pixels, sparsities=(0.1, 0.3, 0.5, 0.6), pca_components=8,
+                                   precision=precision)
+        losses[precision] = np.array([fitness.loss(r) for r in candidates])
+    assert not np.array_equal(losses["no"], losses["bf16"])
+    assert np.abs(losses["no"] - losses["bf16"]).max() < 0.1 * np.ptp(losses["no"])
+
+
+def test_rank_and_the_cli_take_the_precision(capsys):
+    from hf_snapvit.cli import build_parser
+
+    model = CASE["vit"].build()
+    with pytest.raises(hs.ConfigError, match="preset/mode/seed/floors/precision"):
+        hs.rank(model, method="snapvit", data=images(4), config=hs.SnapViTConfig(), precision="bf16")
+    common = ["prune", "--model", "m", "--output", "o", "--data", "d"]
+    assert build_parser("prune").parse_args(common).precision == "auto"
+    assert build_parser("prune").parse_args([*common, "--precision", "bf16"]).precision == "bf16"
+    with pytest.raises(SystemExit):
+        build_parser("prune").parse_args([*common, "--precision", "fp16"])
+    assert "invalid choice: 'fp16'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_rank_records_the_precision_that_ran(no_accelerator):
+    model = CASE["vit"].build()
+    config = dict(num_gradient_images=2, num_fitness_images=4, pca_components=4, max_generations=1,
+                  scores=ScoreConfig(batch_size=2, crops=MultiCropConfig(num_global=1, num_local=0)))
+    ranking = hs.rank(model, method="snapvit", data=images(6), processor=PROCESSOR, show_progress=False,
+                      config=hs.SnapViTConfig(**config, precision="bf16"))
+    assert ranking.provenance["precision"] == "bf16" and ranking.provenance["settings"]["precision"] == "bf16"
