@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -56,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--model", default=None, help="elastic checkpoint (else --base is ranked with --method)")
     parser.add_argument("--base", default=str(SHARED / "models" / "vit-tiny-tinyimagenet"))
+    parser.add_argument("--ranking", type=Path, default=None,
+                        help="a stored ranking of --base (e.g. benchmarks/results/defaults_vit_tiny/rankings/"
+                             "obd-global-sigma0.5-g3.json, the default SnapViT ranking) instead of ranking here")
     parser.add_argument("--method", default=None, help="ranking method for --base (preset: snip / snapvit)")
     parser.add_argument("--rank-preset", default=None, help="hf_snapvit.rank preset (preset: fast / default)")
     parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200"))
@@ -173,6 +177,20 @@ def plot(results: dict, path: Path, preset: str | None = None) -> None:
     plt.close(fig)
 
 
+def stored_ranking(path: Path, base: Any) -> hf_snapvit.ElasticRanking:
+    """A ranking file of ``benchmarks/defaults_vit_tiny.py`` (scores and floors, no shape) or ``ElasticRanking.to_dict``."""
+    from hf_snapvit.budget import model_shape
+
+    stored = json.loads(path.read_text())
+    if "shape" in stored:
+        return hf_snapvit.ElasticRanking.from_dict(stored)
+    info = stored.pop("info", {})
+    return hf_snapvit.ElasticRanking(
+        head_scores=np.array(stored.pop("head_scores")), neuron_scores=np.array(stored.pop("neuron_scores")),
+        shape=model_shape(base), provenance={"method": "snapvit", "stored_ranking": path.name, "defaults_sweep": info},
+        **stored)
+
+
 def prepare(args: argparse.Namespace) -> tuple[str, Any, dict, dict]:
     """The elastic checkpoint, the recovery images (train, disjoint from the bank) and the evaluation sets."""
     from transformers import AutoImageProcessor, AutoModelForImageClassification
@@ -189,8 +207,8 @@ def prepare(args: argparse.Namespace) -> tuple[str, Any, dict, dict]:
     if model_dir is None:
         processor = AutoImageProcessor.from_pretrained(args.base)
         base = AutoModelForImageClassification.from_pretrained(args.base).eval()
-        ranking = hf_snapvit.rank(base, method=args.method, data=calibration, processor=processor, seed=args.seed,
-                                  preset=args.rank_preset)
+        ranking = stored_ranking(args.ranking, base) if args.ranking else hf_snapvit.rank(
+            base, method=args.method, data=calibration, processor=processor, seed=args.seed, preset=args.rank_preset)
         model_dir = str(Path(tempfile.mkdtemp(prefix="recovery-bench-")) / "elastic")
         hf_snapvit.save_elastic(base, ranking, model_dir, image_processor=processor)
     processor = AutoImageProcessor.from_pretrained(model_dir)
@@ -218,7 +236,8 @@ def main(argv: list[str] | None = None) -> None:
     results.update(hardware=hardware_info(), device=torch.cuda.get_device_name() if device == "cuda" else "cpu")
     protocol = {"preset": args.preset, "num_calibration": args.num_calibration, "num_val": args.num_val,
                 "num_bank": args.num_bank, "k": args.k, "seed": args.seed, "method": args.method,
-                "rank_preset": args.rank_preset,
+                "rank_preset": args.rank_preset, "ranking": args.ranking.name if args.ranking else None,
+                "argv": list(argv) if argv is not None else sys.argv[1:],
                 "model": args.model, "calibration": "train split, disjoint from the k-NN bank; labels not read"}
     rows = results.setdefault("rows", [])
 

@@ -191,6 +191,8 @@ def test_sliced_model_uploads_with_card_through_push_to_hub(elastic_dir, hub, tm
     torch.testing.assert_close(output_of(reloaded, pixels()), output_of(small, pixels()))
     text = commit["files"]["README.md"].decode()
     assert "(this checkpoint)" in text and 'ElasticViTModel.from_pretrained("me/vit-small")' in text
+    # The sliced folder carries the loading module, so the card says transformers loads it with remote code.
+    assert "modeling_hf_snapvit_sliced.py" in commit["files"] and "trust_remote_code=True" in text
 
 
 def test_stock_push_to_hub_of_a_sliced_model_commits_a_loadable_checkpoint(elastic_dir, hub, monkeypatch, tmp_path):

@@ -126,7 +126,10 @@ def summary(described: CheckpointDescription, base_text: str) -> str:
         f"{min(layout['num_heads'])}–{max(layout['num_heads'])} attention heads and "
         f"{min(layout['intermediate_size'])}–{max(layout['intermediate_size'])} FFN neurons each, chosen by "
         f"{f'the `{method}` ranking' if method else 'an importance ranking'}, without retraining. Because the "
-        "blocks differ in width, stock transformers cannot build it from `config.json`; hf_snapvit loads it."
+        "blocks differ in width, stock transformers cannot build it from `config.json` alone; "
+        + ("hf_snapvit loads it, and so does transformers with the loading module this repository carries "
+           "(`from_pretrained(repo, trust_remote_code=True)`; read the module first)."
+           if layout.get("load_with") else "hf_snapvit loads it.")
     )
 
 
@@ -146,7 +149,10 @@ def usage(described: CheckpointDescription, repo: str, grid: Sequence[float], pi
         notes = ("This loads the checkpoint at its saved size"
                  + (" (larger sparsities also work: `sparsity=` / `target_params=` / `target_gflops=`, from the "
                     "ranking kept in `config.json`)" if described.ranking is not None else "")
-                 + f". The result is a stock {stock}.")
+                 + f". The result is a stock {stock}."
+                 + (" Without hf_snapvit: `AutoModelForImageClassification.from_pretrained(repo, "
+                    "trust_remote_code=True)` (or `AutoModel` for a backbone)." if described.layout.get("load_with")
+                    else ""))
     lines = ["from hf_snapvit import ElasticViTModel", "from transformers import AutoImageProcessor", "", load,
              f'processor = AutoImageProcessor.from_pretrained("{repo}")']
     if pipeline_tag == "image-classification":
