@@ -15,7 +15,7 @@ processor's (resize to 224 x 224) and resize-256 / centre-crop-224 (shorter side
 calibration images never saw. The elastic checkpoint is built from a stored ranking (``--ranking``, default: the
 SnapViT default-settings ranking of ``benchmarks/defaults_vit_tiny.py``) unless ``--model`` names one.
 
-    python benchmarks/correction_guard_vit_tiny.py                       # 0.1 ... 0.6, 500 val, 500 calibration
+    python benchmarks/correction_guard_vit_tiny.py                       # 0.1 ... 0.6, 300 val, 300 calibration
     python benchmarks/correction_guard_vit_tiny.py --sparsities 0.5 --sequential
 
 Rows merge into ``--output`` (written atomically after each row), so sparsities can be run one at a time.
@@ -56,11 +56,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ranking", type=Path, default=RANKING, help="stored scores from defaults_vit_tiny.py")
     parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200"))
     parser.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
-    parser.add_argument("--num-calibration", type=int, default=500)
-    parser.add_argument("--num-val", type=int, default=500)
+    parser.add_argument("--num-calibration", type=int, default=300)
+    parser.add_argument("--num-val", type=int, default=300)
     parser.add_argument("--sequential", action="store_true", help="also the guard with sequential propagation")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--print-table", action="store_true", help="print --output as a markdown table and exit")
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "correction_guard_vit_tiny.json")
     return parser.parse_args()
 
@@ -97,8 +98,26 @@ def top1(model, views: dict[str, torch.Tensor], labels: torch.Tensor) -> dict[st
             for name, pixels in views.items()}
 
 
+def print_table(path: Path) -> None:
+    """Top-1 (%) per sparsity: uncorrected, old and guarded correction, under both preprocessings."""
+    results = json.loads(path.read_text())
+    variants = [v for v in ("uncorrected", "old", "guarded", "guarded-sequential")
+                if any(r["variant"] == v for r in results["rows"])]
+    views = list(next(r for r in results["rows"] if r["variant"] == "dense")["top1"])
+    print("| sparsity | " + " | ".join(f"{v} ({view})" for view in views for v in variants) + " | corrections kept |")
+    print("|---|" + "---|" * (len(views) * len(variants) + 1))
+    for sparsity in sorted({r["sparsity"] for r in results["rows"] if r["variant"] != "dense"}):
+        got = {r["variant"]: r for r in results["rows"] if r["sparsity"] == sparsity}
+        cells = [f"{100 * got[v]['top1'][view]:.1f}" if v in got else "–" for view in views for v in variants]
+        kept = got.get("guarded", {}).get("correction", {}).get("kept", {})
+        count = f"{sum(sum(flags) for flags in kept.values())} / {sum(len(flags) for flags in kept.values())}"
+        print(f"| {100 * sparsity:.0f} % | " + " | ".join(cells) + f" | {count if kept else '–'} |")
+
+
 def main() -> None:
     args = parse_args()
+    if args.print_table:
+        return print_table(args.output)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(args.threads)

@@ -18,8 +18,14 @@ Propagation decides which inputs ``X`` a block sees:
 Both fit each layer to reproduce the dense layer's output on the inputs it is given; see
 :attr:`CorrectionConfig.propagation` for the measurements behind the default.
 
+With ``CorrectionConfig.guard`` (the default) the last quarter of the calibration batches is held out from fitting:
+block by block, those images run through the dense model and through the pruned model as corrected so far, and the
+block keeps only the corrections (attention output, FFN output, both or neither) that bring its output closest to the
+dense block's. A correction fitted on one set of activations can hurt on the ones the pruned model really produces.
+
 Memory stays bounded for large models: the calibration set goes through the network one block at a time (its
-hidden states are kept: ``N × tokens × width``, twice while a block runs), only the current block's two Hessians exist at once, and they are
+hidden states are kept: ``N × tokens × width``, twice while a block runs, plus a second copy of the held-out images
+for the guard), only the current block's two Hessians exist at once, and they are
 accumulated batch by batch in float32. The solve runs in float64 (on CPU and CUDA), which costs little at these
 sizes and keeps the Cholesky factorisation of large, badly conditioned Hessians (ViT-L ``fc2``: 4096²) stable.
 """
