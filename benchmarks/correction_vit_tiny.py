@@ -58,6 +58,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-bank", type=int, default=1000, help="train images in the k-NN memory bank")
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-guard", action="store_true",
+                        help="CorrectionConfig(guard=False): fit on every image, keep every correction")
     parser.add_argument("--skip-uncorrected", action="store_true", help="only the corrected rows")
     parser.add_argument("--tag", default="", help="suffix of the corrected rows' names (for ablations, e.g. damp0.1)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = all)")
@@ -151,12 +153,14 @@ def main() -> None:
             del plain
         for propagation in args.propagations:
             config = CorrectionConfig(num_samples=args.num_calibration, propagation=propagation,
-                                      damping=args.damping, damping_fraction=args.damping_fraction, seed=args.seed)
+                                      damping=args.damping, damping_fraction=args.damping_fraction, seed=args.seed,
+                                      guard=not args.no_guard)
             start = time.perf_counter()
             corrected = hf_snapvit.ElasticViTModel.from_pretrained(model_dir, sparsity=sparsity,
                                                                    correction_data=calibration, correction=config)
             seconds = time.perf_counter() - start
-            variant = f"corrected-{propagation}" + (f"-{args.tag}" if args.tag else "")
+            variant = f"corrected-{propagation}" + ("-unguarded" if args.no_guard else "") + \
+                (f"-{args.tag}" if args.tag else "")
             record({"sparsity": sparsity, "variant": variant,
                     "correction_seconds": seconds, "correction": corrected.config.elastic_correction,
                     **evaluate(corrected, val, bank, args.k)})

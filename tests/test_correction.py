@@ -113,6 +113,9 @@ def test_all_zero_inputs_do_not_break():
     ({"batch_size": 2.5}, "batch_size"),
     ({"num_samples": 0}, "num_samples"),
     ({"propagation": "parallel"}, "propagation"),
+    ({"guard": "yes"}, "guard"),
+    ({"held_out_fraction": 0.0}, "held_out_fraction"),
+    ({"held_out_fraction": 1.0}, "held_out_fraction"),
 ])
 def test_bad_config_raises(kwargs, word):
     with pytest.raises(CorrectionError, match=word):
@@ -191,7 +194,7 @@ def test_dense_propagation_matches_hooked_forward(case):
     dense = copy.deepcopy(model)
     keep = half_keep(model)
     inputs, data = calibration(case, 12)
-    config = CorrectionConfig(num_samples=None, batch_size=5)
+    config = CorrectionConfig(num_samples=None, batch_size=5, guard=False)  # the guard would hold out images
     summary = correct_model_(model, keep, data, config=config, show_progress=False)
     plan = targets(dense, keep)
     H = hessians(dense, inputs, [linear for block in plan for linear, _ in block])
@@ -213,7 +216,7 @@ def test_sequential_propagation_uses_pruned_inputs(name):
     reference = copy.deepcopy(model)
     keep = half_keep(model, seed=3)
     inputs, data = calibration(case, 10)
-    config = CorrectionConfig(num_samples=None, propagation="sequential")
+    config = CorrectionConfig(num_samples=None, propagation="sequential", guard=False)
     correct_model_(model, keep, data, config=config, show_progress=False)
 
     plan = targets(reference, keep)
@@ -259,7 +262,7 @@ def test_per_layer_error_drops_on_held_back_inputs(name):
     dense = copy.deepcopy(model)
     keep = half_keep(model, seed=1)
     _, data = calibration(case, 48)
-    correct_model_(model, keep, data, config=CorrectionConfig(num_samples=None), show_progress=False)
+    correct_model_(model, keep, data, config=CorrectionConfig(num_samples=None, guard=False), show_progress=False)
     held, _ = calibration(case, 24, seed=7)
     plan = targets(dense, keep)
     H = hessians(dense, held, [linear for block in plan for linear, _ in block])
@@ -288,6 +291,84 @@ def test_bad_keep_and_missing_processor_raise():
     images = [Image.new("RGB", (32, 32), (i, 2 * i, 3 * i)) for i in range(4)]
     with pytest.raises(DataError, match="processor"):
         correct_model_(model, keep, images, show_progress=False)
+
+
+# ------------------------------------------------------------------------------------------------------ the guard
+def split_draw(total=40, batch_size=8, seed=0):
+    """Which images of a ``{"pixel_values": ...}`` draw of ``total`` are fitted on and which held out by the guard:
+    the draw is a seeded permutation (hf_snapvit.calibration), and the last quarter of its batches is held out."""
+    order = np.random.default_rng(seed).permutation(total)
+    num_batches = -(-total // batch_size)
+    num_fit = (num_batches - max(1, round(0.25 * num_batches))) * batch_size
+    return order[:num_fit], order[num_fit:]
+
+
+def test_guard_reverts_corrections_that_hurt_held_out_images():
+    """Fitted on near-copies of one image, the corrections do not carry over to different images: all are reverted,
+    and the model is exactly the uncorrected slice."""
+    case = FAST["clip-vision"]
+    model = case.build()
+    plain = slice_model_(copy.deepcopy(model), half_keep(model))
+    generator = torch.Generator().manual_seed(1)
+    pixels = torch.randn(1, 3, 32, 32, generator=generator) + 1e-3 * torch.randn(40, 3, 32, 32, generator=generator)
+    _, held = split_draw()
+    pixels[held] = 3 * torch.randn(len(held), 3, 32, 32, generator=generator)
+    summary = correct_model_(model, half_keep(model), {"pixel_values": pixels},
+                             config=CorrectionConfig(num_samples=None, batch_size=8), show_progress=False)
+    assert all(layer.error_after < layer.error_before for layer in summary.layers)  # on the images it was fitted on
+    assert not any(layer.kept for layer in summary.layers)
+    assert all(layer.held_out_error_after == layer.held_out_error_before for layer in summary.layers)
+    assert summary.guard_record() == {"num_held_out_images": 8, "kept": {"attention_output": [False, False],
+                                                                         "ffn_output": [False, False]}}
+    for (name, a), b in zip(model.state_dict().items(), plain.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_guard_keeps_corrections_that_help_and_fits_on_the_rest():
+    """On images of one distribution every correction helps on the held-out ones and is kept; the weights are those
+    of an unguarded correction fitted on the non-held-out images alone."""
+    case = FAST["dinov2"]
+    model, unguarded = case.build(), case.build()
+    keep = half_keep(model, seed=2)
+    pixels = case.inputs(40)["pixel_values"]
+    fit, held = split_draw()
+    summary = correct_model_(model, keep, {"pixel_values": pixels}, show_progress=False,
+                             config=CorrectionConfig(num_samples=None, batch_size=8))
+    assert all(layer.kept for layer in summary.layers)
+    assert all(layer.held_out_error_after < layer.held_out_error_before for layer in summary.layers)
+    assert summary.num_images == 40 and summary.extra["num_held_out_images"] == len(held) == 8
+    correct_model_(unguarded, keep, {"pixel_values": pixels[fit]}, show_progress=False,
+                   config=CorrectionConfig(num_samples=None, batch_size=8, guard=False))
+    inputs = {"pixel_values": pixels[:5]}
+    torch.testing.assert_close(output_of(model, inputs), output_of(unguarded, inputs), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["vit", "siglip2-vision", "dinov3"])
+@pytest.mark.parametrize("propagation", ["dense", "sequential"])
+def test_guard_never_raises_held_out_error_and_reverted_layers_are_plain(name, propagation):
+    case = FAST[name]
+    model = case.build()
+    keep = half_keep(model, seed=4)
+    plain = slice_model_(copy.deepcopy(model), keep)
+    _, data = calibration(case, 24)
+    summary = correct_model_(model, keep, data, show_progress=False,
+                             config=CorrectionConfig(num_samples=None, batch_size=4, propagation=propagation))
+    assert all(layer.held_out_error_after <= layer.held_out_error_before for layer in summary.layers)
+    sliced = targets(model, [(np.arange(len(h)), np.arange(len(f))) for h, f in keep])
+    reference = targets(plain, [(np.arange(len(h)), np.arange(len(f))) for h, f in keep])
+    layers = [(a, b) for block, ref in zip(sliced, reference) for (a, _), (b, _) in zip(block, ref)]
+    for layer, (corrected, uncorrected) in zip(summary.layers, layers):
+        assert torch.equal(corrected.weight, uncorrected.weight) != layer.kept
+
+
+def test_guard_needs_two_images_and_splits_a_single_batch():
+    case = FAST["vit"]
+    model = case.build()
+    keep = half_keep(model)
+    with pytest.raises(CorrectionError, match="at least 2"):
+        correct_model_(model, keep, case.inputs(1)["pixel_values"], show_progress=False)
+    summary = correct_model_(model, keep, case.inputs(6)["pixel_values"], show_progress=False)  # one batch of 16
+    assert summary.extra["num_held_out_images"] == 3 and summary.num_tokens == 3 * 17
 
 
 # ------------------------------------------------------------------------------------------ from_pretrained path
@@ -321,6 +402,7 @@ def test_from_pretrained_corrects_then_slices_and_round_trips(elastic_dir, tmp_p
     record = corrected.config.elastic_correction
     assert record["settings"] == config.to_dict() and record["num_images"] == 16
     assert record["mean_error_after"] < record["mean_error_before"]
+    assert record["num_held_out_images"] == 4 and len(record["kept"]["ffn_output"]) == 2  # 16 images, batches of 6
     assert corrected.config.elastic_layout == plain.config.elastic_layout
 
     # Reference: the dense elastic model corrected by hand with the same images, processor and keep indices.

@@ -345,6 +345,7 @@ def _correct(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], 
             "num_tokens": summary.num_tokens,
             "mean_error_before": round(summary.mean_error("before"), 6),
             "mean_error_after": round(summary.mean_error("after"), 6),
+            **summary.guard_record(),
         }
 
 

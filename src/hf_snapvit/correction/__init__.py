@@ -18,16 +18,23 @@ Propagation decides which inputs ``X`` a block sees:
 Both fit each layer to reproduce the dense layer's output on the inputs it is given; see
 :attr:`CorrectionConfig.propagation` for the measurements behind the default.
 
+With ``CorrectionConfig.guard`` (the default) the last quarter of the calibration batches is held out from fitting:
+block by block, those images run through the dense model and through the pruned model as corrected so far, and the
+block keeps only the corrections (attention output, FFN output, both or neither) that bring its output closest to the
+dense block's. A correction fitted on one set of activations can hurt on the ones the pruned model really produces.
+
 Memory stays bounded for large models: the calibration set goes through the network one block at a time (its
-hidden states are kept: ``N × tokens × width``, twice while a block runs), only the current block's two Hessians exist at once, and they are
+hidden states are kept: ``N × tokens × width``, twice while a block runs, plus a second copy of the held-out images
+for the guard), only the current block's two Hessians exist at once, and they are
 accumulated batch by batch in float32. The solve runs in float64 (on CPU and CUDA), which costs little at these
 sizes and keeps the Cholesky factorisation of large, badly conditioned Hessians (ViT-L ``fc2``: 4096²) stable.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -122,20 +129,92 @@ class _HessianHook:
         return self.sum / max(self.count, 1)
 
 
-def _correct_linear(linear: nn.Linear, hook: _HessianHook, columns: np.ndarray, config: CorrectionConfig,
-                    name: str, block: int, kind: str) -> LayerCorrection:
-    """Compensate the removed input columns of one linear layer in place, and report its reconstruction errors."""
+def _solve_linear(linear: nn.Linear, hook: _HessianHook, columns: np.ndarray, config: CorrectionConfig,
+                  name: str, block: int, kind: str) -> tuple[LayerCorrection, torch.Tensor, torch.Tensor]:
+    """The corrected and the merely dropped weight of one linear layer, and their errors on its fitting inputs."""
     H = hook.hessian()
     original = linear.weight.data
     new, damping = compensate_removed_columns(original, H, columns, config)
     dropped = original.clone()
     dropped[:, np.setdiff1d(np.arange(original.shape[1]), columns)] = 0
     before, after = reconstruction_errors(original, [dropped, new], H)
-    linear.weight.data.copy_(new)
     del hook.sum
-    return LayerCorrection(name=name, block=block, kind=kind, in_features=original.shape[1],
-                           removed=original.shape[1] - len(columns), damping=damping, error_before=before,
-                           error_after=after)
+    report = LayerCorrection(name=name, block=block, kind=kind, in_features=original.shape[1],
+                             removed=original.shape[1] - len(columns), damping=damping, error_before=before,
+                             error_after=after)
+    return report, new, dropped
+
+
+def _fit_pass(layer: nn.Module, targets: list, fit: list[_BlockInputs], keep_outputs: bool
+              ) -> tuple[list[_HessianHook], list[torch.Tensor]]:
+    """Run the (still dense) block on the fitting inputs, accumulating its two layers' Hessians."""
+    hooks = [_HessianHook(linear) for _, linear, _ in targets]
+    outputs = []
+    try:
+        for item in fit:
+            out = item.call(layer)
+            if keep_outputs:
+                outputs.append(out)
+    finally:
+        for hook in hooks:
+            hook.handle.remove()
+    return hooks, outputs
+
+
+def _block_error(outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
+    error = sum(float(((out.double() - target.double()) ** 2).sum()) for out, target in zip(outputs, targets))
+    total = sum(float((target.double() ** 2).sum()) for target in targets)
+    return error / total if total > 0 else 0.0
+
+
+def _guard_block(layer: nn.Module, linears: list[nn.Linear], solved: list, held: list[_BlockInputs],
+                 dense_outputs: list[torch.Tensor]) -> tuple[list[LayerCorrection], list[torch.Tensor]]:
+    """Try every subset of the block's corrections on the held-out images and keep the one whose block output is
+    closest to the dense model's; ties keep fewer corrections. Leaves the chosen weights in place."""
+    best = None
+    for choice in itertools.product((False, True), repeat=len(linears)):  # (False, ...) first: no correction
+        for linear, (_, new, dropped), use in zip(linears, solved, choice):
+            linear.weight.data.copy_(new if use else dropped)
+        outputs = [item.call(layer) for item in held]
+        error = _block_error(outputs, dense_outputs)
+        if best is None:
+            baseline = error
+        if best is None or error < best[0]:
+            best = (error, choice, outputs)
+    error, choice, outputs = best
+    for linear, (_, new, dropped), use in zip(linears, solved, choice):
+        linear.weight.data.copy_(new if use else dropped)
+    reports = [replace(report, kept=use, held_out_error_before=baseline, held_out_error_after=error)
+               for (report, _, _), use in zip(solved, choice)]
+    return reports, outputs
+
+
+def _halve(batch: Any) -> list[Any]:
+    """One calibration batch (a list of images or a dict of tensors sharing the first dimension) as two."""
+    size = len(batch) if isinstance(batch, list) else batch["pixel_values"].shape[0]
+    if size < 2:
+        return [batch]
+    half = (size + 1) // 2
+    if isinstance(batch, list):
+        return [batch[:half], batch[half:]]
+    return [{key: value[:half] for key, value in batch.items()}, {key: value[half:] for key, value in batch.items()}]
+
+
+def _split_held_out(inputs: list[_BlockInputs], config: CorrectionConfig, num_images: int
+                    ) -> tuple[list[_BlockInputs], list[_BlockInputs], list[_BlockInputs]]:
+    """``(fit, held-out through the dense model, held-out through the pruned model)``; both held-out lists are empty
+    without the guard."""
+    if not config.guard:
+        return inputs, [], []
+    if len(inputs) < 2:
+        raise CorrectionError(
+            f"guard=True holds out part of the calibration images, so it needs at least 2; got {num_images}. Give more "
+            "images, or set CorrectionConfig(guard=False)."
+        )
+    num_held = min(len(inputs) - 1, max(1, round(config.held_out_fraction * len(inputs))))
+    held = inputs[len(inputs) - num_held:]
+    pruned = [_BlockInputs(item.hidden, item.args, item.kwargs, item.hidden_in_kwargs) for item in held]
+    return inputs[:len(inputs) - num_held], held, pruned
 
 
 def _layer_targets(layer: nn.Module, spec, heads: np.ndarray, neurons: np.ndarray):
@@ -209,8 +288,11 @@ def correct_model_(
     model.eval()
     batches, num_images = calibration_batches(images_or_pixels, processor, num_samples=config.num_samples,
                                               batch_size=config.batch_size, seed=config.seed, model=model)
+    if config.guard and len(batches) == 1:
+        batches = _halve(batches[0])  # one batch: the guard still needs images it was not fitted on
     inputs = _capture_first_block_inputs(model, spec, batches, processor, show_progress)
-    num_tokens = sum(int(np.prod(item.hidden.shape[:-1])) for item in inputs)
+    fit, held_dense, held_pruned = _split_held_out(inputs, config, num_images)
+    num_tokens = sum(int(np.prod(item.hidden.shape[:-1])) for item in fit)
 
     layers = get_layers(model, spec)
     prefix = {id(module): name for name, module in model.named_modules()}
@@ -220,29 +302,32 @@ def correct_model_(
              disable=not show_progress)
     ):
         targets = _layer_targets(layer, spec, heads, neurons)
-        hooks = [_HessianHook(linear) for _, linear, _ in targets]
         last = block == len(layers) - 1
-        try:
-            outputs = []
-            for item in inputs:
-                out = item.call(layer)
-                if config.propagation == "dense" and not last:
-                    outputs.append(out)
-        finally:
-            for hook in hooks:
-                hook.handle.remove()
-        for (kind, linear, columns), hook in zip(targets, hooks):
-            report.append(_correct_linear(linear, hook, columns, config, prefix.get(id(linear), ""), block, kind))
+        dense_outputs = [item.call(layer) for item in held_dense]  # the target: the dense block on dense inputs
+        hooks, outputs = _fit_pass(layer, targets, fit, keep_outputs=config.propagation == "dense" and not last)
+        solved = [_solve_linear(linear, hook, columns, config, prefix.get(id(linear), ""), block, kind)
+                  for (kind, linear, columns), hook in zip(targets, hooks)]
+        linears = [linear for _, linear, _ in targets]
+        if held_dense:
+            reports, held_outputs = _guard_block(layer, linears, solved, held_pruned, dense_outputs)
+        else:
+            for linear, (_, new, _) in zip(linears, solved):
+                linear.weight.data.copy_(new)
+            reports, held_outputs = [item[0] for item in solved], []
+        report.extend(reports)
         if config.propagation == "sequential" and not last:
             # The corrected block with its removed columns zeroed computes what the sliced block will.
-            outputs = [item.call(layer) for item in inputs]
+            outputs = [item.call(layer) for item in fit]
         if not last:
-            for item, out in zip(inputs, outputs):
-                item.hidden = out
+            for stream, new_hidden in ((fit, outputs), (held_dense, dense_outputs), (held_pruned, held_outputs)):
+                for item, out in zip(stream, new_hidden):
+                    item.hidden = out
     del inputs
     slice_model_(model, keep)
     model.train(was_training)
-    return CorrectionSummary(report, num_images, num_tokens, config, seconds=time.perf_counter() - start_time)
+    extra = {"num_held_out_images": sum(item.hidden.shape[0] for item in held_pruned)} if config.guard else {}
+    return CorrectionSummary(report, num_images, num_tokens, config, seconds=time.perf_counter() - start_time,
+                             extra=extra)
 
 
 __all__ = [
