@@ -260,7 +260,8 @@ def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, mode
                 if sliced:
                     warnings.warn(
                         f"The weights of {str(source)!r} differ from those its elastic_ranking was computed on "
-                        f"(block {block}: the {kind}); it was probably fine-tuned after slicing. Slicing it further "
+                        f"(block {block}: the {kind}); it was probably fine-tuned (or its units reordered) after "
+                        "slicing. Slicing it further "
                         "removes units in the ranking's order, which the training did not see; for a model of "
                         "another size, slice the dense elastic checkpoint and fine-tune that instead.",
                         UserWarning, stacklevel=3,
