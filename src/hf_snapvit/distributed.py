@@ -207,6 +207,18 @@ def reduce_sum(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return tensors
 
 
+def finish_processes() -> None:
+    """Under ``accelerate launch``: wait until every process got here, then close the process group.
+
+    A process that leaves while the main one is still writing (a checkpoint, its card) tears down gloo's threads
+    under a live peer, which aborts it ("terminate called without an active exception") and fails the launch. Every
+    process must call it at the same point; with one process it does nothing.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def raise_if_failed_anywhere(error: BaseException | None, state: PartialState | None = None) -> None:
     """Re-raise ``error`` here, or an error of another process, so that no process waits forever in a collective.
 
@@ -259,6 +271,7 @@ def map_across_processes(fn: Callable[[T], R], items: Sequence[T], state: Partia
 __all__ = [
     "PRECISIONS",
     "autocast",
+    "finish_processes",
     "bf16_supported",
     "local_share",
     "map_across_processes",

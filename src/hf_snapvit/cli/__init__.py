@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..distributed import finish_processes
 from ..errors import SnapViTError
 from . import bench as bench_command
 from . import eval as eval_command
@@ -171,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with _logging_to_stderr(args):
         try:
             result = args.command.run(args)
+            finish_processes()  # a failure above ends this process, and accelerate then stops the others
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)
             return 130
