@@ -67,7 +67,7 @@ class RecoveryConfig:
     steps: int = 300
     batch_size: int = 64
     num_images: int | None = 4000
-    lr: float = 1e-4
+    lr: float = 3e-4
     weight_decay: float = 0.01
     warmup_steps: int = 10
     min_lr_ratio: float = 0.0
