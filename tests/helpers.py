@@ -155,3 +155,15 @@ def masked_copy(model, keep):
             out_proj = getattr(mlp, variant.out_proj)
             out_proj.weight[:, np.setdiff1d(np.arange(out_proj.in_features), neurons)] = 0
     return masked
+
+
+def tiny_vit_classifier() -> transformers.ViTForImageClassification:
+    """A seeded 2-block ViT classifier whose FFN width (37) no multiple divides, its weights moved off the init."""
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                                    image_size=32, patch_size=8, num_labels=5)
+    model = transformers.ViTForImageClassification(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model

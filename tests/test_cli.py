@@ -22,7 +22,7 @@ import hf_snapvit
 from hf_snapvit.budget import backbone_parameters, estimate_gflops, layer_widths
 from hf_snapvit.cli import COMMANDS, main
 
-from helpers import output_of
+from helpers import output_of, tiny_vit_classifier
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,13 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("model")
-    torch.manual_seed(0)
-    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                                    image_size=32, patch_size=8, num_labels=5)
-    model = transformers.ViTForImageClassification(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
+    model = tiny_vit_classifier()
     model.save_pretrained(folder)
     transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
     return folder

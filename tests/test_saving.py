@@ -9,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 import transformers
 from huggingface_hub import ModelCard
 
@@ -19,25 +18,14 @@ from hf_snapvit.files import public_name
 from hf_snapvit.model_card import GENERATED_MARKER, HEATMAP_FILENAME
 from hf_snapvit.cli import main
 
-from helpers import PROCESSOR
-
-
-def _classifier() -> transformers.ViTForImageClassification:
-    torch.manual_seed(0)
-    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                                    image_size=32, patch_size=8, num_labels=5)
-    model = transformers.ViTForImageClassification(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    return model
+from helpers import PROCESSOR, tiny_vit_classifier
 
 
 @pytest.fixture(scope="module")
 def local_model(tmp_path_factory) -> tuple[Path, transformers.PreTrainedModel]:
     """A dense model loaded from a local folder, so that its ``_name_or_path`` is that folder's absolute path."""
     folder = tmp_path_factory.mktemp("machine-specific") / "my-vit"
-    _classifier().save_pretrained(folder)
+    tiny_vit_classifier().save_pretrained(folder)
     PROCESSOR.save_pretrained(folder)
     return folder, transformers.ViTForImageClassification.from_pretrained(folder).eval()
 
