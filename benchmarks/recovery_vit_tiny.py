@@ -35,6 +35,10 @@ import torch
 import hf_snapvit
 from hf_snapvit.files import write_text_atomic
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The same top-1 and k-NN protocol as the correction benchmark (benchmarks/ is not a package).
+from correction_vit_tiny import evaluate  # noqa: E402
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 VARIANTS = ("none", "correction", "recovery", "elastic")
 PRESETS: dict[str, dict[str, Any]] = {
@@ -92,19 +96,6 @@ def recovery_config(args: argparse.Namespace, *, elastic: bool) -> hf_snapvit.Re
     return hf_snapvit.RecoveryConfig(steps=args.elastic_steps if elastic else args.steps,
                                      batch_size=args.batch_size, num_images=None, seed=args.seed, elastic=elastic,
                                      elastic_range=(0.0, max(args.sparsities)), **given)
-
-
-@torch.no_grad()
-def evaluate(model, val: dict, bank: dict, k: int) -> dict:
-    """Top-1 with the model's head on ``val``; k-NN top-1 of ``val`` against ``bank``."""
-    from hf_snapvit.evaluation import extract_features, knn_accuracy, top1_accuracy
-
-    start = time.perf_counter()
-    queries = extract_features(model, val["pixels"], logits=True, batch_size=100, show_progress=False)
-    memory = extract_features(model, bank["pixels"], logits=False, batch_size=100, show_progress=False)
-    return {"top1": top1_accuracy(queries.logits, val["labels"]),
-            "knn_top1": knn_accuracy(memory.embeddings, bank["labels"], queries.embeddings, val["labels"], k=k),
-            "eval_seconds": round(time.perf_counter() - start, 3)}
 
 
 def timed(load: Callable[[], Any]) -> tuple[Any, float]:
