@@ -97,12 +97,11 @@ def load_images(path: str | None, count: int, seed: int) -> list[Image.Image]:
     raise SystemExit(f"{path} holds {len(images)} images; this run needs {count} (lower --images).")
 
 
-def dense_throughput(model: transformers.ViTModel, config: hf_snapvit.SnapViTConfig, precision: str,
-                     repeats: int) -> float:
+def dense_throughput(model: transformers.ViTModel, batch_size: int, precision: str, repeats: int) -> float:
     """Images per second of the dense model's embedding forward at the search's batch size and precision."""
     device = next(model.parameters()).device
     size = model.config.image_size
-    pixels = torch.randn(config.fitness_batch_size, 3, size, size, device=device)
+    pixels = torch.randn(batch_size, 3, size, size, device=device)
     with torch.no_grad(), tf32_matmuls(device, precision), autocast(device, precision=precision):
         for _ in range(2):  # warm-up: kernels chosen, memory allocated
             image_embedding(model, {"pixel_values": pixels})
@@ -138,13 +137,14 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
     ranking = pruner.fit(model, images, processor=processor, show_progress=False)
     wall = time.perf_counter() - start
     resolved = resolve_precision(precision, next(model.parameters()).device)
-    throughput = dense_throughput(model, config, resolved, args.floor_repeats)
+    batch_size = ranking.provenance["settings"]["fitness_batch_size"]
+    throughput = dense_throughput(model, batch_size, resolved, args.floor_repeats)
     search = ranking.provenance["search"]
     forwarded = config.num_fitness_images * (1 + search["evaluations"] * len(config.fitness_sparsities))
     phases = pruner.timings_
     return {
         "preset": preset, "precision": precision, "ran_in": ranking.provenance["precision"],
-        "fitness_batch_size": config.fitness_batch_size,
+        "fitness_batch_size": batch_size,
         "num_gradient_images": config.num_gradient_images, "num_fitness_images": config.num_fitness_images,
         "evaluations": search["evaluations"], "generations": search["generations"],
         "wall_seconds": wall, "phases": phases,

@@ -111,6 +111,19 @@ def test_labels_are_never_read_from_a_stream():
     assert summary.num_images == 8 and summary.data["source"] == "IterableDataset"
 
 
+def test_batches_made_on_a_device_match_the_cpu_batches_and_decode_each_image_once():
+    from hf_snapvit.recovery.train import AugmentedBatches
+
+    config = RecoveryConfig(steps=2, batch_size=4, seed=3)
+    cpu = AugmentedBatches(images(6), config, PROCESSOR, 32)
+    device = AugmentedBatches(images(6), config, PROCESSOR, 32)
+    for step in range(3):  # 12 positions of 6 images: the second epoch reuses the decoded images
+        a, b = cpu.share(step, 0, 1), device.share(step, 0, 1, torch.device("cpu"))
+        assert a.shape == b.shape == (4, 3, 32, 32)
+        assert (a - b).abs().mean() < 0.05
+    assert len(device._on_device) == 6 and device._cached_bytes == 6 * 3 * 48 * 40  # the decoded images
+
+
 def test_prefix_view_of_the_dense_model_equals_the_sliced_model():
     for name in ("vit-cls", "dinov2-swiglu", "siglip2-vision"):
         dense = CASE[name].build()

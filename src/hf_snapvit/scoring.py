@@ -130,10 +130,12 @@ def _reduce(stats: list[list[torch.Tensor]], unit_rows: int, squared_sum: bool) 
     return np.stack(rows)
 
 
-def _crops(chunk, first_index: int, seed: int, config: ScoreConfig, normalizer, input_size: int):
-    """Multi-crops of a step's images, image ``first_index + j`` drawn from its own generator ``[seed, index]``."""
+def _crops(chunk, first_index: int, seed: int, config: ScoreConfig, normalizer, input_size: int,
+           device: torch.device | None = None):
+    """Multi-crops of a step's images, image ``first_index + j`` drawn from its own generator ``[seed, index]``
+    (made on ``device`` when it is an accelerator)."""
     views = [multi_crops(chunk[j:j + 1], config.crops, normalizer, input_size,
-                         np.random.default_rng([seed, first_index + j])) for j in range(len(chunk))]
+                         np.random.default_rng([seed, first_index + j]), device) for j in range(len(chunk))]
     local = None if views[0][1] is None else torch.cat([v[1] for v in views])
     return torch.cat([v[0] for v in views]), local
 
@@ -161,7 +163,8 @@ def _batch_loss(model, spec, chunk, labels, *, processor, normalizer, config, in
     if config.loss == "ce":
         logits = model(pixel_values=processor_inputs(chunk, processor).to(device)).logits
         return F.cross_entropy(logits.float(), labels.to(device))
-    global_views, local_views = _crops(chunk, first_index, seed, config, normalizer, input_size)
+    global_views, local_views = _crops(chunk, first_index, seed, config, normalizer, input_size,
+                                       None if device.type == "cpu" else device)
     global_views = global_views.to(device)
     b, g = global_views.shape[:2]
     with torch.no_grad():

@@ -39,9 +39,11 @@ class Normalizer:
         self.std = torch.tensor(std or [1.0, 1.0, 1.0]).view(1, -1, 1, 1)
 
     def __call__(self, uint8: torch.Tensor) -> torch.Tensor:
-        """``[B, C, H, W]`` uint8 → model-ready float32."""
+        """``[B, C, H, W]`` 0-255 values (uint8, or floats of resized crops) → model-ready float32, on their device."""
         x = uint8.float() * self.rescale
-        return (x - self.mean) / self.std if self.normalize else x
+        if not self.normalize:
+            return x
+        return (x - self.mean.to(x.device)) / self.std.to(x.device)
 
 
 def processor_inputs(images: list[Image.Image] | torch.Tensor, processor: Any, batch_size: int = 64) -> torch.Tensor:
@@ -169,18 +171,29 @@ def multi_crops(
     normalizer: Normalizer | None,
     input_size: int,
     rng: np.random.Generator,
+    device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Crops of every image: ``(global [B, G, C, S, S], local [B, L, C, s, s] or None)``, model-ready."""
+    """Crops of every image: ``(global [B, G, C, S, S], local [B, L, C, s, s] or None)``, model-ready.
+
+    With a ``device`` (callers give one for an accelerator), PIL images are sent there as uint8 and cropped, resized
+    (bilinear, antialiased) and normalised there: on a GPU the crops of a gradient step cost far more CPU time than
+    the step itself, and their float32 pixels are 4x the bytes of uint8 to transfer. The boxes are the same (the same
+    ``rng`` draws); only the resampling differs slightly from PIL's, so results are reproducible per device.
+    """
     global_size = config.global_size or input_size
     local_size = config.local_size or input_size
     groups: list[list[torch.Tensor]] = [[], []]
+    raw = False  # 0-255 crops resized as floats, still to be normalised
     for image in images:
+        if device is not None and not isinstance(image, torch.Tensor):
+            image = image_tensor(image, device)
+        raw = raw or (isinstance(image, torch.Tensor) and image.dtype == torch.uint8)
         for group, (count, scale, size) in enumerate(
             ((config.num_global, config.global_scale, global_size), (config.num_local, config.local_scale, local_size))
         ):
             crops = []
             for _ in range(count):
-                if isinstance(image, torch.Tensor):  # preprocessed pixels: crop and resize the tensor
+                if isinstance(image, torch.Tensor):  # pixels (preprocessed, or raw uint8 on a device): resize
                     left, top, right, bottom = _crop_box(image.shape[-1], image.shape[-2], scale, rng)
                     crop = image[None, :, top:bottom, left:right].float()
                     crops.append(torch.nn.functional.interpolate(
@@ -196,13 +209,17 @@ def multi_crops(
             out.append(None)
             continue
         batch = torch.stack(group)  # [B, V, C, S, S]
-        if batch.dtype == torch.uint8:
+        if (batch.dtype == torch.uint8 or raw) and normalizer is not None:
             b, v = batch.shape[:2]
             batch = normalizer(batch.flatten(0, 1)).view(b, v, *batch.shape[2:])
         out.append(batch)
     return out[0], out[1]
 
 
+def image_tensor(image: Any, device: torch.device | str) -> torch.Tensor:
+    """An RGB PIL image as a uint8 ``[C, H, W]`` tensor on ``device``."""
+    array = np.asarray(to_rgb(image))
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).to(device)
 
 
 def load_processor(source: Any, *, purpose: str = "preprocess the images", **hub_kwargs: Any) -> Any:

@@ -36,6 +36,9 @@ from .config import RecoveryConfig, RecoverySummary
 from .forward import forward_outputs, per_image_loss, prefix_view
 from .train import AugmentedBatches, TrainingState, make_optimizer, sum_gradients
 
+#: On an accelerator, step losses are read back (and shown) every this many steps.
+LOSS_READ_EVERY = 25
+
 
 def recover(
     model: PreTrainedModel,
@@ -204,10 +207,19 @@ def _train(student, teacher, spec, batches: AugmentedBatches, config: RecoveryCo
     start, losses = saver.load(student, optimizer, scheduler)
     bar = tqdm(range(start, config.steps), desc="recovery", initial=start, total=config.steps,
                disable=not show_progress or not state.is_main_process)
+    pending: list[torch.Tensor] = []  # step losses still on the device: reading each one would stall the queue
+
+    def settle() -> None:
+        losses.extend(float(loss) for loss in pending)
+        pending.clear()
+        if losses:
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+
     for step in bar:
         optimizer.zero_grad(set_to_none=True)
-        pixels = batches.share(step, state.process_index, state.num_processes)
-        total = torch.zeros((), dtype=torch.float64)
+        pixels = batches.share(step, state.process_index, state.num_processes,
+                               None if device.type == "cpu" else device)
+        total = torch.zeros((), dtype=torch.float32 if device.type == "mps" else torch.float64, device=device)
         if pixels is not None:
             pixels = pixels.to(device)
             with torch.no_grad(), _autocast(teacher_device, config):  # the teacher may live elsewhere
@@ -220,14 +232,17 @@ def _train(student, teacher, spec, batches: AugmentedBatches, config: RecoveryCo
                     out = forward_outputs(student, spec, pixels)
                 loss = per_image_loss(out, target, config).sum() / (config.batch_size * len(chosen))
                 loss.backward()
-                total += loss.detach().double().cpu()
+                total += loss.detach().double()
         sum_gradients(student)
         optimizer.step()
         scheduler.step()
-        losses.append(float(reduce_sum([total])[0]))
-        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        pending.append(reduce_sum([total])[0])
+        if device.type == "cpu" or len(pending) >= LOSS_READ_EVERY:
+            settle()
         if config.checkpoint_every and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
+            settle()
             saver.save(step + 1, student, optimizer, scheduler, losses)
+    settle()
     return losses, start
 
 

@@ -22,10 +22,15 @@ import torch.nn as nn
 from ..distributed import process_state, reduce_sum
 from ..errors import RecoveryError
 from ..files import atomic_file
-from ..views import MultiCropConfig, Normalizer, multi_crops
+from ..views import MultiCropConfig, Normalizer, image_tensor, multi_crops
 from .config import RecoveryConfig
 
 STATE_FILE = "recovery_state.pt"
+
+
+#: Bytes of decoded images :class:`AugmentedBatches` keeps on an accelerator (decoding and uploading each image at
+#: every use would cost more than the training step of a small model).
+DEVICE_CACHE_BYTES = 2 * 1024**3
 
 
 class AugmentedBatches:
@@ -37,21 +42,36 @@ class AugmentedBatches:
         self.crops = MultiCropConfig(num_global=1, num_local=0, global_scale=tuple(config.crop_scale),
                                      global_size=size)
         self._orders: dict[int, np.ndarray] = {}
+        self._on_device: dict[int, torch.Tensor] = {}
+        self._cached_bytes = 0
 
-    def _image(self, position: int) -> Any:
+    def _image(self, position: int, device: torch.device | None) -> Any:
         count = len(self.images)
         epoch = position // count
         if epoch not in self._orders:
             self._orders = {epoch: np.random.default_rng([self.config.seed, 1, epoch]).permutation(count)}
-        return self.images[int(self._orders[epoch][position % count])]
+        index = int(self._orders[epoch][position % count])
+        if device is None:
+            return self.images[index]
+        if index in self._on_device:
+            return self._on_device[index]
+        image = self.images[index]
+        image = image.to(device) if isinstance(image, torch.Tensor) else image_tensor(image, device)
+        if self._cached_bytes + image.nbytes <= DEVICE_CACHE_BYTES:
+            self._on_device[index] = image
+            self._cached_bytes += image.nbytes
+        return image
 
-    def share(self, step: int, rank: int, world_size: int) -> torch.Tensor | None:
-        """``[b, C, S, S]`` pixels of this process's positions of batch ``step`` (``None`` if it has none)."""
+    def share(self, step: int, rank: int, world_size: int, device: torch.device | None = None
+              ) -> torch.Tensor | None:
+        """``[b, C, S, S]`` pixels of this process's positions of batch ``step`` (``None`` if it has none), made on
+        ``device`` when one is given (callers give an accelerator; the images are then decoded once and kept there)."""
         crops = []
         for j in range(rank, self.config.batch_size, world_size):
             position = step * self.config.batch_size + j
             rng = np.random.default_rng([self.config.seed, 2, step, j])
-            crop, _ = multi_crops([self._image(position)], self.crops, self.normalizer, self.size, rng)
+            crop, _ = multi_crops([self._image(position, device)], self.crops, self.normalizer, self.size, rng,
+                                  device)
             crop = crop[0, 0]
             if rng.random() < self.config.flip:
                 crop = crop.flip(-1)
