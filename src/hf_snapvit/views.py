@@ -43,7 +43,9 @@ class Normalizer:
         x = uint8.float() * self.rescale
         if not self.normalize:
             return x
-        return (x - self.mean.to(x.device)) / self.std.to(x.device)
+        if self.mean.device != x.device:  # moved once: a copy per call would stall an accelerator's queue each time
+            self.mean, self.std = self.mean.to(x.device), self.std.to(x.device)
+        return (x - self.mean) / self.std
 
 
 def processor_inputs(images: list[Image.Image] | torch.Tensor, processor: Any, batch_size: int = 64) -> torch.Tensor:
