@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="gradient and fitness images each (default: the preset's)")
     parser.add_argument("--generations", type=int, default=None, help="cap on xNES generations (default: preset's)")
     parser.add_argument("--fitness-batch-size", type=int, default=None,
-                        help="images per search forward (default: the preset's, 64)")
+                        help="images per search forward (default: 256 on an accelerator, 64 on a CPU)")
     parser.add_argument("--floor-repeats", type=int, default=5, help="timed dense forwards for the throughput")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None,
