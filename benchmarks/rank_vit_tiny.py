@@ -25,7 +25,7 @@ import hf_snapvit
 from hf_snapvit.benchmark import hardware_info, sliced_copy
 from hf_snapvit.data import to_rgb
 from hf_snapvit.evaluation import extract_features, knn_accuracy, load_split, top1_accuracy
-from hf_snapvit.files import write_text_atomic
+from hf_snapvit.files import public_name, write_text_atomic
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -81,7 +81,10 @@ def main() -> None:
     val_pixels, val_labels = pixels_and_labels(args.data, "validation", args.num_val, args.seed, processor)
     bank_pixels, bank_labels = pixels_and_labels(args.data, "train", args.num_bank, args.seed + 1, processor)
 
-    results = {"hardware": hardware_info(), "args": {k: str(v) for k, v in vars(args).items()}, "methods": {}}
+    # Paths by their last component only: results files never name this machine's folders.
+    results = {"hardware": hardware_info(), "methods": {},
+               "args": {k: public_name(v) if k in ("model", "data", "output") else str(v)
+                        for k, v in vars(args).items()}}
     feats, logits = features_and_logits(model, val_pixels)
     bank, _ = features_and_logits(model, bank_pixels)
     results["dense"] = {"top1": top1_accuracy(logits, val_labels),

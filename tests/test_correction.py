@@ -14,7 +14,7 @@ from PIL import Image
 import hf_snapvit
 from hf_snapvit.errors import DataError
 from hf_snapvit.slicing import slice_model_
-from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding
 from hf_snapvit.correction import (
     CorrectionConfig,
     CorrectionError,
@@ -318,8 +318,10 @@ def test_guard_reverts_corrections_that_hurt_held_out_images():
     assert all(layer.error_after < layer.error_before for layer in summary.layers)  # on the images it was fitted on
     assert not any(layer.kept for layer in summary.layers)
     assert all(layer.held_out_error_after == layer.held_out_error_before for layer in summary.layers)
-    assert summary.guard_record() == {"num_held_out_images": 8, "kept": {"attention_output": [False, False],
-                                                                         "ffn_output": [False, False]}}
+    record = summary.guard_record()
+    assert record["num_held_out_images"] == 8
+    assert record["kept"] == {"attention_output": [False, False], "ffn_output": [False, False]}
+    assert record["end_to_end"]["kept"] is False  # nothing left to check
     for (name, a), b in zip(model.state_dict().items(), plain.state_dict().values()):
         assert torch.equal(a, b), name
 
@@ -359,6 +361,60 @@ def test_guard_never_raises_held_out_error_and_reverted_layers_are_plain(name, p
     layers = [(a, b) for block, ref in zip(sliced, reference) for (a, _), (b, _) in zip(block, ref)]
     for layer, (corrected, uncorrected) in zip(summary.layers, layers):
         assert torch.equal(corrected.weight, uncorrected.weight) != layer.kept
+
+
+def embedding_error(model, reference, pixels):
+    spec = get_spec(model)
+    with torch.no_grad():
+        out, ref = (image_embedding(m, {"pixel_values": pixels}, spec).double() for m in (model, reference))
+    return float(((out - ref) ** 2).sum() / (ref**2).sum())
+
+
+@pytest.mark.parametrize("name", ["vit", "dinov2"])
+def test_guarded_model_is_never_further_from_the_dense_one_than_the_plain_slice_on_held_out_images(name):
+    case = FAST[name]
+    model = case.build()
+    dense = copy.deepcopy(model)
+    keep = half_keep(model, seed=3)
+    plain = slice_model_(copy.deepcopy(model), keep)
+    pixels = case.inputs(40)["pixel_values"]
+    _, held = split_draw()
+    summary = correct_model_(model, keep, {"pixel_values": pixels}, show_progress=False,
+                             config=CorrectionConfig(num_samples=None, batch_size=8))
+    check = summary.guard_record()["end_to_end"]
+    corrected, uncorrected = embedding_error(model, dense, pixels[held]), embedding_error(plain, dense, pixels[held])
+    assert corrected <= uncorrected
+    assert check["held_out_error_uncorrected"] == pytest.approx(uncorrected, rel=1e-4)
+    assert check["held_out_error_corrected"] == pytest.approx(corrected if check["kept"] else
+                                                              check["held_out_error_corrected"], rel=1e-4)
+    assert check["kept"] == any(layer.kept for layer in summary.layers)
+
+
+def test_whole_model_check_puts_back_corrections_that_move_the_embedding_away():
+    """The check itself, on a real model: a 'correction' that moves the embedding away from the dense model's is put
+    back; one that brings it closer stays."""
+    from hf_snapvit.correction import _embeddings, _guard_model
+    from hf_snapvit.correction.config import LayerCorrection
+
+    case = FAST["vit"]
+    model = case.build()
+    spec = get_spec(model)
+    batches = [{"pixel_values": case.inputs(4, seed=s)["pixel_values"]} for s in (1, 2)]
+    dense = _embeddings(model, spec, batches, None)
+    mlp, variant = get_mlp(get_layers(model, spec)[0], spec)
+    linear = getattr(mlp, variant.out_proj)
+    original = linear.weight.data.clone()
+    report = LayerCorrection("fc2", 0, "ffn_output", 8, 4, 0.0, 1.0, 0.5)
+
+    linear.weight.data.add_(torch.randn_like(original))  # the "corrected" weight: far from the dense function
+    result = _guard_model(model, spec, batches, None, dense, [(linear, original.clone(), report)])
+    assert result["kept"] is False and result["held_out_error_uncorrected"] == 0.0
+    assert torch.equal(linear.weight.data, original)
+
+    bad = original + torch.randn_like(original)  # now the uncorrected fallback is the far one
+    result = _guard_model(model, spec, batches, None, dense, [(linear, bad, report)])
+    assert result["kept"] is True and result["held_out_error_corrected"] == 0.0
+    assert torch.equal(linear.weight.data, original)
 
 
 def test_guard_needs_two_images_and_splits_a_single_batch():

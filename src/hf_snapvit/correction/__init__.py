@@ -22,6 +22,8 @@ With ``CorrectionConfig.guard`` (the default) the last quarter of the calibratio
 block by block, those images run through the dense model and through the pruned model as corrected so far, and the
 block keeps only the corrections (attention output, FFN output, both or neither) that bring its output closest to the
 dense block's. A correction fitted on one set of activations can hurt on the ones the pruned model really produces.
+Finally the whole model is checked on the same images: the kept corrections stay only if, together, they bring the
+image embedding closer to the dense model's than the plain slice does; otherwise all of them are put back.
 
 Memory stays bounded for large models: the calibration set goes through the network one block at a time (its
 hidden states are kept: ``N × tokens × width``, twice while a block runs, plus a second copy of the held-out images
@@ -189,6 +191,34 @@ def _guard_block(layer: nn.Module, linears: list[nn.Linear], solved: list, held:
     return reports, outputs
 
 
+@torch.no_grad()
+def _embeddings(model: nn.Module, spec, batches: Sequence[Any], processor: Any) -> list[torch.Tensor]:
+    parameter = next(model.parameters())
+    return [image_embedding(model, _model_inputs(batch, processor, parameter.device, parameter.dtype), spec)
+            for batch in batches]
+
+
+def _guard_model(model: nn.Module, spec, held_batches: Sequence[Any], processor: Any,
+                 dense_embeddings: list[torch.Tensor], corrections: list) -> dict[str, Any]:
+    """Keep the corrections the block guards chose only if, together, they bring the model's image embeddings on the
+    held-out images closer to the dense model's than no correction does; else put the uncorrected weights back.
+
+    Block by block each choice looked right, yet at low sparsity the errors they leave can add up to an embedding
+    further from the dense one than the plain slice (measured: docs/correction.md)."""
+    corrected = _block_error(_embeddings(model, spec, held_batches, processor), dense_embeddings)
+    if not corrections:
+        return {"held_out_error_corrected": corrected, "held_out_error_uncorrected": corrected, "kept": False}
+    chosen = [linear.weight.data.clone() for linear, _, _ in corrections]
+    for linear, dropped, _ in corrections:
+        linear.weight.data.copy_(dropped)
+    plain = _block_error(_embeddings(model, spec, held_batches, processor), dense_embeddings)
+    keep = corrected < plain
+    if keep:
+        for (linear, _, _), weight in zip(corrections, chosen):
+            linear.weight.data.copy_(weight)
+    return {"held_out_error_corrected": corrected, "held_out_error_uncorrected": plain, "kept": keep}
+
+
 def _halve(batch: Any) -> list[Any]:
     """One calibration batch (a list of images or a dict of tensors sharing the first dimension) as two."""
     size = len(batch) if isinstance(batch, list) else batch["pixel_values"].shape[0]
@@ -292,6 +322,9 @@ def correct_model_(
         batches = _halve(batches[0])  # one batch: the guard still needs images it was not fitted on
     inputs = _capture_first_block_inputs(model, spec, batches, processor, show_progress)
     fit, held_dense, held_pruned = _split_held_out(inputs, config, num_images)
+    held_batches = batches[len(batches) - len(held_dense):] if held_dense else []
+    dense_embeddings = _embeddings(model, spec, held_batches, processor)
+    uncorrected: list[tuple[nn.Linear, torch.Tensor, LayerCorrection]] = []  # every kept correction's fallback
     num_tokens = sum(int(np.prod(item.hidden.shape[:-1])) for item in fit)
 
     layers = get_layers(model, spec)
@@ -310,6 +343,8 @@ def correct_model_(
         linears = [linear for _, linear, _ in targets]
         if held_dense:
             reports, held_outputs = _guard_block(layer, linears, solved, held_pruned, dense_outputs)
+            uncorrected += [(linear, dropped, r) for linear, (_, _, dropped), r in zip(linears, solved, reports)
+                            if r.kept]
         else:
             for linear, (_, new, _) in zip(linears, solved):
                 linear.weight.data.copy_(new)
@@ -323,9 +358,16 @@ def correct_model_(
                 for item, out in zip(stream, new_hidden):
                     item.hidden = out
     del inputs
+    extra = {}
+    if config.guard:
+        extra = {"num_held_out_images": sum(item.hidden.shape[0] for item in held_pruned),
+                 "end_to_end": _guard_model(model, spec, held_batches, processor, dense_embeddings, uncorrected)}
+        kept_ids = {id(r) for _, _, r in uncorrected if r.kept}
+        if not extra["end_to_end"]["kept"]:
+            report = [replace(r, kept=False, held_out_error_after=r.held_out_error_before) if id(r) in kept_ids
+                      else r for r in report]
     slice_model_(model, keep)
     model.train(was_training)
-    extra = {"num_held_out_images": sum(item.hidden.shape[0] for item in held_pruned)} if config.guard else {}
     return CorrectionSummary(report, num_images, num_tokens, config, seconds=time.perf_counter() - start_time,
                              extra=extra)
 

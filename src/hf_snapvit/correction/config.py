@@ -122,7 +122,8 @@ class LayerCorrection:
         held_out_error_before: With the guard: the block's relative output error ``‖b(x̃) − b_dense(x)‖² /
             ‖b_dense(x)‖²`` on the held-out images (``x̃``: their inputs in the pruned model, ``x``: in the dense one)
             with neither of the block's layers corrected; ``None`` without the guard.
-        held_out_error_after: The same with the corrections that were kept.
+        held_out_error_after: The same with the corrections that were kept (equal to ``held_out_error_before`` when
+            the whole-model check put every correction back).
     """
 
     name: str
@@ -161,13 +162,18 @@ class CorrectionSummary:
 
     def guard_record(self) -> dict[str, Any]:
         """What the guard kept, for ``config.elastic_correction``: ``{}`` without the guard, else the held-out image
-        count and, per layer kind, one flag per block (``True``: the correction was kept)."""
+        count, per layer kind one flag per block (``True``: the correction was kept), and the whole-model check
+        (``end_to_end``: the held-out embedding errors with and without the corrections, and whether they were
+        kept)."""
         if not self.config.guard:
             return {}
         kept: dict[str, list[bool]] = {}
         for layer in self.layers:
             kept.setdefault(layer.kind, []).append(layer.kept)
-        return {"num_held_out_images": self.extra.get("num_held_out_images", 0), "kept": kept}
+        record = {"num_held_out_images": self.extra.get("num_held_out_images", 0), "kept": kept}
+        if "end_to_end" in self.extra:
+            record["end_to_end"] = self.extra["end_to_end"]
+        return record
 
     def to_dict(self) -> dict[str, Any]:
         return {
