@@ -180,6 +180,18 @@ def test_rank_entry_point_runs_snapvit():
                           show_progress=False)
     assert ranking.mode == "paired" and ranking.provenance["method"] == "snapvit"
     assert "snapvit" in hs.available_methods()
+    # the search batch that ran is recorded: the CPU default, as the preset leaves it to the device
+    assert ranking.provenance["settings"]["fitness_batch_size"] == 64 and ranking.provenance["preset"] == "fast"
+
+
+def test_search_batch_defaults_to_the_device_and_a_given_one_wins():
+    pruner = hs.SnapViTPruner(hs.SnapViTConfig.preset("paper"))
+    assert pruner.fitness_batch_size(torch.device("cpu")) == 64
+    assert pruner.fitness_batch_size(torch.device("cuda")) == 256  # only the device type is read
+    given = hs.SnapViTPruner(hs.SnapViTConfig.preset("paper", fitness_batch_size=32))
+    assert given.fitness_batch_size(torch.device("cuda")) == 32 and given.config.preset_name() == "paper"
+    with pytest.raises(hs.SnapViTError, match="fitness_batch_size"):
+        hs.SnapViTConfig(fitness_batch_size=0)
 
 
 def test_cka_matrix_properties_and_search_init():
