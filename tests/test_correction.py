@@ -363,14 +363,20 @@ def test_guard_never_raises_held_out_error_and_reverted_layers_are_plain(name, p
         assert torch.equal(corrected.weight, uncorrected.weight) != layer.kept
 
 
-def embedding_error(model, reference, pixels):
+def distance_to_dense(model, dense, pixels):
+    """KL(dense ‖ model) of the class distributions for a classifier, else the embeddings' relative squared error."""
+    with torch.no_grad():
+        out, ref = model(pixel_values=pixels), dense(pixel_values=pixels)
+    if getattr(ref, "logits", None) is not None:
+        log_p, log_q = ref.logits.double().log_softmax(-1), out.logits.double().log_softmax(-1)
+        return float((log_p.exp() * (log_p - log_q)).sum(-1).mean()), "logits_kl"
     spec = get_spec(model)
     with torch.no_grad():
-        out, ref = (image_embedding(m, {"pixel_values": pixels}, spec).double() for m in (model, reference))
-    return float(((out - ref) ** 2).sum() / (ref**2).sum())
+        a, b = (image_embedding(m, {"pixel_values": pixels}, spec).double() for m in (model, dense))
+    return float(((a - b) ** 2).sum() / (b**2).sum()), "embedding_mse"
 
 
-@pytest.mark.parametrize("name", ["vit", "dinov2"])
+@pytest.mark.parametrize("name", ["vit", "dinov2", "vit-cls", "deit-cls-teacher"])
 def test_guarded_model_is_never_further_from_the_dense_one_than_the_plain_slice_on_held_out_images(name):
     case = FAST[name]
     model = case.build()
@@ -382,25 +388,27 @@ def test_guarded_model_is_never_further_from_the_dense_one_than_the_plain_slice_
     summary = correct_model_(model, keep, {"pixel_values": pixels}, show_progress=False,
                              config=CorrectionConfig(num_samples=None, batch_size=8))
     check = summary.guard_record()["end_to_end"]
-    corrected, uncorrected = embedding_error(model, dense, pixels[held]), embedding_error(plain, dense, pixels[held])
+    (corrected, measure), (uncorrected, _) = (distance_to_dense(m, dense, pixels[held]) for m in (model, plain))
+    assert check["measure"] == measure == ("logits_kl" if "cls" in name else "embedding_mse")
     assert corrected <= uncorrected
-    assert check["held_out_error_uncorrected"] == pytest.approx(uncorrected, rel=1e-4)
-    assert check["held_out_error_corrected"] == pytest.approx(corrected if check["kept"] else
-                                                              check["held_out_error_corrected"], rel=1e-4)
+    assert check["held_out_error_uncorrected"] == pytest.approx(uncorrected, rel=1e-4, abs=1e-12)
+    if check["kept"]:
+        assert check["held_out_error_corrected"] == pytest.approx(corrected, rel=1e-4, abs=1e-12)
     assert check["kept"] == any(layer.kept for layer in summary.layers)
 
 
-def test_whole_model_check_puts_back_corrections_that_move_the_embedding_away():
-    """The check itself, on a real model: a 'correction' that moves the embedding away from the dense model's is put
-    back; one that brings it closer stays."""
-    from hf_snapvit.correction import _embeddings, _guard_model
+def test_whole_model_check_puts_back_corrections_that_move_the_outputs_away():
+    """The check itself, on a real model: a 'correction' that moves the outputs away from the dense model's is put
+    back; one that brings them closer stays."""
+    from hf_snapvit.correction import _final_outputs, _guard_model
     from hf_snapvit.correction.config import LayerCorrection
 
-    case = FAST["vit"]
+    case = FAST["vit-cls"]
     model = case.build()
     spec = get_spec(model)
     batches = [{"pixel_values": case.inputs(4, seed=s)["pixel_values"]} for s in (1, 2)]
-    dense = _embeddings(model, spec, batches, None)
+    dense = _final_outputs(model, spec, batches, None)
+    assert dense[1] == "logits_kl"
     mlp, variant = get_mlp(get_layers(model, spec)[0], spec)
     linear = getattr(mlp, variant.out_proj)
     original = linear.weight.data.clone()
@@ -409,7 +417,7 @@ def test_whole_model_check_puts_back_corrections_that_move_the_embedding_away():
     linear.weight.data.add_(torch.randn_like(original))  # the "corrected" weight: far from the dense function
     result = _guard_model(model, spec, batches, None, dense, [(linear, original.clone(), report)])
     assert result["kept"] is False and result["held_out_error_uncorrected"] == 0.0
-    assert torch.equal(linear.weight.data, original)
+    assert result["held_out_error_corrected"] > 0 and torch.equal(linear.weight.data, original)
 
     bad = original + torch.randn_like(original)  # now the uncorrected fallback is the far one
     result = _guard_model(model, spec, batches, None, dense, [(linear, bad, report)])

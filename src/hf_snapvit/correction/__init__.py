@@ -45,7 +45,8 @@ import torch.nn as nn
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..architectures import get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding
+from ..architectures import (get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding,
+                             patchify, pooled_embedding, vision_config)
 from ..calibration import calibration_batches
 from ..views import model_inputs, processor_inputs
 from ..errors import CorrectionError
@@ -192,31 +193,56 @@ def _guard_block(layer: nn.Module, linears: list[nn.Linear], solved: list, held:
 
 
 @torch.no_grad()
-def _embeddings(model: nn.Module, spec, batches: Sequence[Any], processor: Any) -> list[torch.Tensor]:
+def _final_outputs(model: nn.Module, spec, batches: Sequence[Any], processor: Any
+                   ) -> tuple[list[torch.Tensor], str]:
+    """Per batch, what a user of the model reads, and how to compare it (:func:`_distance`): class log-probabilities
+    (``"logits_kl"``) where the model has a classifier, else the image embedding (``"embedding_mse"``)."""
     parameter = next(model.parameters())
-    return [image_embedding(model, _model_inputs(batch, processor, parameter.device, parameter.dtype), spec)
-            for batch in batches]
+    outputs, measure = [], "embedding_mse"
+    for batch in batches:
+        kwargs = _model_inputs(batch, processor, parameter.device, parameter.dtype)
+        if spec.patch_inputs and kwargs["pixel_values"].ndim == 4:
+            kwargs.update(patchify(kwargs["pixel_values"], int(vision_config(model.config).patch_size)))
+        out = model(**kwargs)
+        logits = getattr(out, "logits", None)
+        if logits is not None:
+            measure = "logits_kl"
+        outputs.append(torch.log_softmax(logits.double(), -1) if logits is not None else pooled_embedding(out, spec))
+    return outputs, measure
+
+
+def _distance(outputs: list[torch.Tensor], reference: list[torch.Tensor], measure: str) -> float:
+    """Mean KL(reference ‖ outputs) of class log-probabilities, or the relative squared error of embeddings."""
+    if measure == "logits_kl":
+        kl = sum(float((r.exp() * (r - o)).sum()) for o, r in zip(outputs, reference))
+        return kl / sum(r.shape[0] for r in reference)
+    return _block_error(outputs, reference)
 
 
 def _guard_model(model: nn.Module, spec, held_batches: Sequence[Any], processor: Any,
-                 dense_embeddings: list[torch.Tensor], corrections: list) -> dict[str, Any]:
-    """Keep the corrections the block guards chose only if, together, they bring the model's image embeddings on the
-    held-out images closer to the dense model's than no correction does; else put the uncorrected weights back.
+                 dense: tuple[list[torch.Tensor], str], corrections: list) -> dict[str, Any]:
+    """Keep the corrections the block guards chose only if, together, they bring the model's outputs on the held-out
+    images closer to the dense model's than no correction does; else put the uncorrected weights back.
 
-    Block by block each choice looked right, yet at low sparsity the errors they leave can add up to an embedding
-    further from the dense one than the plain slice (measured: docs/correction.md)."""
-    corrected = _block_error(_embeddings(model, spec, held_batches, processor), dense_embeddings)
+    Block by block each choice looked right, yet at low sparsity the errors they leave can add up to outputs further
+    from the dense ones than the plain slice gives (measured: docs/correction.md). The outputs compared are the
+    class distributions (KL divergence) where the model has a classifier, since its users read those, else the image
+    embeddings (relative squared error)."""
+    dense_outputs, measure = dense
+    corrected = _distance(_final_outputs(model, spec, held_batches, processor)[0], dense_outputs, measure)
+    record = {"measure": measure, "held_out_error_corrected": corrected, "held_out_error_uncorrected": corrected,
+              "kept": False}
     if not corrections:
-        return {"held_out_error_corrected": corrected, "held_out_error_uncorrected": corrected, "kept": False}
+        return record
     chosen = [linear.weight.data.clone() for linear, _, _ in corrections]
     for linear, dropped, _ in corrections:
         linear.weight.data.copy_(dropped)
-    plain = _block_error(_embeddings(model, spec, held_batches, processor), dense_embeddings)
+    plain = _distance(_final_outputs(model, spec, held_batches, processor)[0], dense_outputs, measure)
     keep = corrected < plain
     if keep:
         for (linear, _, _), weight in zip(corrections, chosen):
             linear.weight.data.copy_(weight)
-    return {"held_out_error_corrected": corrected, "held_out_error_uncorrected": plain, "kept": keep}
+    return {**record, "held_out_error_uncorrected": plain, "kept": keep}
 
 
 def _halve(batch: Any) -> list[Any]:
@@ -323,7 +349,7 @@ def correct_model_(
     inputs = _capture_first_block_inputs(model, spec, batches, processor, show_progress)
     fit, held_dense, held_pruned = _split_held_out(inputs, config, num_images)
     held_batches = batches[len(batches) - len(held_dense):] if held_dense else []
-    dense_embeddings = _embeddings(model, spec, held_batches, processor)
+    dense_outputs_end = _final_outputs(model, spec, held_batches, processor)
     uncorrected: list[tuple[nn.Linear, torch.Tensor, LayerCorrection]] = []  # every kept correction's fallback
     num_tokens = sum(int(np.prod(item.hidden.shape[:-1])) for item in fit)
 
@@ -361,7 +387,7 @@ def correct_model_(
     extra = {}
     if config.guard:
         extra = {"num_held_out_images": sum(item.hidden.shape[0] for item in held_pruned),
-                 "end_to_end": _guard_model(model, spec, held_batches, processor, dense_embeddings, uncorrected)}
+                 "end_to_end": _guard_model(model, spec, held_batches, processor, dense_outputs_end, uncorrected)}
         kept_ids = {id(r) for _, _, r in uncorrected if r.kept}
         if not extra["end_to_end"]["kept"]:
             report = [replace(r, kept=False, held_out_error_after=r.held_out_error_before) if id(r) in kept_ids
