@@ -23,7 +23,8 @@ block by block, those images run through the dense model and through the pruned 
 block keeps only the corrections (attention output, FFN output, both or neither) that bring its output closest to the
 dense block's. A correction fitted on one set of activations can hurt on the ones the pruned model really produces.
 Finally the whole model is checked on the same images: the kept corrections stay only if, together, they bring the
-image embedding closer to the dense model's than the plain slice does; otherwise all of them are put back.
+model's outputs (class distributions, or embeddings for a backbone) clearly closer to the dense model's than the plain
+slice does, by more than two standard errors of the per-image difference; otherwise all of them are put back.
 
 Memory stays bounded for large models: the calibration set goes through the network one block at a time (its
 hidden states are kept: ``N × tokens × width``, twice while a block runs, plus a second copy of the held-out images
@@ -211,38 +212,47 @@ def _final_outputs(model: nn.Module, spec, batches: Sequence[Any], processor: An
     return outputs, measure
 
 
-def _distance(outputs: list[torch.Tensor], reference: list[torch.Tensor], measure: str) -> float:
-    """Mean KL(reference ‖ outputs) of class log-probabilities, or the relative squared error of embeddings."""
+def _distances(outputs: list[torch.Tensor], reference: list[torch.Tensor], measure: str) -> torch.Tensor:
+    """Per image: KL(reference ‖ output) of the class log-probabilities, or the squared error of the embedding over
+    the reference embeddings' mean square (so that the mean is the relative squared error of the whole set)."""
     if measure == "logits_kl":
-        kl = sum(float((r.exp() * (r - o)).sum()) for o, r in zip(outputs, reference))
-        return kl / sum(r.shape[0] for r in reference)
-    return _block_error(outputs, reference)
+        return torch.cat([(r.exp() * (r - o)).sum(-1) for o, r in zip(outputs, reference)]).cpu()
+    scale = torch.cat([r.double().pow(2).sum(-1) for r in reference]).mean()
+    return torch.cat([(o.double() - r.double()).pow(2).sum(-1) for o, r in zip(outputs, reference)]).cpu() / scale
+
+
+#: The whole-model check keeps corrections only when they bring the held-out outputs closer by more than this many
+#: standard errors of the paired per-image difference: held-out sets are small, and an improvement within their
+#: noise is no evidence (at 10 % sparsity a 0.8 % lower KL on 76 images came with 2.7 points lower top-1).
+_EVIDENCE = 2.0
 
 
 def _guard_model(model: nn.Module, spec, held_batches: Sequence[Any], processor: Any,
                  dense: tuple[list[torch.Tensor], str], corrections: list) -> dict[str, Any]:
     """Keep the corrections the block guards chose only if, together, they bring the model's outputs on the held-out
-    images closer to the dense model's than no correction does; else put the uncorrected weights back.
+    images clearly closer to the dense model's than the plain slice does; else put the uncorrected weights back.
 
-    Block by block each choice looked right, yet at low sparsity the errors they leave can add up to outputs further
-    from the dense ones than the plain slice gives (measured: docs/correction.md). The outputs compared are the
-    class distributions (KL divergence) where the model has a classifier, since its users read those, else the image
-    embeddings (relative squared error)."""
+    Block by block each choice looked right, yet the errors they leave can add up to outputs no closer to the dense
+    ones than the plain slice gives (measured: docs/correction.md). The outputs compared are the class distributions
+    (KL divergence) where the model has a classifier, since its users read those, else the image embeddings (relative
+    squared error). "Clearly" means by more than ``_EVIDENCE`` standard errors of the per-image differences."""
     dense_outputs, measure = dense
-    corrected = _distance(_final_outputs(model, spec, held_batches, processor)[0], dense_outputs, measure)
-    record = {"measure": measure, "held_out_error_corrected": corrected, "held_out_error_uncorrected": corrected,
-              "kept": False}
+    corrected = _distances(_final_outputs(model, spec, held_batches, processor)[0], dense_outputs, measure)
+    record = {"measure": measure, "held_out_error_corrected": float(corrected.mean()),
+              "held_out_error_uncorrected": float(corrected.mean()), "standard_error": 0.0, "kept": False}
     if not corrections:
         return record
     chosen = [linear.weight.data.clone() for linear, _, _ in corrections]
     for linear, dropped, _ in corrections:
         linear.weight.data.copy_(dropped)
-    plain = _distance(_final_outputs(model, spec, held_batches, processor)[0], dense_outputs, measure)
-    keep = corrected < plain
+    plain = _distances(_final_outputs(model, spec, held_batches, processor)[0], dense_outputs, measure)
+    gain = plain - corrected
+    error = float(gain.std() / len(gain) ** 0.5) if len(gain) > 1 else 0.0
+    keep = float(gain.mean()) > _EVIDENCE * error
     if keep:
         for (linear, _, _), weight in zip(corrections, chosen):
             linear.weight.data.copy_(weight)
-    return {**record, "held_out_error_uncorrected": plain, "kept": keep}
+    return {**record, "held_out_error_uncorrected": float(plain.mean()), "standard_error": error, "kept": keep}
 
 
 def _halve(batch: Any) -> list[Any]:
