@@ -400,14 +400,14 @@ def test_guarded_model_is_never_further_from_the_dense_one_than_the_plain_slice_
 def test_whole_model_check_puts_back_corrections_that_move_the_outputs_away():
     """The check itself, on a real model: a 'correction' that moves the outputs away from the dense model's is put
     back; one that brings them closer stays."""
-    from hf_snapvit.correction import _final_outputs, _guard_model
+    from hf_snapvit.correction.guard import final_outputs, guard_model
     from hf_snapvit.correction.config import LayerCorrection
 
     case = FAST["vit-cls"]
     model = case.build()
     spec = get_spec(model)
     batches = [{"pixel_values": case.inputs(4, seed=s)["pixel_values"]} for s in (1, 2)]
-    dense = _final_outputs(model, spec, batches, None)
+    dense = final_outputs(model, spec, batches, None)
     assert dense[1] == "logits_kl"
     mlp, variant = get_mlp(get_layers(model, spec)[0], spec)
     linear = getattr(mlp, variant.out_proj)
@@ -415,14 +415,16 @@ def test_whole_model_check_puts_back_corrections_that_move_the_outputs_away():
     report = LayerCorrection("fc2", 0, "ffn_output", 8, 4, 0.0, 1.0, 0.5)
 
     linear.weight.data.add_(torch.randn_like(original))  # the "corrected" weight: far from the dense function
-    result = _guard_model(model, spec, batches, None, dense, [(linear, original.clone(), report)])
+    layers, result = guard_model(model, spec, batches, None, dense, [(linear, original.clone(), report)], [report])
     assert result["kept"] is False and result["held_out_error_uncorrected"] == 0.0
     assert result["held_out_error_corrected"] > 0 and torch.equal(linear.weight.data, original)
+    assert layers[0].kept is False and report.kept is True  # a new record; the caller's is left as it was
 
     bad = original + torch.randn_like(original)  # now the uncorrected fallback is the far one
-    result = _guard_model(model, spec, batches, None, dense, [(linear, bad, report)])
+    layers, result = guard_model(model, spec, batches, None, dense, [(linear, bad, report)], [report])
     assert result["kept"] is True and result["held_out_error_corrected"] == 0.0
-    assert torch.equal(linear.weight.data, original)
+    assert result["held_out_error_uncorrected"] > 2 * result["standard_error"]
+    assert torch.equal(linear.weight.data, original) and layers == [report]
 
 
 def test_guard_needs_two_images_and_splits_a_single_batch():

@@ -35,9 +35,7 @@ sizes and keeps the Cholesky factorisation of large, badly conditioned Hessians 
 
 from __future__ import annotations
 
-import itertools
 import time
-from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -46,73 +44,15 @@ import torch.nn as nn
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..architectures import (get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding,
-                             patchify, pooled_embedding, vision_config)
+from ..architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
 from ..calibration import calibration_batches
-from ..views import model_inputs, processor_inputs
 from ..errors import CorrectionError
 from ..slicing import slice_model_
 
 from .config import CorrectionConfig, CorrectionSummary, LayerCorrection
+from .guard import final_outputs, guard_block, guard_model, split_held_out
+from .inputs import BlockInputs, capture_first_block_inputs, halve
 from .solve import compensate_removed_columns, damping_value, reconstruction_error, reconstruction_errors
-
-
-# ------------------------------------------------------------------------------------------------ the model pass
-def _model_inputs(batch: Any, processor: Any, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    # Images become [B, C, H, W] pixels as the scorer sees them (SigLIP2 grids made square), not the processor's dict.
-    if not isinstance(batch, dict):
-        batch = processor_inputs(batch, processor, batch_size=len(batch))
-    return model_inputs(batch, None, device, dtype)
-
-
-class _StopForward(Exception):
-    """Raised by the hook that captures the first block's inputs, so the rest of the network is not run."""
-
-
-@dataclass
-class _BlockInputs:
-    hidden: torch.Tensor
-    args: tuple
-    kwargs: dict
-    hidden_in_kwargs: bool
-
-    def call(self, layer: nn.Module, hidden: torch.Tensor | None = None) -> torch.Tensor:
-        hidden = self.hidden if hidden is None else hidden
-        if self.hidden_in_kwargs:
-            out = layer(*self.args, **{**self.kwargs, "hidden_states": hidden})
-        else:
-            out = layer(hidden, *self.args, **self.kwargs)
-        return out[0] if isinstance(out, (tuple, list)) else out
-
-
-def _capture_first_block_inputs(model: nn.Module, spec, batches: Sequence[Any], processor: Any,
-                                show_progress: bool) -> list[_BlockInputs]:
-    first = get_layers(model, spec)[0]
-    parameter = next(model.parameters())
-    captured: list[_BlockInputs] = []
-
-    def hook(module, args, kwargs):
-        if args:
-            captured.append(_BlockInputs(args[0], tuple(args[1:]), dict(kwargs), False))
-        else:
-            rest = dict(kwargs)
-            captured.append(_BlockInputs(rest.pop("hidden_states"), (), rest, True))
-        raise _StopForward
-
-    handle = first.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        for batch in tqdm(batches, desc="correction: embed calibration images", disable=not show_progress):
-            try:
-                # The backbone's own embedding path (patchifying, position-embedding interpolation) up to block 0.
-                image_embedding(model, _model_inputs(batch, processor, parameter.device, parameter.dtype), spec)
-            except _StopForward:
-                pass
-    finally:
-        handle.remove()
-    if len(captured) != len(batches):
-        raise CorrectionError("The first transformer block was not reached by the forward pass; the architecture "
-                              "spec's 'layers' path does not match how the model runs.")
-    return captured
 
 
 class _HessianHook:
@@ -149,7 +89,7 @@ def _solve_linear(linear: nn.Linear, hook: _HessianHook, columns: np.ndarray, co
     return report, new, dropped
 
 
-def _fit_pass(layer: nn.Module, targets: list, fit: list[_BlockInputs], keep_outputs: bool
+def _fit_pass(layer: nn.Module, targets: list, fit: list[BlockInputs], keep_outputs: bool
               ) -> tuple[list[_HessianHook], list[torch.Tensor]]:
     """Run the (still dense) block on the fitting inputs, accumulating its two layers' Hessians."""
     hooks = [_HessianHook(linear) for _, linear, _ in targets]
@@ -165,122 +105,19 @@ def _fit_pass(layer: nn.Module, targets: list, fit: list[_BlockInputs], keep_out
     return hooks, outputs
 
 
-def _block_error(outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
-    error = sum(float(((out.double() - target.double()) ** 2).sum()) for out, target in zip(outputs, targets))
-    total = sum(float((target.double() ** 2).sum()) for target in targets)
-    return error / total if total > 0 else 0.0
-
-
-def _guard_block(layer: nn.Module, linears: list[nn.Linear], solved: list, held: list[_BlockInputs],
-                 dense_outputs: list[torch.Tensor]) -> tuple[list[LayerCorrection], list[torch.Tensor]]:
-    """Try every subset of the block's corrections on the held-out images and keep the one whose block output is
-    closest to the dense model's; ties keep fewer corrections. Leaves the chosen weights in place."""
-    best = None
-    for choice in itertools.product((False, True), repeat=len(linears)):  # (False, ...) first: no correction
-        for linear, (_, new, dropped), use in zip(linears, solved, choice):
-            linear.weight.data.copy_(new if use else dropped)
-        outputs = [item.call(layer) for item in held]
-        error = _block_error(outputs, dense_outputs)
-        if best is None:
-            baseline = error
-        if best is None or error < best[0]:
-            best = (error, choice, outputs)
-    error, choice, outputs = best
-    for linear, (_, new, dropped), use in zip(linears, solved, choice):
-        linear.weight.data.copy_(new if use else dropped)
-    reports = [replace(report, kept=use, held_out_error_before=baseline, held_out_error_after=error)
-               for (report, _, _), use in zip(solved, choice)]
-    return reports, outputs
-
-
-@torch.no_grad()
-def _final_outputs(model: nn.Module, spec, batches: Sequence[Any], processor: Any
-                   ) -> tuple[list[torch.Tensor], str]:
-    """Per batch, what a user of the model reads, and how to compare it (:func:`_distance`): class log-probabilities
-    (``"logits_kl"``) where the model has a classifier, else the image embedding (``"embedding_mse"``)."""
-    parameter = next(model.parameters())
-    outputs, measure = [], "embedding_mse"
-    for batch in batches:
-        kwargs = _model_inputs(batch, processor, parameter.device, parameter.dtype)
-        if spec.patch_inputs and kwargs["pixel_values"].ndim == 4:
-            kwargs.update(patchify(kwargs["pixel_values"], int(vision_config(model.config).patch_size)))
-        out = model(**kwargs)
-        logits = getattr(out, "logits", None)
-        if logits is not None:
-            measure = "logits_kl"
-        outputs.append(torch.log_softmax(logits.double(), -1) if logits is not None else pooled_embedding(out, spec))
-    return outputs, measure
-
-
-def _distances(outputs: list[torch.Tensor], reference: list[torch.Tensor], measure: str) -> torch.Tensor:
-    """Per image: KL(reference ‖ output) of the class log-probabilities, or the squared error of the embedding over
-    the reference embeddings' mean square (so that the mean is the relative squared error of the whole set)."""
-    if measure == "logits_kl":
-        return torch.cat([(r.exp() * (r - o)).sum(-1) for o, r in zip(outputs, reference)]).cpu()
-    scale = torch.cat([r.double().pow(2).sum(-1) for r in reference]).mean()
-    return torch.cat([(o.double() - r.double()).pow(2).sum(-1) for o, r in zip(outputs, reference)]).cpu() / scale
-
-
-#: The whole-model check keeps corrections only when they bring the held-out outputs closer by more than this many
-#: standard errors of the paired per-image difference: held-out sets are small, and an improvement within their
-#: noise is no evidence (at 10 % sparsity a 0.8 % lower KL on 76 images came with 2.7 points lower top-1).
-_EVIDENCE = 2.0
-
-
-def _guard_model(model: nn.Module, spec, held_batches: Sequence[Any], processor: Any,
-                 dense: tuple[list[torch.Tensor], str], corrections: list) -> dict[str, Any]:
-    """Keep the corrections the block guards chose only if, together, they bring the model's outputs on the held-out
-    images clearly closer to the dense model's than the plain slice does; else put the uncorrected weights back.
-
-    Block by block each choice looked right, yet the errors they leave can add up to outputs no closer to the dense
-    ones than the plain slice gives (measured: docs/correction.md). The outputs compared are the class distributions
-    (KL divergence) where the model has a classifier, since its users read those, else the image embeddings (relative
-    squared error). "Clearly" means by more than ``_EVIDENCE`` standard errors of the per-image differences."""
-    dense_outputs, measure = dense
-    corrected = _distances(_final_outputs(model, spec, held_batches, processor)[0], dense_outputs, measure)
-    record = {"measure": measure, "held_out_error_corrected": float(corrected.mean()),
-              "held_out_error_uncorrected": float(corrected.mean()), "standard_error": 0.0, "kept": False}
-    if not corrections:
-        return record
-    chosen = [linear.weight.data.clone() for linear, _, _ in corrections]
-    for linear, dropped, _ in corrections:
-        linear.weight.data.copy_(dropped)
-    plain = _distances(_final_outputs(model, spec, held_batches, processor)[0], dense_outputs, measure)
-    gain = plain - corrected
-    error = float(gain.std() / len(gain) ** 0.5) if len(gain) > 1 else 0.0
-    keep = float(gain.mean()) > _EVIDENCE * error
-    if keep:
-        for (linear, _, _), weight in zip(corrections, chosen):
-            linear.weight.data.copy_(weight)
-    return {**record, "held_out_error_uncorrected": float(plain.mean()), "standard_error": error, "kept": keep}
-
-
-def _halve(batch: Any) -> list[Any]:
-    """One calibration batch (a list of images or a dict of tensors sharing the first dimension) as two."""
-    size = len(batch) if isinstance(batch, list) else batch["pixel_values"].shape[0]
-    if size < 2:
-        return [batch]
-    half = (size + 1) // 2
-    if isinstance(batch, list):
-        return [batch[:half], batch[half:]]
-    return [{key: value[:half] for key, value in batch.items()}, {key: value[half:] for key, value in batch.items()}]
-
-
-def _split_held_out(inputs: list[_BlockInputs], config: CorrectionConfig, num_images: int
-                    ) -> tuple[list[_BlockInputs], list[_BlockInputs], list[_BlockInputs]]:
-    """``(fit, held-out through the dense model, held-out through the pruned model)``; both held-out lists are empty
-    without the guard."""
-    if not config.guard:
-        return inputs, [], []
-    if len(inputs) < 2:
-        raise CorrectionError(
-            f"guard=True holds out part of the calibration images, so it needs at least 2; got {num_images}. Give more "
-            "images, or set CorrectionConfig(guard=False)."
-        )
-    num_held = min(len(inputs) - 1, max(1, round(config.held_out_fraction * len(inputs))))
-    held = inputs[len(inputs) - num_held:]
-    pruned = [_BlockInputs(item.hidden, item.args, item.kwargs, item.hidden_in_kwargs) for item in held]
-    return inputs[:len(inputs) - num_held], held, pruned
+def _calibration_inputs(model: nn.Module, spec, images_or_pixels: Any, processor: Any, config: CorrectionConfig,
+                        show_progress: bool) -> tuple[int, list[BlockInputs], list[BlockInputs], list[BlockInputs],
+                                                      list[Any]]:
+    """``(number of images, fitting inputs, held-out inputs through the dense and the pruned model, held-out
+    batches)``: the calibration images drawn, embedded up to the first block, and split for the guard."""
+    batches, num_images = calibration_batches(images_or_pixels, processor, num_samples=config.num_samples,
+                                              batch_size=config.batch_size, seed=config.seed, model=model)
+    if config.guard and len(batches) == 1:
+        batches = halve(batches[0])  # one batch: the guard still needs images it was not fitted on
+    inputs = capture_first_block_inputs(model, spec, batches, processor, show_progress)
+    fit, held_dense, held_pruned = split_held_out(inputs, config, num_images)
+    held_batches = batches[len(batches) - len(held_dense):] if held_dense else []
+    return num_images, fit, held_dense, held_pruned, held_batches
 
 
 def _layer_targets(layer: nn.Module, spec, heads: np.ndarray, neurons: np.ndarray):
@@ -352,14 +189,9 @@ def correct_model_(
     keep = _check_keep(model, spec, keep)
     was_training = model.training
     model.eval()
-    batches, num_images = calibration_batches(images_or_pixels, processor, num_samples=config.num_samples,
-                                              batch_size=config.batch_size, seed=config.seed, model=model)
-    if config.guard and len(batches) == 1:
-        batches = _halve(batches[0])  # one batch: the guard still needs images it was not fitted on
-    inputs = _capture_first_block_inputs(model, spec, batches, processor, show_progress)
-    fit, held_dense, held_pruned = _split_held_out(inputs, config, num_images)
-    held_batches = batches[len(batches) - len(held_dense):] if held_dense else []
-    dense_outputs_end = _final_outputs(model, spec, held_batches, processor)
+    num_images, fit, held_dense, held_pruned, held_batches = _calibration_inputs(
+        model, spec, images_or_pixels, processor, config, show_progress)
+    dense_final = final_outputs(model, spec, held_batches, processor)  # for the whole-model check
     uncorrected: list[tuple[nn.Linear, torch.Tensor, LayerCorrection]] = []  # every kept correction's fallback
     num_tokens = sum(int(np.prod(item.hidden.shape[:-1])) for item in fit)
 
@@ -378,7 +210,7 @@ def correct_model_(
                   for (kind, linear, columns), hook in zip(targets, hooks)]
         linears = [linear for _, linear, _ in targets]
         if held_dense:
-            reports, held_outputs = _guard_block(layer, linears, solved, held_pruned, dense_outputs)
+            reports, held_outputs = guard_block(layer, linears, solved, held_pruned, dense_outputs)
             uncorrected += [(linear, dropped, r) for linear, (_, _, dropped), r in zip(linears, solved, reports)
                             if r.kept]
         else:
@@ -393,15 +225,10 @@ def correct_model_(
             for stream, new_hidden in ((fit, outputs), (held_dense, dense_outputs), (held_pruned, held_outputs)):
                 for item, out in zip(stream, new_hidden):
                     item.hidden = out
-    del inputs
     extra = {}
     if config.guard:
-        extra = {"num_held_out_images": sum(item.hidden.shape[0] for item in held_pruned),
-                 "end_to_end": _guard_model(model, spec, held_batches, processor, dense_outputs_end, uncorrected)}
-        kept_ids = {id(r) for _, _, r in uncorrected if r.kept}
-        if not extra["end_to_end"]["kept"]:
-            report = [replace(r, kept=False, held_out_error_after=r.held_out_error_before) if id(r) in kept_ids
-                      else r for r in report]
+        report, check = guard_model(model, spec, held_batches, processor, dense_final, uncorrected, report)
+        extra = {"num_held_out_images": sum(item.hidden.shape[0] for item in held_pruned), "end_to_end": check}
     slice_model_(model, keep)
     model.train(was_training)
     return CorrectionSummary(report, num_images, num_tokens, config, seconds=time.perf_counter() - start_time,

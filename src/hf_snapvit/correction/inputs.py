@@ -1,0 +1,83 @@
+"""What a block sees: calibration batches as model inputs, and the first block's captured inputs, which the
+correction then runs through the network one block at a time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.nn as nn
+from huggingface_hub.utils import tqdm
+
+from ..architectures import get_layers, image_embedding
+from ..errors import CorrectionError
+from ..views import model_inputs, processor_inputs
+
+
+def model_inputs_of(batch: Any, processor: Any, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    # Images become [B, C, H, W] pixels as the scorer sees them (SigLIP2 grids made square), not the processor's dict.
+    if not isinstance(batch, dict):
+        batch = processor_inputs(batch, processor, batch_size=len(batch))
+    return model_inputs(batch, None, device, dtype)
+
+
+class _StopForward(Exception):
+    """Raised by the hook that captures the first block's inputs, so the rest of the network is not run."""
+
+
+@dataclass
+class BlockInputs:
+    hidden: torch.Tensor
+    args: tuple
+    kwargs: dict
+    hidden_in_kwargs: bool
+
+    def call(self, layer: nn.Module, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.hidden if hidden is None else hidden
+        if self.hidden_in_kwargs:
+            out = layer(*self.args, **{**self.kwargs, "hidden_states": hidden})
+        else:
+            out = layer(hidden, *self.args, **self.kwargs)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def capture_first_block_inputs(model: nn.Module, spec, batches: Sequence[Any], processor: Any,
+                                show_progress: bool) -> list[BlockInputs]:
+    first = get_layers(model, spec)[0]
+    parameter = next(model.parameters())
+    captured: list[BlockInputs] = []
+
+    def hook(module, args, kwargs):
+        if args:
+            captured.append(BlockInputs(args[0], tuple(args[1:]), dict(kwargs), False))
+        else:
+            rest = dict(kwargs)
+            captured.append(BlockInputs(rest.pop("hidden_states"), (), rest, True))
+        raise _StopForward
+
+    handle = first.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for batch in tqdm(batches, desc="correction: embed calibration images", disable=not show_progress):
+            try:
+                # The backbone's own embedding path (patchifying, position-embedding interpolation) up to block 0.
+                image_embedding(model, model_inputs_of(batch, processor, parameter.device, parameter.dtype), spec)
+            except _StopForward:
+                pass
+    finally:
+        handle.remove()
+    if len(captured) != len(batches):
+        raise CorrectionError("The first transformer block was not reached by the forward pass; the architecture "
+                              "spec's 'layers' path does not match how the model runs.")
+    return captured
+
+
+def halve(batch: Any) -> list[Any]:
+    """One calibration batch (a list of images or a dict of tensors sharing the first dimension) as two."""
+    size = len(batch) if isinstance(batch, list) else batch["pixel_values"].shape[0]
+    if size < 2:
+        return [batch]
+    half = (size + 1) // 2
+    if isinstance(batch, list):
+        return [batch[:half], batch[half:]]
+    return [{key: value[:half] for key, value in batch.items()}, {key: value[half:] for key, value in batch.items()}]
