@@ -42,7 +42,7 @@ from hf_snapvit.budget import model_shape
 from hf_snapvit.correction import CorrectionConfig
 from hf_snapvit.data import to_rgb
 from hf_snapvit.evaluation import extract_features, load_split, top1_accuracy
-from hf_snapvit.files import write_text_atomic
+from hf_snapvit.files import public_name, write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -134,7 +134,7 @@ def main() -> None:
 
     results = json.loads(args.output.read_text()) if args.output.exists() else {}
     results.update({
-        "hardware": hardware_info(), "model": args.model or f"{args.base} ranked by {args.ranking.name}",
+        "hardware": hardware_info(), "model": public_name(args.model) or f"{public_name(args.base)} ranked by {args.ranking.name}",
         "protocol": {"num_calibration": args.num_calibration, "num_val": args.num_val, "seed": args.seed,
                      "calibration": "Tiny-ImageNet train, labels ignored, the model's processor",
                      "validation": "Tiny-ImageNet validation, top-1 with the model's classifier"},
