@@ -109,7 +109,8 @@ def rank_stage(args: argparse.Namespace) -> None:
         ranking = pruner.fit(model, calibration, processor=processor)
         wall = time.perf_counter() - start
         fit = {"spec": spec, "settings": ranking.provenance["settings"],  # what ran (the search batch resolved)
-               "wall_seconds": wall, "timings": pruner.timings_, "history": pruner.history_, "hardware": hardware_info()}
+               "wall_seconds": wall, "timings": pruner.timings_, "history": pruner.history_,
+               "hardware": hardware_info()}
         write_text_atomic(folder / f"{name}.fit.json", json.dumps(fit, indent=1, default=str))
         per_generation = pruner.timings_["search"] / max(config.max_generations, 1)
         for g in budgets:
