@@ -39,8 +39,8 @@ PRESETS = ("default", "fast", "paper")
 # Settings that do not define a preset: a run keeps its preset's name whatever its seed, floors or mode.
 _NOT_PRESET_SETTINGS = ("seed", "min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset", "mode",
                         "precision", "fitness_batch_size")
-# Images per search forward when none is given: a GPU needs large batches to stay busy (a ViT-B/16 forward in bf16 on
-# an H100 runs ~30 % more images per second at 256 than at 64); a CPU gains nothing from them.
+# Images per search forward when none is given: a GPU needs large batches to stay busy (a ViT-B/16 forward under bf16
+# autocast on an H100: 8000 images/s at 256, 6400 at 64; benchmarks/results/ranking_time_*); a CPU gains nothing.
 FITNESS_BATCH_SIZE = {"cpu": 64, "accelerator": 256}
 
 
