@@ -51,7 +51,7 @@ from ..slicing import slice_model_
 
 from .config import CorrectionConfig, CorrectionSummary, LayerCorrection
 from .guard import final_outputs, guard_block, guard_model, split_held_out
-from .inputs import BlockInputs, capture_first_block_inputs, halve
+from .inputs import BlockInputs, capture_first_block_inputs, halve, model_inputs_of
 from .solve import compensate_removed_columns, damping_value, reconstruction_error, reconstruction_errors
 
 
@@ -116,7 +116,10 @@ def _calibration_inputs(model: nn.Module, spec, images_or_pixels: Any, processor
         batches = halve(batches[0])  # one batch: the guard still needs images it was not fitted on
     inputs = capture_first_block_inputs(model, spec, batches, processor, show_progress)
     fit, held_dense, held_pruned = split_held_out(inputs, config, num_images)
-    held_batches = batches[len(batches) - len(held_dense):] if held_dense else []
+    # The held-out images are run through the whole model three times (dense, corrected, plain): preprocess them once.
+    parameter = next(model.parameters())
+    held_batches = [model_inputs_of(batch, processor, parameter.device, parameter.dtype)
+                    for batch in batches[len(batches) - len(held_dense):]] if held_dense else []
     return num_images, fit, held_dense, held_pruned, held_batches
 
 
