@@ -1,8 +1,9 @@
-"""Label-free recovery on the shared ViT-Tiny: top-1 and k-NN top-1 at 10-60 % sparsity, four ways.
+"""Label-free recovery on the shared ViT-Tiny: top-1 and k-NN top-1 at 10-60 % sparsity, five ways.
 
 For each sparsity the elastic checkpoint is loaded through the public API as is (``none``), weight-corrected
 (``correction``: ``from_pretrained(..., correction_data=...)``), recovered at that size (``recovery``:
-``from_pretrained(..., recovery_data=..., recovery=RecoveryConfig(...))``), and from one elastically recovered
+``from_pretrained(..., recovery_data=..., recovery=RecoveryConfig(...))``), corrected and then recovered
+(``correction+recovery``: both arguments), and from one elastically recovered
 checkpoint (``elastic``: ``recover(dense, None, data, RecoveryConfig(elastic=True))``, saved with ``save_elastic``,
 then loaded at every sparsity). Recovery images come from the Tiny-ImageNet train split (labels never read), disjoint
 from the k-NN memory bank (also train); accuracy is measured on the validation split. k-NN: k = 20, cosine on
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from correction_vit_tiny import evaluate  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-VARIANTS = ("none", "correction", "recovery", "elastic")
+VARIANTS = ("none", "correction", "recovery", "correction+recovery", "elastic")
 PRESETS: dict[str, dict[str, Any]] = {
     # Sized for a shared 2-vCPU machine: a few tens of steps of 16 images per size.
     # Ranked with snip (28 s on 2 CPU cores, docs/results.md), the cheapest ranking that keeps some accuracy at 30 %.
@@ -129,11 +130,16 @@ def run(args: argparse.Namespace, model_dir: str, calibration: Any, val: dict, b
                 model, seconds = timed(lambda: load(model_dir, sparsity=sparsity, correction_data=calibration,
                                                     correction=config, **where))
                 extra = {"settings": config.to_dict()}
-            elif variant == "recovery":
+            elif variant in ("recovery", "correction+recovery"):  # corrected first, then recovered, if both
                 config = recovery_config(args, elastic=False)
+                corrected = {} if variant == "recovery" else {
+                    "correction_data": calibration,
+                    "correction": hf_snapvit.CorrectionConfig(num_samples=args.num_correction, seed=args.seed)}
                 model, seconds = timed(lambda: load(model_dir, sparsity=sparsity, recovery_data=calibration,
-                                                    recovery=config, **where))
+                                                    recovery=config, **corrected, **where))
                 extra = {"settings": config.to_dict(), "final_loss": model.config.elastic_recovery["final_loss"]}
+                if corrected:
+                    extra["correction"] = model.config.elastic_correction
             else:
                 model, seconds = timed(lambda: load(elastic_dir, sparsity=sparsity, **where))
                 extra = dict(elastic_cost, fit_seconds_shared_by_all_sizes=elastic_cost["fit_seconds"])

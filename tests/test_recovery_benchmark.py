@@ -56,14 +56,17 @@ def test_one_run_records_every_variant_and_plots(bench, tmp_path):
     bench.run(args, str(elastic), calibration, val, bank, "cpu", rows.append)
     names = {(r["sparsity"], r["variant"]) for r in rows}
     assert names == {(0.0, "dense")} | {(s, v) for s in (0.2, 0.4)
-                                         for v in ("none", "correction", "recovery-t", "elastic-t")}
+                                         for v in ("none", "correction", "recovery-t", "correction+recovery-t",
+                                                   "elastic-t")}
     for row in rows:
         assert 0.0 <= row["top1"] <= 1.0 and 0.0 <= row["knn_top1"] <= 1.0
-    recovered = [r for r in rows if r["variant"] == "recovery-t"]
+    recovered = [r for r in rows if r["variant"] in ("recovery-t", "correction+recovery-t")]
     assert all(r["settings"]["steps"] == 2 and r["settings"]["batch_size"] == 4 for r in recovered)
     shared = {r["fit_seconds_shared_by_all_sizes"] for r in rows if r["variant"] == "elastic-t"}
     assert len(shared) == 1  # one elastic training serves every size
     by = {(r["sparsity"], r["variant"]): r for r in rows}
+    assert all(by[(s, "correction+recovery-t")]["correction"]["num_images"] == 8 for s in (0.2, 0.4))
+    assert all("correction" not in by[(s, "recovery-t")] for s in (0.2, 0.4))
     assert by[(0.4, "none")]["gflops"] == by[(0.4, "recovery-t")]["gflops"] == by[(0.4, "elastic-t")]["gflops"]
 
     out = tmp_path / "r.png"
