@@ -315,6 +315,17 @@ def unpatchify(patches: torch.Tensor, patch_size: int, spatial_shapes: torch.Ten
     return grid.reshape(b, c, rows * patch_size, cols * patch_size)
 
 
+def forward_inputs(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None) -> dict:
+    """``inputs`` as ``model.forward`` takes them: ``[B, C, H, W]`` pixels become patch sequences (with their mask and
+    grid) for backbones that take those (SigLIP2); anything else passes through. Returns a new dict."""
+    spec = spec or get_spec(model)
+    kwargs = dict(inputs)
+    pixels = kwargs.get("pixel_values")
+    if spec.patch_inputs and pixels is not None and pixels.ndim == 4:
+        kwargs.update(patchify(pixels, int(vision_config(model.config).patch_size)))
+    return kwargs
+
+
 def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None):
     """The ``[B, D]`` embedding that represents each image, computed by the backbone (task heads are skipped).
 
@@ -325,12 +336,9 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
 
     spec = spec or get_spec(model)
     backbone = get_backbone(model, spec)
-    kwargs = dict(inputs)
-    pixels = kwargs.get("pixel_values")
-    vision = vision_config(model.config)
-    if spec.patch_inputs and pixels is not None and pixels.ndim == 4:
-        kwargs.update(patchify(pixels, int(vision.patch_size)))
-    size = getattr(vision, "image_size", None)
+    kwargs = forward_inputs(model, inputs, spec)
+    pixels = inputs.get("pixel_values")
+    size = getattr(vision_config(model.config), "image_size", None)
     if pixels is not None and pixels.ndim == 4 and size is not None and pixels.shape[-1] != size:
         if "interpolate_pos_encoding" in inspect.signature(backbone.forward).parameters:
             kwargs["interpolate_pos_encoding"] = True

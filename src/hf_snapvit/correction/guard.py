@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
-from ..architectures import patchify, pooled_embedding, vision_config
+from ..architectures import forward_inputs, pooled_embedding
 from ..errors import CorrectionError
 from .config import CorrectionConfig, LayerCorrection
 from .inputs import BlockInputs, model_inputs_of
@@ -54,10 +54,8 @@ def final_outputs(model: nn.Module, spec, batches: Sequence[Any], processor: Any
     parameter = next(model.parameters())
     outputs, measure = [], "embedding_mse"
     for batch in batches:
-        kwargs = model_inputs_of(batch, processor, parameter.device, parameter.dtype)
-        if spec.patch_inputs and kwargs["pixel_values"].ndim == 4:
-            kwargs.update(patchify(kwargs["pixel_values"], int(vision_config(model.config).patch_size)))
-        out = model(**kwargs)
+        out = model(**forward_inputs(model, model_inputs_of(batch, processor, parameter.device, parameter.dtype),
+                                     spec))
         logits = getattr(out, "logits", None)
         if logits is not None:
             measure = "logits_kl"

@@ -13,7 +13,7 @@ import torch
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..architectures import ArchitectureSpec, get_backbone, get_spec, image_embedding, patchify, vision_config
+from ..architectures import ArchitectureSpec, forward_inputs, get_backbone, get_spec, image_embedding
 from ..errors import EvaluationError
 from ..views import load_processor, model_inputs
 from .images import ImageSet
@@ -60,10 +60,7 @@ def _embedding_from_output(output: Any, spec: ArchitectureSpec) -> torch.Tensor 
 def _classifier_outputs(model: PreTrainedModel, inputs: dict[str, Any], spec: ArchitectureSpec,
                         captured: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(embedding, logits)`` of one batch from the full model; ``captured`` receives the backbone's output."""
-    pixels = inputs.get("pixel_values")
-    if getattr(spec, "patch_inputs", False) and pixels is not None and pixels.ndim == 4:
-        # SigLIP2 classifiers take patch sequences
-        inputs.update(patchify(pixels, int(vision_config(model.config).patch_size)))
+    inputs.update(forward_inputs(model, inputs, spec))  # SigLIP2 classifiers take patch sequences
     captured.clear()
     output = model(**inputs)
     embedding = _embedding_from_output(captured[0], spec) if captured else None

@@ -16,8 +16,8 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.nn as nn
 
-from ..architectures import (ArchitectureSpec, get_attention, get_backbone, get_layers, get_mlp, head_dim, patchify,
-                             pooled_embedding, vision_config)
+from ..architectures import (ArchitectureSpec, forward_inputs, get_attention, get_backbone, get_layers, get_mlp,
+                             head_dim, pooled_embedding)
 
 
 @dataclass
@@ -47,9 +47,7 @@ def forward_outputs(model: nn.Module, spec: ArchitectureSpec, pixels: torch.Tens
 
     handles = [layer.register_forward_hook(keep_block) for layer in get_layers(model, spec)]
     handles.append(get_backbone(model, spec).register_forward_hook(keep_backbone))
-    inputs: dict[str, Any] = {"pixel_values": pixels}
-    if spec.patch_inputs:
-        inputs = patchify(pixels, int(vision_config(model.config).patch_size))
+    inputs = forward_inputs(model, {"pixel_values": pixels}, spec)
     try:
         out = model(**inputs)
     finally:
