@@ -1,9 +1,12 @@
 """Shared test helpers: tiny random models of every supported architecture built in code (no downloads), random
-images, the masked-dense reference, and the ../shared paths."""
+images, the masked-dense reference, the ../shared paths, and the benchmark scripts as modules."""
 
 from __future__ import annotations
 
 import copy
+import importlib.util
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -20,6 +23,20 @@ from hf_snapvit.views import MultiCropConfig
 from hf_snapvit.scoring import ScoreConfig
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str) -> types.ModuleType:
+    """``benchmarks/<name>.py`` as a module (benchmarks/ is not a package). It is registered in ``sys.modules``
+    (dataclasses look their module up while the file executes) and benchmarks/ is put on the path (scripts import
+    their siblings)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 COMMON = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
 

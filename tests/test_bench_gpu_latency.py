@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import load_benchmark
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("bench_gpu_latency", ROOT / "benchmarks" / "bench_gpu_latency.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_gpu_latency")
 
 
 def test_the_width_benchmark_measures_every_precision_multiple_and_sparsity_side_by_side(tmp_path):

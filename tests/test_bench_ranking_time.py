@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 from pathlib import Path
@@ -13,14 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import load_benchmark
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("bench_ranking_time", ROOT / "benchmarks" / "bench_ranking_time.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_ranking_time")
 
 
 def _parquet(path: Path, count: int) -> Path:

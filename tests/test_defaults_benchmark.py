@@ -4,8 +4,6 @@ with exactly the named changes."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,15 +11,13 @@ import pytest
 import hf_snapvit
 from hf_snapvit.methods.snapvit import FITNESS_BATCH_SIZE
 
+from helpers import load_benchmark
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "defaults_vit_tiny.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("defaults_vit_tiny", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("defaults_vit_tiny")
 
 
 defaults = _load()

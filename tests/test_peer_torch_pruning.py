@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import transformers
@@ -14,19 +10,13 @@ import hf_snapvit
 from hf_snapvit.budget import layer_widths
 from hf_snapvit.budget import backbone_parameters, model_shape
 
+from helpers import load_benchmark
+
 pytest.importorskip("torch_pruning", reason="torch-pruning (the peer under comparison) is not installed; "
                                             "pip install -e '.[test]'")
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
 def _load_benchmark():
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location("peer_torch_pruning", BENCHMARKS / "peer_torch_pruning.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("peer_torch_pruning")
 
 
 peer = _load_benchmark()

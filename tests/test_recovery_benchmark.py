@@ -3,9 +3,7 @@ every variant at every sparsity, with the settings it used, and plots them."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import datasets
 import pytest
@@ -13,17 +11,12 @@ import torch
 
 import hf_snapvit
 
-from helpers import CASES, PROCESSOR, images
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "recovery_vit_tiny.py"
+from helpers import CASES, PROCESSOR, images, load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("recovery_vit_tiny", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("recovery_vit_tiny")
 
 
 def test_presets_fill_in_only_what_is_not_given(bench):
