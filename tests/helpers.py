@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import datasets
 import numpy as np
 import pytest
 import torch
@@ -18,6 +19,7 @@ import transformers
 from PIL import Image
 from transformers import ViTImageProcessor
 
+import hf_snapvit
 from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
 from hf_snapvit.views import MultiCropConfig
 from hf_snapvit.scoring import ScoreConfig
@@ -152,6 +154,21 @@ def images(n: int, seed: int = 0) -> list[Image.Image]:
 
 
 PROCESSOR = ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+
+
+def recovery_benchmark_inputs(folder: Path, num_calibration: int) -> tuple[Path, datasets.Dataset, dict, dict]:
+    """What the recovery benchmarks take, at toy scale: a tiny ViT saved as an elastic checkpoint under ``folder``,
+    unlabelled calibration images, and validation and k-NN bank pixels with 5 classes."""
+    elastic = Path(folder) / "elastic"
+    model = CASES[1].build()  # vit-cls
+    hf_snapvit.save_elastic(model, hf_snapvit.rank(model, method="magnitude"), elastic, image_processor=PROCESSOR)
+    calibration = datasets.Dataset.from_dict({"image": images(num_calibration)}).cast_column("image", datasets.Image())
+    pixels = PROCESSOR(images=images(10, seed=1), return_tensors="pt")["pixel_values"]
+    val = {"pixels": pixels[:6], "labels": torch.arange(6) % 5}
+    bank = {"pixels": pixels[4:], "labels": torch.arange(6) % 5}
+    return elastic, calibration, val, bank
+
+
 # Two global and two local crops: the scoring path of the default, at a fraction of its cost.
 FEW_CROPS = ScoreConfig(crops=MultiCropConfig(num_global=2, num_local=2))
 

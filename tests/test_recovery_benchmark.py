@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 
-import datasets
 import pytest
-import torch
 
 import hf_snapvit
 
-from helpers import CASES, PROCESSOR, images, load_benchmark
+from helpers import load_benchmark, recovery_benchmark_inputs
 
 
 @pytest.fixture(scope="module")
@@ -29,19 +27,15 @@ def test_presets_fill_in_only_what_is_not_given(bench):
     elastic = bench.recovery_config(args, elastic=True)
     assert elastic.elastic and elastic.steps == bench.PRESETS["cpu"]["elastic_steps"]
     assert elastic.elastic_range == (0.0, max(bench.PRESETS["cpu"]["sparsities"]))
+    band = bench.parse_args(["--preset", "cpu", "--elastic-range", "0.3", "0.5"])
+    assert bench.recovery_config(band, elastic=True).elastic_range == (0.3, 0.5)
     full = bench.parse_args(["--preset", "full"])
     assert full.steps > args.steps and full.num_calibration == 4000
 
 
 @pytest.mark.slow  # several tiny trainings and evaluations
 def test_one_run_records_every_variant_and_plots(bench, tmp_path):
-    model = CASES[1].build()  # vit-cls
-    elastic = tmp_path / "elastic"
-    hf_snapvit.save_elastic(model, hf_snapvit.rank(model, method="magnitude"), elastic, image_processor=PROCESSOR)
-    calibration = datasets.Dataset.from_dict({"image": images(12)}).cast_column("image", datasets.Image())
-    pixels = PROCESSOR(images=images(10, seed=1), return_tensors="pt")["pixel_values"]
-    val = {"pixels": pixels[:6], "labels": torch.arange(6) % 5}
-    bank = {"pixels": pixels[4:], "labels": torch.arange(6) % 5}
+    elastic, calibration, val, bank = recovery_benchmark_inputs(tmp_path, 12)
     args = bench.parse_args(["--model", str(elastic), "--sparsities", "0.2", "0.4", "--steps", "2",
                              "--elastic-steps", "3", "--batch-size", "4", "--num-correction", "8", "--k", "3",
                              "--tag", "t"])

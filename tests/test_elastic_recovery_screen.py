@@ -1,0 +1,67 @@
+"""benchmarks/elastic_recovery_screen.py on a tiny random ViT: each variant changes the one setting it names, the
+switchable anchors start as the model's own parameters and train only the anchors the views use, and the patches
+the screen makes to the recovery module are undone."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import hf_snapvit
+import hf_snapvit.recovery as recovery
+
+from helpers import CASES, load_benchmark, recovery_benchmark_inputs
+
+
+@pytest.fixture(scope="module")
+def screen():
+    return load_benchmark("elastic_recovery_screen")
+
+
+def test_each_variant_changes_one_setting(screen):
+    base = screen.settings("elastic", 60, 32).to_dict()
+    assert base["elastic"] and base["elastic_range"] == [0.0, 0.6] and base["steps"] == 60
+    changes = [("elastic-samples2", "elastic_samples", 2), ("elastic-from0.1", "elastic_range", [0.1, 0.6]),
+               ("elastic-0.3to0.5", "elastic_range", [0.3, 0.5]), ("elastic-lr6e-4", "lr", 6e-4),
+               ("elastic-lr1e-4", "lr", 1e-4), ("elastic-no-hidden", "hidden_weight", 0.0)]
+    for name, key, value in changes:
+        changed = screen.settings(name, 60, 32).to_dict()
+        assert {k for k in base if base[k] != changed[k]} == {key} and changed[key] == value
+    reference = screen.settings("recovery@0.5", 60, 32)
+    assert not reference.elastic and reference.batch_size == 32
+
+
+def test_switchable_anchors_start_as_the_model_and_train_only_the_views_anchors(screen):
+    model = CASES[1].build().eval()  # vit-cls
+    pixels = torch.randn(3, 3, 32, 32)
+    before = model(pixel_values=pixels).logits
+    parts = screen.SwitchableParts(model)
+    with parts.anchor(0.3):
+        assert torch.allclose(model(pixel_values=pixels).logits, before, atol=1e-6)
+    with parts.anchor(0.3):
+        model(pixel_values=pixels).logits.sum().backward()
+    norm = next(m for m in model.modules() if isinstance(m, torch.nn.LayerNorm))
+    assert norm.weight.grad is None  # the shared copy is bypassed while an anchor is in use
+    assert norm.anchor_weight["a3"].grad is not None and norm.anchor_weight["a2"].grad is None
+
+    clone = copy.deepcopy(model)  # recover() trains a deep copy: its hooks must follow the same anchor switch
+    with torch.no_grad():
+        next(m for m in clone.modules() if isinstance(m, torch.nn.LayerNorm)).anchor_bias["a3"].add_(1.0)
+    assert torch.allclose(clone(pixel_values=pixels).logits, before, atol=1e-6)
+    with parts.anchor(0.3):
+        assert not torch.allclose(clone(pixel_values=pixels).logits, before, atol=1e-3)
+
+
+@pytest.mark.slow  # three tiny trainings and their evaluations
+def test_variants_run_and_leave_the_recovery_module_as_it_was(screen, tmp_path):
+    elastic, calibration, val, bank = recovery_benchmark_inputs(tmp_path, 8)
+    patched = (recovery.per_image_loss, recovery.prefix_view, recovery._step_views,
+               hf_snapvit.ElasticRanking.check_matches)
+    for name, sparsities in [("recovery@0.5", {"0.5"}), ("elastic-balanced", {"0.0", "0.3", "0.5"}),
+                             ("elastic-switchable", {"0.0", "0.3", "0.5"})]:
+        top1 = screen.run_variant(name, str(elastic), calibration, val, bank, steps=2, batch_size=4, k=3)
+        assert set(top1) == sparsities and all(0.0 <= v <= 1.0 for v in top1.values())
+    assert (recovery.per_image_loss, recovery.prefix_view, recovery._step_views,
+            hf_snapvit.ElasticRanking.check_matches) == patched
