@@ -77,6 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         kind = str if name == "mixed_precision" else int if name in ("warmup_steps", "elastic_samples") else float
         parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
     parser.add_argument("--crop-scale", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"))
+    parser.add_argument("--elastic-range", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+                        help="sparsities elastic recovery trains (default: 0 to the largest of --sparsities)")
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tag", default="", help="suffix of the recovered rows' variant names (settings sweeps)")
@@ -96,7 +98,8 @@ def recovery_config(args: argparse.Namespace, *, elastic: bool) -> hf_snapvit.Re
         given["crop_scale"] = tuple(args.crop_scale)
     return hf_snapvit.RecoveryConfig(steps=args.elastic_steps if elastic else args.steps,
                                      batch_size=args.batch_size, num_images=None, seed=args.seed, elastic=elastic,
-                                     elastic_range=(0.0, max(args.sparsities)), **given)
+                                     elastic_range=tuple(args.elastic_range or (0.0, max(args.sparsities))),
+                                     **given)
 
 
 def timed(load: Callable[[], Any]) -> tuple[Any, float]:
@@ -175,7 +178,7 @@ def plot(results: dict, path: Path, preset: str | None = None) -> None:
 
 
 def stored_ranking(path: Path, base: Any) -> hf_snapvit.ElasticRanking:
-    """A ranking file of ``benchmarks/defaults_vit_tiny.py`` (scores and floors, no shape) or ``ElasticRanking.to_dict``."""
+    """A ranking of ``benchmarks/defaults_vit_tiny.py`` (scores and floors, no shape) or ``ElasticRanking.to_dict``."""
     from hf_snapvit.budget import model_shape
 
     stored = json.loads(path.read_text())
