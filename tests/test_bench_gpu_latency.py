@@ -7,12 +7,8 @@ import json
 from helpers import load_benchmark
 
 
-def load_script():
-    return load_benchmark("bench_gpu_latency")
-
-
 def test_the_width_benchmark_measures_every_precision_multiple_and_sparsity_side_by_side(tmp_path):
-    script = load_script()
+    script = load_benchmark("bench_gpu_latency")
     output = tmp_path / "latency.json"
     assert script.main(["--device", "cpu", "--shapes", "tiny", "--precisions", "fp32", "bf16", "--multiples", "1",
                         "64", "--sparsities", "0.3", "0.6", "--batch-sizes", "1", "2", "--repeats", "1",

@@ -15,10 +15,6 @@ from PIL import Image
 from helpers import load_benchmark
 
 
-def load_script():
-    return load_benchmark("bench_ranking_time")
-
-
 def _parquet(path: Path, count: int) -> Path:
     rng = np.random.default_rng(0)
     cells = []
@@ -32,7 +28,7 @@ def _parquet(path: Path, count: int) -> Path:
 
 @pytest.mark.slow
 def test_the_ranking_benchmark_records_phases_and_the_forward_floor_for_each_preset_and_precision(tmp_path):
-    script = load_script()
+    script = load_benchmark("bench_ranking_time")
     output = tmp_path / "ranking_time.json"
     data = _parquet(tmp_path / "train.parquet", 12)
     assert script.main(["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "paper", "--images", "6",
@@ -56,7 +52,7 @@ def test_the_ranking_benchmark_records_phases_and_the_forward_floor_for_each_pre
 
 
 def test_the_ranking_benchmark_reads_only_the_images_it_needs_and_says_when_there_are_too_few(tmp_path):
-    script = load_script()
+    script = load_benchmark("bench_ranking_time")
     data = _parquet(tmp_path / "train.parquet", 5)
     assert len(script.load_images(str(data), 3, 0)) == 3
     with pytest.raises(SystemExit, match="holds 5 images; this run needs 8"):

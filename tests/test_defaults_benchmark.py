@@ -4,23 +4,15 @@ with exactly the named changes."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
 import hf_snapvit
 from hf_snapvit.methods.snapvit import FITNESS_BATCH_SIZE
 
-from helpers import load_benchmark
+from helpers import BENCHMARKS, load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "defaults_vit_tiny.py"
-
-
-def _load():
-    return load_benchmark("defaults_vit_tiny")
-
-
-defaults = _load()
+defaults = load_benchmark("defaults_vit_tiny")
 FAST = hf_snapvit.SnapViTConfig.preset("fast")
 
 
@@ -36,7 +28,7 @@ def test_specs_reproduce_the_committed_rows():
     """Every committed fit records its settings; the script's config for its spec must be exactly those."""
     import json
 
-    rankings = SCRIPT.parent / "results" / "defaults_vit_tiny" / "rankings"
+    rankings = BENCHMARKS / "results" / "defaults_vit_tiny" / "rankings"
     fits = sorted(rankings.glob("*.fit.json"))
     assert fits
     for path in fits:

@@ -15,11 +15,7 @@ from helpers import load_benchmark
 pytest.importorskip("torch_pruning", reason="torch-pruning (the peer under comparison) is not installed; "
                                             "pip install -e '.[test]'")
 
-def _load_benchmark():
-    return load_benchmark("peer_torch_pruning")
-
-
-peer = _load_benchmark()
+peer = load_benchmark("peer_torch_pruning")
 
 CONFIG = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48, image_size=32,
               patch_size=8, num_labels=5)
