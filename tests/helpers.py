@@ -40,6 +40,23 @@ def load_benchmark(name: str) -> types.ModuleType:
     spec.loader.exec_module(module)
     return module
 
+def spearman(a, b) -> float:
+    """Spearman's rank correlation of two equal-length sequences: Pearson's correlation of their ranks, tied values
+    sharing their average rank (as scipy.stats.spearmanr does, without needing scipy)."""
+    ranks = []
+    for values in (a, b):
+        x = torch.as_tensor(np.asarray(values, dtype=np.float64).ravel())
+        order = torch.argsort(x, stable=True)
+        rank = torch.empty_like(x)
+        rank[order] = torch.arange(x.numel(), dtype=x.dtype)
+        # Ties: every member of a group of equal values gets the group's mean rank.
+        _, group, counts = torch.unique(x, return_inverse=True, return_counts=True)
+        sums = torch.zeros(counts.numel(), dtype=x.dtype).index_add_(0, group, rank)
+        ranks.append((sums / counts)[group])
+    ra, rb = (r - r.mean() for r in ranks)
+    return float((ra @ rb) / (ra.norm() * rb.norm()))
+
+
 COMMON = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
 
 
