@@ -1,7 +1,9 @@
 """hf_snapvit: elastic vision transformers for Hugging Face transformers.
 
 Rank every attention head and FFN neuron once (:func:`rank`), store the ranking in a normal checkpoint
-(:func:`save_elastic`), and load any smaller model from it in one call (:meth:`ElasticViTModel.from_pretrained`).
+(:func:`save_elastic`), and load any smaller model from it in one call (:meth:`ElasticViTModel.from_pretrained`),
+or load it once with ``switchable=True`` and change its size in place (``model.set_budget(...)``), by sparsity,
+parameters, GFLOPs or measured latency (:func:`measure_latency`).
 
 The names here are the public API. The research harness (sweeps, benchmarks, the xNES optimiser, scores) and the
 in-place surgery (``slicing.slice_model_``, ``correction.correct_model_``) stay importable from their submodules.
@@ -21,6 +23,7 @@ from .data import load_image_dataset
 from .errors import (BudgetError, CheckpointError, ConfigError, DataError, RankingFormatError, SnapViTError,
                      UnsupportedArchitectureError)
 from .hub import push_to_hub
+from .latency_table import LatencyTable, measure_latency
 from .methods import available_methods, rank, register_method
 from .methods.snapvit import SnapViTConfig, SnapViTPruner
 from .modeling import ElasticViTModel
@@ -29,6 +32,7 @@ from .ranking import ElasticRanking, Floors
 from .recovery import RecoveryConfig, recover
 from .saving import save_elastic
 from .scoring import ScoreConfig
+from .switchable import ElasticBudget
 from .views import MultiCropConfig
 
 __all__ = [
@@ -38,9 +42,11 @@ __all__ = [
     "ConfigError",
     "CorrectionConfig",
     "DataError",
+    "ElasticBudget",
     "ElasticRanking",
     "ElasticViTModel",
     "Floors",
+    "LatencyTable",
     "KeepCounts",
     "MultiCropConfig",
     "RankingFormatError",
@@ -55,6 +61,7 @@ __all__ = [
     "estimate_gflops",
     "evaluate",
     "load_image_dataset",
+    "measure_latency",
     "plot_allocation",
     "push_to_hub",
     "rank",

@@ -326,6 +326,19 @@ def forward_inputs(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None
     return kwargs
 
 
+def dummy_inputs(model: PreTrainedModel, batch_size: int, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded random ``pixel_values`` of the model's configured input size (``[B, C, H, W]``; patch sequences for
+    backbones that take them, e.g. SigLIP2)."""
+    config = vision_config(model.config)
+    size = input_size(model.config)
+    channels = int(getattr(config, "num_channels", 3))
+    generator = torch.Generator().manual_seed(seed)
+    pixels = torch.randn(batch_size, channels, size, size, generator=generator)
+    if getattr(get_spec(model), "patch_inputs", False):
+        return patchify(pixels, int(config.patch_size))
+    return {"pixel_values": pixels}
+
+
 def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None):
     """The ``[B, D]`` embedding that represents each image, computed by the backbone (task heads are skipped).
 

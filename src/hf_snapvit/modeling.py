@@ -19,7 +19,9 @@ from .correction import CorrectionConfig, correct_model_
 from .errors import BudgetError, CheckpointError, ConfigError, CorrectionError, RankingFormatError, RecoveryError
 from .ranking import ElasticRanking, KeepCounts
 from .recovery import RecoveryConfig, recover_
-from .sliced import as_sliced
+from .latency_table import load_latency_tables
+from .sliced import finish_sliced
+from .switchable import as_switchable
 from .slicing import slice_model_
 from .views import load_processor
 
@@ -50,6 +52,7 @@ class ElasticViTModel:
         correction: CorrectionConfig | None = None,
         recovery_data: Any = None, recovery: RecoveryConfig | None = None,
         processor: Any = None,
+        switchable: bool = False,
         **kwargs: Any,
     ) -> PreTrainedModel:
         """Load an elastic checkpoint at a budget, reading only the weights that budget keeps.
@@ -71,6 +74,8 @@ class ElasticViTModel:
             recovery_data, recovery: Images (as ``correction_data``, or a stream) and a ``RecoveryConfig``: the
                 model is distilled from the dense one (:func:`hf_snapvit.recover`, after any correction).
             processor: Image processor for the images of either; by default the checkpoint's own.
+            switchable: Load every unit; the model then changes size in place (``model.set_budget(...)``, see
+                :mod:`hf_snapvit.switchable`), starting at the budget given here, else at full size.
             **kwargs: ``revision``, ``token``, ``cache_dir``, ``force_download``, ``local_files_only``, ``subfolder``
                 and ``proxies`` go to the Hub; ``dtype`` (or ``torch_dtype``), ``attn_implementation`` and
                 ``device_map`` (one device, or ``"auto"``: the accelerator if there is one, else the CPU) shape the
@@ -84,8 +89,7 @@ class ElasticViTModel:
             hf_snapvit (:mod:`hf_snapvit.remote_code`). A corrected (recovered) model also records
             ``config.elastic_correction`` (``elastic_recovery``); both reload at their saved size only.
 
-        Example:
-            >>> model = ElasticViTModel.from_pretrained("my-org/vit-elastic", sparsity=0.3)  # doctest: +SKIP
+        Example: ``ElasticViTModel.from_pretrained("my-org/vit-elastic", sparsity=0.3)``.
         """
         hub_kwargs = {k: kwargs.pop(k) for k in HUB_KWARGS if k in kwargs}
         build_kwargs, device = _build_options(kwargs)
@@ -96,7 +100,8 @@ class ElasticViTModel:
         get_spec(config)  # unsupported architectures fail before any weight is touched
         ranking, layout = elastic_entries(config, pretrained_model_name_or_path)
         resized = any(v is not None for v in (sparsity, target_params, target_gflops))
-        _check_fit_arguments((correction_data, correction), (recovery_data, recovery), layout, budget=resized)
+        fitting = (correction_data, correction), (recovery_data, recovery)
+        _check_fit_arguments(*fitting, layout, budget=resized, switchable=switchable)
         build_kwargs["dtype"] = _dtype(build_kwargs["dtype"], config)
         if layout is not None:
             del config.elastic_layout  # the skeleton is built dense, then sliced
@@ -108,36 +113,59 @@ class ElasticViTModel:
         stored = _stored_widths(layout, dense_shape)
         counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
                                            target_gflops, width_multiple, corrected=_fitted_to_size(config))
-        keep = [(np.arange(h), np.arange(f)) for h, f in zip(counts.heads, counts.neurons)]
-        fit = correction_data is not None or recovery_data is not None  # both start from the dense weights
-        _load_weights(model, [(np.arange(h), np.arange(f)) for h, f in zip(*stored)] if fit else keep, reader, stored)
-        if device is not None:
-            model.to(device)
-        if fit:
-            images = correction_data if correction_data is not None else recovery_data
-            processor = _processor_for(images, processor, pretrained_model_name_or_path, hub_kwargs)
-            _fit(model, keep, (correction_data, correction), (recovery_data, recovery), processor)
-        return _finish(model, pretrained_model_name_or_path, counts, multiple, dense_shape)
+        if switchable:
+            return _load_switchable(model, pretrained_model_name_or_path, ranking, dense_shape, reader, device,
+                                    hub_kwargs, (sparsity, target_params, target_gflops, width_multiple))
+        _load_sized(model, counts, stored, reader, device, fitting, processor,
+                    lambda images, given: _processor_for(images, given, pretrained_model_name_or_path, hub_kwargs))
+        model.config._name_or_path = str(pretrained_model_name_or_path)
+        return finish_sliced(model, counts, multiple, dense_shape)
 
 
-def _finish(model: PreTrainedModel, source: str | os.PathLike, counts: KeepCounts, multiple: int | None,
-            dense_shape: Any) -> PreTrainedModel:
-    """Record where the model came from and, when it is smaller than the dense one, its layout and sliced class
-    (whose ``save_pretrained`` / ``push_to_hub`` write what other libraries need to load and describe it)."""
+def _load_sized(model: PreTrainedModel, counts: KeepCounts, stored: tuple[list[int], list[int]],
+                reader: CheckpointReader, device: Any, fitting: tuple[tuple[Any, Any], tuple[Any, Any]],
+                processor: Any, processor_for: Any) -> None:
+    """Fill the skeleton with the units ``counts`` keeps; with correction or recovery data, load what the checkpoint
+    holds (both start from the dense weights), then correct and/or recover it down to ``counts``."""
+    (correction_data, _), (recovery_data, _) = fitting
+    keep = [(np.arange(h), np.arange(f)) for h, f in zip(counts.heads, counts.neurons)]
+    fit = correction_data is not None or recovery_data is not None
+    _load_weights(model, [(np.arange(h), np.arange(f)) for h, f in zip(*stored)] if fit else keep, reader, stored)
+    if device is not None:
+        model.to(device)
+    if fit:
+        images = correction_data if correction_data is not None else recovery_data
+        _fit(model, keep, *fitting, processor_for(images, processor))
+
+
+def _check_switchable(switchable: Any, layout: dict | None, fitting: bool) -> None:
+    if not isinstance(switchable, bool):
+        raise ConfigError(f"switchable={switchable!r} must be True or False.")
+    if switchable and layout is not None:
+        raise ConfigError("switchable=True needs the dense elastic checkpoint (every unit in rank order), but this "
+                          "one is sliced (config.elastic_layout is set). Load the elastic checkpoint it came from.")
+    if switchable and fitting:
+        raise ConfigError("Correction and recovery fit the weights to one size, so they cannot serve a switchable "
+                          "model. Load switchable=True without correction_data/recovery_data; for a checkpoint that "
+                          "is good at many sizes, recover with RecoveryConfig(elastic=True) and save_elastic.")
+
+
+def _load_switchable(model: PreTrainedModel, source: str | os.PathLike, ranking: ElasticRanking, dense_shape: Any,
+                     reader: CheckpointReader, device: Any, hub_kwargs: dict[str, Any],
+                     budget: tuple[Any, Any, Any, Any]) -> PreTrainedModel:
+    """Fill the dense skeleton with every unit, make it switchable, and switch it to ``budget`` (sparsity,
+    target_params, target_gflops, width_multiple) if one is given."""
+    everything = [(np.arange(h), np.arange(f)) for h, f in zip(dense_shape.dense_heads, dense_shape.dense_neurons)]
+    _load_weights(model, everything, reader, (dense_shape.dense_heads, dense_shape.dense_neurons))
+    if device is not None:
+        model.to(device)
     model.config._name_or_path = str(source)
-    if counts.heads != dense_shape.dense_heads or counts.neurons != dense_shape.dense_neurons:
-        model.config.elastic_layout = _layout(counts, multiple)
-        as_sliced(model)
+    as_switchable(model, ranking, dense_shape, load_latency_tables(source, **hub_kwargs))
+    sparsity, target_params, target_gflops, width_multiple = budget
+    if any(v is not None for v in (sparsity, target_params, target_gflops)):
+        model.set_budget(sparsity, target_params=target_params, target_gflops=target_gflops,
+                         width_multiple=width_multiple)
     return model
-
-
-def _layout(counts: KeepCounts, width_multiple: int | None) -> dict[str, Any]:
-    """``config.elastic_layout`` of a sliced model: its widths, size, and the multiple its FFN widths were cut to."""
-    layout = {"num_heads": counts.heads, "intermediate_size": counts.neurons, "sparsity": round(counts.sparsity, 6),
-              "num_params": counts.num_params, "gflops": round(counts.gflops, 6)}
-    if width_multiple is not None:
-        layout["width_multiple"] = width_multiple
-    return layout
 
 
 def _build_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -197,9 +225,11 @@ def _check_correction_arguments(correction: Any, correction_data: Any, layout: d
 
 
 def _check_fit_arguments(correcting: tuple[Any, Any], recovering: tuple[Any, Any], layout: dict | None, *,
-                         budget: bool) -> None:
-    """Check the ``(data, config)`` pairs of correction and recovery against the checkpoint and the budget."""
+                         budget: bool, switchable: Any = False) -> None:
+    """Check the ``(data, config)`` pairs of correction and recovery against the checkpoint, the budget and
+    ``switchable``."""
     (correction_data, correction), (recovery_data, recovery) = correcting, recovering
+    _check_switchable(switchable, layout, correction_data is not None or recovery_data is not None)
     _check_correction_arguments(correction, correction_data, layout)
     if recovery is not None and not isinstance(recovery, RecoveryConfig):
         raise RecoveryError(f"recovery must be a RecoveryConfig, got {type(recovery).__name__}.")

@@ -103,12 +103,12 @@ def remote_classes(model: transformers.PreTrainedModel) -> dict[str, str]:
     """``{auto class: stock class name}`` for a sliced model's ``auto_map``: its own class under every auto class
     that loads it. A classifier's backbone is not offered under ``AutoModel``: transformers 5 cannot load a backbone
     from a classifier checkpoint whose weight names it converts (stock ViT included)."""
-    stock = _stock_class(type(model))
+    stock = stock_class(type(model))
     return {auto: stock.__name__ for auto in auto_classes(stock)}
 
 
-def _stock_class(cls: type) -> type:
-    """The transformers class ``cls`` is (or subclasses, for hf_snapvit's sliced classes)."""
+def stock_class(cls: type) -> type:
+    """The transformers class ``cls`` is (or subclasses, for hf_snapvit's sliced and switchable twins)."""
     return next(c for c in cls.__mro__ if c.__module__.startswith("transformers."))
 
 

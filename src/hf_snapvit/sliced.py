@@ -125,6 +125,21 @@ def as_sliced(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
+def finish_sliced(model: PreTrainedModel, counts: Any, width_multiple: int | None, dense_shape: Any) -> PreTrainedModel:
+    """Give a model just cut to ``counts`` (a :class:`~hf_snapvit.budget.KeepCounts`), when it is smaller than the
+    dense model of ``dense_shape``, its ``config.elastic_layout`` and its sliced class, in place (whose
+    ``save_pretrained`` / ``push_to_hub`` write what other libraries need to load and describe it)."""
+    if counts.heads != dense_shape.dense_heads or counts.neurons != dense_shape.dense_neurons:
+        layout = {"num_heads": list(counts.heads), "intermediate_size": list(counts.neurons),
+                  "sparsity": round(counts.sparsity, 6), "num_params": counts.num_params,
+                  "gflops": round(counts.gflops, 6)}
+        if width_multiple is not None:
+            layout["width_multiple"] = width_multiple
+        model.config.elastic_layout = layout
+        as_sliced(model)
+    return model
+
+
 def __getattr__(name: str) -> type:
     """``hf_snapvit.sliced.<transformers class name>``: that class's sliced twin (how pickle finds it again)."""
     stock = getattr(transformers, name, None) if not name.startswith("_") else None

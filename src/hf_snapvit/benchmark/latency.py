@@ -20,22 +20,9 @@ import torch.nn as nn
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..architectures import get_spec, input_size, patchify, vision_config
+from ..architectures import dummy_inputs
 from ..errors import BenchmarkError
 from ..ranking import ElasticRanking
-
-
-def dummy_inputs(model: PreTrainedModel, batch_size: int, *, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded random ``pixel_values`` of the model's configured input size (``[B, C, H, W]``; patch sequences for
-    backbones that take them, e.g. SigLIP2)."""
-    config = vision_config(model.config)
-    size = input_size(model.config)
-    channels = int(getattr(config, "num_channels", 3))
-    generator = torch.Generator().manual_seed(seed)
-    pixels = torch.randn(batch_size, channels, size, size, generator=generator)
-    if getattr(get_spec(model), "patch_inputs", False):
-        return patchify(pixels, int(config.patch_size))
-    return {"pixel_values": pixels}
 
 
 def _synchronize(device: torch.device) -> None:

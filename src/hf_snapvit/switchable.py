@@ -1,0 +1,271 @@
+"""Switchable models: one resident model that changes size between two forward passes.
+
+``ElasticViTModel.from_pretrained(path, switchable=True)`` returns the stock transformers model with every unit of
+the elastic checkpoint, in rank order, as an instance of its switchable twin ``hf_snapvit.switchable.<StockClass>``
+(the stock name, so ``config.architectures``, pipelines and pickle see the stock class, as with
+:mod:`hf_snapvit.sliced`). The twin adds :meth:`~SwitchableModelMixin.set_budget`, the
+:meth:`~SwitchableModelMixin.budget` context manager, :attr:`~SwitchableModelMixin.elastic_budget` and saving at the
+current size or whole. Each size is a prefix of every projection (:mod:`hf_snapvit.switching`), so a switch changes a
+few integers per block and no weight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch.nn as nn
+import transformers
+from transformers import PreTrainedModel
+
+from .budget import KeepCounts, ModelShape, budget_number, resolve_width_multiple
+from .errors import BudgetError, ConfigError
+from .files import atomic_directory
+from .latency_table import LatencyTable, choose_table, device_name, dtype_name, write_latency_file
+from .ranking import ElasticRanking
+from .remote_code import stock_class
+from .sliced import finish_sliced
+from .switching import PrefixLinear, capacity, make_switchable_, set_widths_
+
+_CLASSES: dict[type, type] = {}
+
+
+@dataclass(frozen=True)
+class ElasticBudget:
+    """The size a switchable model computes at now.
+
+    Args:
+        heads, neurons: Heads and FFN neurons each block uses.
+        sparsity: Fraction of the dense backbone's parameters left out.
+        num_params: Backbone parameters in use.
+        gflops: Theoretical GFLOPs of one image.
+        width_multiple: The FFN width multiple the budget was resolved with.
+        requested: What ``set_budget`` was asked (``{"sparsity": 0.3}``, ``{"latency_ms": 4.0, "batch_size": 8}``).
+        predicted_latency_ms: For a latency budget, the latency the table predicts at this size.
+    """
+
+    heads: tuple[int, ...]
+    neurons: tuple[int, ...]
+    sparsity: float
+    num_params: int
+    gflops: float
+    width_multiple: int | None
+    requested: dict[str, Any] = field(default_factory=dict)
+    predicted_latency_ms: float | None = None
+
+    @classmethod
+    def of(cls, counts: KeepCounts, width_multiple: int | None, requested: dict[str, Any],
+           predicted_latency_ms: float | None = None) -> "ElasticBudget":
+        return cls(tuple(counts.heads), tuple(counts.neurons), counts.sparsity, counts.num_params, counts.gflops,
+                   width_multiple, dict(requested), predicted_latency_ms)
+
+    def counts(self) -> KeepCounts:
+        return KeepCounts(heads=list(self.heads), neurons=list(self.neurons), num_params=self.num_params,
+                          gflops=self.gflops, sparsity=self.sparsity)
+
+
+@dataclass
+class _SwitchState:
+    """What a switchable model carries besides its modules: the ranking, the dense shape, the current budget and the
+    latency tables."""
+
+    ranking: ElasticRanking
+    shape: ModelShape
+    current: ElasticBudget
+    tables: list[LatencyTable] = field(default_factory=list)
+
+
+class SwitchableModelMixin:
+    """What a switchable class adds to its stock transformers class (see the module docstring)."""
+
+    _elastic_switch: _SwitchState
+
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        """``False``: the modules and weight names are the stock class's."""
+        return False
+
+    def _switch_state(self) -> _SwitchState:
+        state = self.__dict__.get("_elastic_switch")
+        if state is None:
+            raise ConfigError(f"This {type(self).__name__} has no elastic ranking attached; load it with "
+                              "hf_snapvit.ElasticViTModel.from_pretrained(path, switchable=True).")
+        return state
+
+    @property
+    def elastic_budget(self) -> ElasticBudget:
+        """The current size: per-block heads and FFN widths, sparsity, parameters, GFLOPs, and what was asked."""
+        return self._switch_state().current
+
+    @property
+    def elastic_latency_tables(self) -> list[LatencyTable]:
+        """The latency tables ``set_budget(latency_ms=...)`` can use (loaded with the checkpoint or measured)."""
+        return list(self._switch_state().tables)
+
+    def add_latency_table(self, table: LatencyTable) -> None:
+        """Keep ``table`` for latency budgets, replacing a table with the same device, dtype, batch and multiple."""
+        if not isinstance(table, LatencyTable):
+            raise ConfigError(f"add_latency_table takes a LatencyTable, got {type(table).__name__}.")
+        state = self._switch_state()
+        state.tables = [t for t in state.tables if t.key() != table.key()] + [table]
+
+    def max_sparsity(self, width_multiple: int | None = None) -> float:
+        """The largest sparsity the ranking's per-block floors allow at ``width_multiple``."""
+        return self._switch_state().ranking.max_sparsity_for(width_multiple)
+
+    def set_budget(self, sparsity: float | None = None, *, target_params: int | None = None,
+                   target_gflops: float | None = None, latency_ms: float | None = None,
+                   batch_size: int | None = None, width_multiple: int | None = None) -> ElasticBudget:
+        """Switch the model to a budget, in place; no weight is copied, allocated or freed.
+
+        Give exactly one of:
+            sparsity: Fraction of the backbone's parameters to leave out (0 = the dense model).
+            target_params: Backbone parameters to use.
+            target_gflops: Theoretical GFLOPs of one image.
+            latency_ms: The largest size whose latency, measured on this device in this dtype
+                (:func:`hf_snapvit.measure_latency`, or ``elastic_latency.json`` beside the checkpoint), fits;
+                interpolated between measured sizes. ``batch_size`` picks the table when several batch sizes were
+                measured here.
+
+        Resolution, floors and width alignment are those of ``ElasticViTModel.from_pretrained``
+        (``width_multiple``: ``None`` = the default, 64 for ViT-S/B/L; ``1`` = exact widths).
+
+        Returns:
+            The new :attr:`elastic_budget`.
+
+        Raises:
+            BudgetError: the budget is not a finite number, is out of range (the message gives the range), or no
+                latency table matches this device, dtype and batch size.
+        """
+        state = self._switch_state()
+        requested = {k: v for k, v in (("sparsity", sparsity), ("target_params", target_params),
+                                       ("target_gflops", target_gflops), ("latency_ms", latency_ms)) if v is not None}
+        if len(requested) != 1:
+            raise BudgetError(f"Give exactly one of sparsity, target_params, target_gflops or latency_ms; got "
+                              f"{sorted(requested) or 'none'}.")
+        if batch_size is not None and latency_ms is None:
+            raise BudgetError("batch_size= only selects the latency table of a latency_ms budget.")
+        multiple = resolve_width_multiple(width_multiple, state.shape.intermediate_size)
+        predicted = None
+        if latency_ms is not None:
+            budget_number("latency_ms", latency_ms)
+            if latency_ms <= 0:
+                raise BudgetError(f"latency_ms={latency_ms!r} must be positive (milliseconds per forward pass).")
+            parameter = next(self.parameters())
+            table = choose_table(state.tables, device_name(parameter.device), dtype_name(parameter.dtype), multiple,
+                                 batch_size)
+            sparsity = min(table.sparsity_for(latency_ms), state.ranking.max_sparsity_for(multiple))
+            requested["batch_size"] = table.batch_size
+        counts = state.ranking.keep_counts(sparsity, target_params=target_params, target_gflops=target_gflops,
+                                           width_multiple=multiple)
+        if latency_ms is not None:
+            predicted = table.latency_at(counts.sparsity)
+        self._apply_budget(ElasticBudget.of(counts, multiple, requested, predicted))
+        return state.current
+
+    def _apply_budget(self, budget: ElasticBudget) -> None:
+        state = self._switch_state()
+        held_heads, held_neurons = state.shape.dense_heads, state.shape.dense_neurons
+        if any(h > c for h, c in zip(budget.heads, held_heads)) or any(
+                f > c for f, c in zip(budget.neurons, held_neurons)):
+            raise BudgetError(f"The budget needs {list(budget.heads)} heads and {list(budget.neurons)} neurons per "
+                              f"block, more than this model holds ({held_heads}, {held_neurons}).")
+        set_widths_(self, budget.heads, budget.neurons)
+        state.current = budget
+
+    @contextlib.contextmanager
+    def budget(self, sparsity: float | None = None, **kwargs: Any) -> Iterator[ElasticBudget]:
+        """``with model.budget(sparsity=0.5): ...``: a temporary size (any :meth:`set_budget` arguments); the size
+        before is restored on exit, also after an exception."""
+        previous = self.elastic_budget
+        try:
+            yield self.set_budget(sparsity, **kwargs)
+        finally:
+            self._apply_budget(previous)
+
+    def to_sliced(self) -> PreTrainedModel:
+        """A standalone, physically sliced copy at the current size: what ``from_pretrained(path, sparsity=...)``
+        returns for this budget. Only the kept prefixes are copied; the switchable model is not changed."""
+        memo: dict[int, Any] = {id(self.__dict__["_elastic_switch"]): None}
+        for module in self.modules():
+            if isinstance(module, PrefixLinear):
+                rows, cols = module.out_features, module.in_features
+                memo[id(module.weight)] = nn.Parameter(module.weight.detach()[:rows, :cols].clone(),
+                                                       requires_grad=module.weight.requires_grad)
+                if module.bias is not None:
+                    memo[id(module.bias)] = nn.Parameter(module.bias.detach()[:rows].clone(),
+                                                         requires_grad=module.bias.requires_grad)
+        sliced = copy.deepcopy(self, memo)
+        del sliced.__dict__["_elastic_switch"]
+        for module in sliced.modules():
+            if isinstance(module, PrefixLinear):
+                module.__class__ = nn.Linear
+        sliced.__class__ = stock_class(type(self))
+        state = self._switch_state()
+        return finish_sliced(sliced, state.current.counts(), state.current.width_multiple, state.shape)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, whole: bool = False,
+                        **kwargs: Any) -> None:
+        """Save at the current size (``whole=False``, the default: the sliced checkpoint ``to_sliced()`` saves, with
+        its card and loading module), or ``whole=True``: the elastic checkpoint (every unit in rank order, the
+        ranking in ``config.json``) with the latency tables as ``elastic_latency.json``. At full size both are the
+        elastic checkpoint. Other arguments are transformers' ``save_pretrained``'s."""
+        if not whole and self.elastic_budget.sparsity > 0:
+            return self.to_sliced().save_pretrained(save_directory, *args, **kwargs)
+        if not kwargs.get("is_main_process", True) or kwargs.get("push_to_hub"):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        with atomic_directory(save_directory) as staging:
+            super().save_pretrained(staging, *args, **kwargs)
+            if self._switch_state().tables:
+                write_latency_file(self._switch_state().tables, staging, merge=False)
+        return None
+
+    def push_to_hub(self, repo_id: str, *args: Any, whole: bool = False, **kwargs: Any) -> Any:
+        """transformers' ``push_to_hub`` of what :meth:`save_pretrained` saves: the current size (``whole=False``),
+        or the elastic checkpoint."""
+        if not whole and self.elastic_budget.sparsity > 0:
+            return self.to_sliced().push_to_hub(repo_id, *args, **kwargs)
+        return super().push_to_hub(repo_id, *args, **kwargs)
+
+
+def switchable_class(stock: type) -> type:
+    """The switchable twin of the transformers model class ``stock`` (cached; ``stock`` itself if it is one)."""
+    if issubclass(stock, SwitchableModelMixin):
+        return stock
+    if stock not in _CLASSES:
+        _CLASSES[stock] = type(stock.__name__, (SwitchableModelMixin, stock), {
+            "__module__": __name__, "__qualname__": stock.__name__,
+            "__doc__": f"transformers.{stock.__name__} that switches size in place (hf_snapvit.switchable)."})
+    return _CLASSES[stock]
+
+
+def as_switchable(model: PreTrainedModel, ranking: ElasticRanking, shape: ModelShape,
+                  tables: list[LatencyTable] | None = None) -> PreTrainedModel:
+    """Make a dense ``model`` (every unit loaded, in the rank order of ``ranking``) switchable, in place, at full
+    size. Only module classes change."""
+    held = capacity(model)
+    if held != (shape.dense_heads, shape.dense_neurons):
+        raise ConfigError(f"A switchable model needs every unit of the dense model; this one holds {held}.")
+    make_switchable_(model)
+    stock = stock_class(type(model))
+    if getattr(transformers, stock.__name__, None) is not stock:
+        raise ConfigError(f"{stock.__name__} is not a model class transformers exports; switchable models are "
+                          "built from transformers' own classes.")
+    model.__class__ = switchable_class(stock)
+    dense = ranking.keep_counts(0.0, width_multiple=1)
+    model.__dict__["_elastic_switch"] = _SwitchState(ranking, shape, ElasticBudget.of(dense, None, {}), [])
+    for table in tables or []:
+        model.add_latency_table(table)
+    return model
+
+
+def __getattr__(name: str) -> type:
+    """``hf_snapvit.switchable.<transformers class name>``: that class's switchable twin (how pickle finds it)."""
+    stock = getattr(transformers, name, None) if not name.startswith("_") else None
+    if isinstance(stock, type) and issubclass(stock, PreTrainedModel):
+        return switchable_class(stock)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
