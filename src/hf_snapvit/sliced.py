@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import transformers
 from huggingface_hub import ModelCard
@@ -140,9 +140,15 @@ def finish_sliced(model: PreTrainedModel, counts: Any, width_multiple: int | Non
     return model
 
 
-def __getattr__(name: str) -> type:
-    """``hf_snapvit.sliced.<transformers class name>``: that class's sliced twin (how pickle finds it again)."""
-    stock = getattr(transformers, name, None) if not name.startswith("_") else None
-    if isinstance(stock, type) and issubclass(stock, PreTrainedModel):
-        return sliced_class(stock)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def twin_lookup(module: str, twin: Callable[[type], type]) -> Callable[[str], type]:
+    """A module ``__getattr__`` under which ``<module>.<transformers class name>`` is ``twin(that class)``: how
+    pickle, deepcopy and ``AutoPeftModel`` find hf_snapvit's twins of the stock classes again."""
+    def lookup(name: str) -> type:
+        stock = getattr(transformers, name, None) if not name.startswith("_") else None
+        if isinstance(stock, type) and issubclass(stock, PreTrainedModel):
+            return twin(stock)
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    return lookup
+
+
+__getattr__ = twin_lookup(__name__, sliced_class)

@@ -27,7 +27,7 @@ from .files import atomic_directory
 from .latency_table import LatencyTable, choose_table, device_name, dtype_name, write_latency_file
 from .ranking import ElasticRanking
 from .remote_code import stock_class
-from .sliced import finish_sliced
+from .sliced import finish_sliced, twin_lookup
 from .switching import PrefixLinear, capacity, make_switchable_, set_widths_
 
 _CLASSES: dict[type, type] = {}
@@ -262,10 +262,4 @@ def as_switchable(model: PreTrainedModel, ranking: ElasticRanking, shape: ModelS
     return model
 
 
-def __getattr__(name: str) -> type:
-    """``hf_snapvit.switchable.<transformers class name>``: that class's switchable twin (how pickle finds it)."""
-    stock = getattr(transformers, name, None) if not name.startswith("_") else None
-    if isinstance(stock, type) and issubclass(stock, PreTrainedModel):
-        return switchable_class(stock)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__ = twin_lookup(__name__, switchable_class)

@@ -1,0 +1,142 @@
+"""Latency tables: the inverse of a measured latency curve, which table applies where, files, and the end-to-end
+latency budget on CPU."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import pytest
+import torch
+import transformers
+
+import hf_snapvit as hs
+from hf_snapvit import ElasticViTModel, LatencyTable
+from hf_snapvit.errors import BudgetError, CheckpointError
+from hf_snapvit.latency_table import (LATENCY_FILE, choose_table, device_name, read_latency_file,
+                                      write_latency_file)
+
+
+def table(**overrides) -> LatencyTable:
+    fields = dict(device="cpu: test (2 threads)", dtype="float32", batch_size=8, width_multiple=1,
+                  sparsities=(0.0, 0.2, 0.4, 0.6), gflops=(4.0, 3.2, 2.4, 1.6), latency_ms=(10.0, 8.0, 6.0, 4.0))
+    return LatencyTable(**(fields | overrides))
+
+
+def test_the_largest_size_that_fits_is_interpolated_between_measured_sizes():
+    t = table()
+    assert t.sparsity_for(10.0) == 0.0 and t.sparsity_for(50.0) == 0.0
+    assert t.sparsity_for(7.0) == pytest.approx(0.3)
+    assert t.sparsity_for(4.0) == pytest.approx(0.6)
+    assert t.latency_at(0.3) == pytest.approx(7.0)
+    with pytest.raises(BudgetError, match=r"latency_ms=3\.0 is out of range.*latency_ms >= 4\.000"):
+        t.sparsity_for(3.0)
+
+
+def test_noise_never_makes_a_larger_model_look_faster():
+    # The 0.2 size was measured slower than the dense one: it is charged at least what every smaller size costs.
+    t = table(latency_ms=(8.0, 9.0, 6.0, 4.0))
+    assert list(t.envelope()) == [9.0, 9.0, 6.0, 4.0]
+    assert t.sparsity_for(8.5) == pytest.approx(0.2 + 0.2 * (9.0 - 8.5) / 3.0)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(sparsities=(0.0,), gflops=(1.0,), latency_ms=(1.0,)), "at least 2 sizes"),
+    (dict(latency_ms=(1.0, float("nan"), 1.0, 1.0)), "finite non-negative"),
+    (dict(sparsities=(0.0, 0.4, 0.2, 0.6)), "strictly ascending"),
+    (dict(batch_size=0), "positive integer"),
+])
+def test_bad_tables_are_refused(bad, message):
+    with pytest.raises(CheckpointError, match=message):
+        table(**bad)
+
+
+def test_only_a_table_of_this_device_dtype_batch_and_multiple_applies():
+    cpu8, cpu1 = table(), table(batch_size=1)
+    bf16 = table(dtype="bfloat16")
+    assert choose_table([cpu8, bf16], "cpu: test (2 threads)", "float32", 1, None) is cpu8
+    assert choose_table([cpu8, cpu1], "cpu: test (2 threads)", "float32", 1, 1) is cpu1
+    with pytest.raises(BudgetError, match=r"batch sizes \[1, 8\]: pass batch_size="):
+        choose_table([cpu8, cpu1], "cpu: test (2 threads)", "float32", 1, None)
+    with pytest.raises(BudgetError, match="No latency table for cuda: H100.*measure_latency"):
+        choose_table([cpu8], "cuda: H100", "float32", 1, None)
+    with pytest.raises(BudgetError, match="width multiple 64"):
+        choose_table([cpu8], "cpu: test (2 threads)", "float32", 64, None)
+
+
+def test_files_round_trip_merge_by_key_and_refuse_corruption(tmp_path):
+    write_latency_file([table(), table(batch_size=1)], tmp_path)
+    write_latency_file([table(latency_ms=(5.0, 4.0, 3.0, 2.0))], tmp_path)  # replaces the batch-8 table
+    tables = read_latency_file(tmp_path / LATENCY_FILE)
+    assert sorted(t.batch_size for t in tables) == [1, 8]
+    assert next(t for t in tables if t.batch_size == 8).latency_ms[0] == 5.0
+    (tmp_path / LATENCY_FILE).write_text(json.dumps({"tables": [{"device": "x"}]}))
+    with pytest.raises(CheckpointError, match="lacks"):
+        read_latency_file(tmp_path / LATENCY_FILE)
+    (tmp_path / LATENCY_FILE).write_text("{not json")
+    with pytest.raises(CheckpointError, match="not a readable latency file"):
+        read_latency_file(tmp_path / LATENCY_FILE)
+    (tmp_path / LATENCY_FILE).write_text(json.dumps({"format": 99, "tables": []}))
+    with pytest.raises(CheckpointError, match="upgrade"):
+        read_latency_file(tmp_path / LATENCY_FILE)
+
+
+def test_device_names_say_what_a_latency_is_specific_to():
+    assert device_name("cpu").startswith("cpu: ") and f"({torch.get_num_threads()} threads)" in device_name("cpu")
+
+
+@pytest.fixture(scope="module")
+def switchable_folder(tmp_path_factory):
+    """An elastic ViT large enough that its sizes differ in latency on a CPU (a few ms per pass)."""
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                    intermediate_size=1024, image_size=64, patch_size=8)
+    model = transformers.ViTModel(config).eval()
+    folder = tmp_path_factory.mktemp("elastic")
+    hs.save_elastic(model, hs.rank(model, method="magnitude"), folder)
+    return folder
+
+
+def test_measuring_keeps_the_model_as_it_was_and_refuses_another_device_or_dtype(switchable_folder):
+    model = ElasticViTModel.from_pretrained(switchable_folder, switchable=True, sparsity=0.2)
+    before = model.elastic_budget
+    measured = hs.measure_latency(model, batch_size=2, sparsities=[0.0, 0.3, 0.5], repeats=2, warmup=0,
+                                  show_progress=False)
+    assert model.elastic_budget == before
+    assert model.elastic_latency_tables == [measured]
+    assert measured.batch_size == 2 and measured.dtype == "float32" and measured.device == device_name("cpu")
+    assert len(measured.sparsities) == 3 and measured.gflops[0] > measured.gflops[-1]
+    with pytest.raises(BudgetError, match="differs from the model's dtype"):
+        hs.measure_latency(model, dtype=torch.bfloat16, show_progress=False)
+    with pytest.raises(BudgetError, match="batch_size=0"):
+        hs.measure_latency(model, batch_size=0, show_progress=False)
+    # In another dtype no table applies: the budget asks for a measurement instead of guessing.
+    half = ElasticViTModel.from_pretrained(switchable_folder, switchable=True, dtype=torch.bfloat16)
+    half.add_latency_table(measured)
+    with pytest.raises(BudgetError, match="No latency table for .* bfloat16"):
+        half.set_budget(latency_ms=1e3)
+
+
+@pytest.mark.slow
+def test_a_latency_budget_picks_a_size_whose_measured_latency_fits(switchable_folder):
+    model = ElasticViTModel.from_pretrained(switchable_folder, switchable=True)
+    measured = hs.measure_latency(model, batch_size=4, repeats=9, show_progress=False)
+    curve = measured.envelope()
+    target = float(curve[0] + curve[-1]) / 2  # between the dense and the smallest model
+    budget = model.set_budget(latency_ms=target)
+    assert 0.0 < budget.sparsity <= model.max_sparsity()
+    assert budget.requested == {"latency_ms": target, "batch_size": 4}
+    assert budget.predicted_latency_ms <= target * 1.02  # within one width group of the interpolated size
+    pixels = torch.randn(4, 3, 64, 64)
+    with torch.inference_mode():
+        model(pixel_values=pixels)
+        times = []
+        for _ in range(15):
+            t0 = time.perf_counter()
+            model(pixel_values=pixels)
+            times.append((time.perf_counter() - t0) * 1e3)
+    # The chosen size runs within the target, with the noise of a shared machine as slack (a ratio, not a number).
+    assert statistics.median(times) <= target * 1.25, (statistics.median(times), target, measured)
+    with pytest.raises(BudgetError, match="out of range"):
+        model.set_budget(latency_ms=float(curve[-1]) / 10)
