@@ -140,3 +140,28 @@ def test_a_latency_budget_picks_a_size_whose_measured_latency_fits(switchable_fo
     assert statistics.median(times) <= target * 1.25, (statistics.median(times), target, measured)
     with pytest.raises(BudgetError, match="out of range"):
         model.set_budget(latency_ms=float(curve[-1]) / 10)
+
+
+def test_a_latency_budget_never_resolves_to_a_size_predicted_over_it(switchable_folder):
+    model = ElasticViTModel.from_pretrained(switchable_folder, switchable=True)
+    # A synthetic table, linear in sparsity, for this device: budgets land between any two resolvable sizes.
+    top = model.max_sparsity()
+    model.add_latency_table(LatencyTable(device=device_name("cpu"), dtype="float32", batch_size=1,
+                                         width_multiple=model.set_budget(sparsity=0.0).width_multiple,
+                                         sparsities=(0.0, top), gflops=(2.0, 1.0), latency_ms=(10.0, 5.0)))
+    for target in torch.linspace(5.0, 10.0, 101).tolist():
+        budget = model.set_budget(latency_ms=target)
+        assert budget.predicted_latency_ms <= target + 1e-9, (target, budget)
+    assert model.set_budget(latency_ms=10.0).sparsity == 0.0
+    for bad in (0, -2, True, 1.5):
+        with pytest.raises(BudgetError, match=f"batch_size={bad!r} must be a positive integer"):
+            model.set_budget(latency_ms=8.0, batch_size=bad)
+    with pytest.raises(BudgetError, match="must be a real number"):
+        model.set_budget(sparsity=[0.3])
+
+
+def test_a_custom_grid_always_includes_the_dense_size(switchable_folder):
+    model = ElasticViTModel.from_pretrained(switchable_folder, switchable=True)
+    measured = hs.measure_latency(model, batch_size=1, sparsities=[0.3, 0.5], repeats=1, warmup=0,
+                                  show_progress=False)
+    assert measured.sparsities[0] == 0.0 and len(measured.sparsities) == 3

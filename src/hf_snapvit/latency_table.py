@@ -174,7 +174,8 @@ def choose_table(tables: Sequence[LatencyTable], device: str, dtype: str, width_
     have = [f"{t.device} / {t.dtype} / batch {t.batch_size} / width multiple {t.width_multiple}" for t in tables]
     batch = batch_size or 1
     raise BudgetError(
-        f"No latency table for {device} / {dtype} / batch {batch_size or 'any'} / width multiple {width_multiple}, "
+        f"No latency table for {device} / {dtype} / batch {'any' if batch_size is None else batch_size} / width "
+        f"multiple {width_multiple}, "
         f"so latency_ms cannot be turned into a size without guessing (tables here: {have or 'none'}). Measure one: "
         f"hf_snapvit.measure_latency(model, batch_size={batch}) (or `hf-snapvit bench CHECKPOINT --latency-table`), "
         "then call set_budget(latency_ms=...) again."
@@ -197,7 +198,7 @@ def measure_latency(model: Any, batch_size: int = 1, *, dtype: torch.dtype | str
         batch_size: Images per forward pass.
         dtype, device: Where to time it; they must be the model's own (move the model first, e.g.
             ``model.to("cuda", torch.bfloat16)``), so the table describes the model as it will run.
-        sparsities: The grid; default seven sizes from dense to the ranking's largest sparsity.
+        sparsities: The grid (dense is always added); default seven sizes from dense to the largest sparsity.
         width_multiple: As in ``set_budget``; ``None``: the default.
         repeats: Timed rounds (the median is kept); warmup: untimed passes per size first.
         show_progress: Show a progress bar over rounds.
@@ -213,7 +214,8 @@ def measure_latency(model: Any, batch_size: int = 1, *, dtype: torch.dtype | str
     if repeats < 1 or warmup < 0:
         raise BudgetError(f"Need repeats >= 1 and warmup >= 0; got repeats={repeats}, warmup={warmup}.")
     top = model.max_sparsity(width_multiple)
-    grid = sorted(set(sparsities if sparsities is not None else np.linspace(0.0, top, 7).round(6).tolist()))
+    # The dense size is always measured: budgets above the slowest measured size must come back to full size.
+    grid = sorted({0.0, *(sparsities if sparsities is not None else (np.floor(np.linspace(0.0, top, 7) * 1e6) / 1e6).tolist())})
     inputs = {k: v.to(parameter.device, dtype=parameter.dtype if v.is_floating_point() else v.dtype)
               for k, v in dummy_inputs(model, batch_size).items()}
     budgets, runs = [], []

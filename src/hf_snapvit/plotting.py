@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # matplotlib is optional (hf-snapvit[plots]) and imported onl
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from .latency_table import LatencyTable
     from .ranking import ElasticRanking
 
 DEFAULT_SPARSITIES: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
@@ -124,3 +125,52 @@ def plot_allocation(
 def _save_atomic(figure: "Figure", path: Path) -> None:
     with atomic_file(path, "wb") as handle:
         figure.savefig(handle, format="png", dpi=150)
+
+
+def plot_latency_table(tables: "Sequence[LatencyTable]", path: str | os.PathLike | None = None) -> "Figure":
+    """Measured latency against sparsity, one line per latency table (device, dtype, batch size), with each size's
+    theoretical GFLOPs as a second panel, so the realised and the promised speedup read side by side.
+
+    The latency panel's points of the first table are annotated with the GFLOPs of one image at that size; its axis
+    is logarithmic when the latencies drawn differ more than 4x (batch sizes far apart).
+
+    Args:
+        tables: Latency tables (:func:`hf_snapvit.measure_latency`), at least one.
+        path: Where to write a PNG (atomically); ``None`` writes nothing.
+
+    Returns:
+        The matplotlib figure: the latency panel, then the speedup panel.
+
+    Raises:
+        ConfigError: no table was given.
+        MissingExtraError: matplotlib is not installed (``pip install "hf-snapvit[plots]"``).
+    """
+    require_extra("matplotlib", "plot_latency_table (latency against sparsity)")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    tables = list(tables)
+    if not tables:
+        raise ConfigError("plot_latency_table needs at least one LatencyTable (hf_snapvit.measure_latency).")
+    figure = Figure(figsize=(9.0, 3.6), layout="constrained")
+    FigureCanvasAgg(figure)
+    latency, speed = figure.subplots(1, 2)
+    for table in tables:
+        label = f"{table.device.split(' (')[0]}, {table.dtype}, batch {table.batch_size}"
+        latency.plot(table.sparsities, table.latency_ms, marker="o", label=label)
+        speed.plot(table.sparsities, [table.latency_ms[0] / ms for ms in table.latency_ms], marker="o", label=label)
+    speed.plot(tables[0].sparsities, [tables[0].gflops[0] / g for g in tables[0].gflops], "k--",
+               label="GFLOP ratio (the promise)")
+    for s, ms, g in zip(tables[0].sparsities, tables[0].latency_ms, tables[0].gflops):  # GFLOPs of one image
+        latency.annotate(f"{g:.3g} GF", (s, ms), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=6)
+    slowest, fastest = max(max(t.latency_ms) for t in tables), min(min(t.latency_ms) for t in tables)
+    if fastest > 0 and slowest / fastest > 4:  # batch sizes far apart: a log axis keeps every line readable
+        latency.set_yscale("log")
+    latency.set(xlabel="sparsity", ylabel="latency per forward pass (ms)", title="Measured latency")
+    speed.set(xlabel="sparsity", ylabel="speedup over dense (x)", title="Measured speedup vs GFLOP ratio")
+    for axis in (latency, speed):
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+    if path is not None:
+        _save_atomic(figure, Path(path))
+    return figure

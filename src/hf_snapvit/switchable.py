@@ -76,6 +76,17 @@ class _SwitchState:
     shape: ModelShape
     current: ElasticBudget
     tables: list[LatencyTable] = field(default_factory=list)
+    resolved: dict[tuple[Any, ...], KeepCounts] = field(default_factory=dict)
+
+    def resolve(self, multiple: int, **budget: Any) -> KeepCounts:
+        """``ranking.keep_counts`` of one budget, remembered: a server switching among a few sizes resolves each
+        once, and a switch then costs only the width changes."""
+        key = (multiple, *sorted((k, v) for k, v in budget.items() if v is not None))
+        if key not in self.resolved:
+            if len(self.resolved) >= 4096:  # a stream of ever-new latency targets must not grow without bound
+                self.resolved.clear()
+            self.resolved[key] = self.ranking.keep_counts(**budget, width_multiple=multiple)
+        return self.resolved[key]
 
 
 class SwitchableModelMixin:
@@ -146,25 +157,43 @@ class SwitchableModelMixin:
         if len(requested) != 1:
             raise BudgetError(f"Give exactly one of sparsity, target_params, target_gflops or latency_ms; got "
                               f"{sorted(requested) or 'none'}.")
+        for name, value in requested.items():
+            budget_number(name, value)  # a finite real number, before it is used as a cache key
         if batch_size is not None and latency_ms is None:
             raise BudgetError("batch_size= only selects the latency table of a latency_ms budget.")
         multiple = resolve_width_multiple(width_multiple, state.shape.intermediate_size)
-        predicted = None
-        if latency_ms is not None:
-            budget_number("latency_ms", latency_ms)
-            if latency_ms <= 0:
-                raise BudgetError(f"latency_ms={latency_ms!r} must be positive (milliseconds per forward pass).")
-            parameter = next(self.parameters())
-            table = choose_table(state.tables, device_name(parameter.device), dtype_name(parameter.dtype), multiple,
-                                 batch_size)
-            sparsity = min(table.sparsity_for(latency_ms), state.ranking.max_sparsity_for(multiple))
-            requested["batch_size"] = table.batch_size
-        counts = state.ranking.keep_counts(sparsity, target_params=target_params, target_gflops=target_gflops,
-                                           width_multiple=multiple)
-        if latency_ms is not None:
-            predicted = table.latency_at(counts.sparsity)
-        self._apply_budget(ElasticBudget.of(counts, multiple, requested, predicted))
+        if latency_ms is None:
+            counts = state.resolve(multiple, sparsity=sparsity, target_params=target_params,
+                                   target_gflops=target_gflops)
+            self._apply_budget(ElasticBudget.of(counts, multiple, requested))
+            return state.current
+        budget_number("latency_ms", latency_ms)
+        if latency_ms <= 0:
+            raise BudgetError(f"latency_ms={latency_ms!r} must be positive (milliseconds per forward pass).")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise BudgetError(f"batch_size={batch_size!r} must be a positive integer (the batch size a latency "
+                              "table was measured at).")
+        parameter = next(self.parameters())
+        table = choose_table(state.tables, device_name(parameter.device), dtype_name(parameter.dtype), multiple,
+                             batch_size)
+        counts = self._fitting_size(table, latency_ms, multiple)
+        requested["batch_size"] = table.batch_size
+        self._apply_budget(ElasticBudget.of(counts, multiple, requested, table.latency_at(counts.sparsity)))
         return state.current
+
+    def _fitting_size(self, table: LatencyTable, latency_ms: float, multiple: int) -> KeepCounts:
+        """The largest size whose predicted latency is at most ``latency_ms``. A budget resolves to the size
+        *closest* to its sparsity, which can be one width group larger than the sparsity asked for; then step to
+        smaller sizes until the prediction fits (the table's smallest size fits, or ``sparsity_for`` refused)."""
+        state = self._switch_state()
+        top = state.ranking.max_sparsity_for(multiple)
+        sparsity = min(table.sparsity_for(latency_ms), top)
+        counts, step = state.resolve(multiple, sparsity=sparsity), 1e-4
+        while table.latency_at(counts.sparsity) > latency_ms and sparsity < top:
+            sparsity, step = min(top, max(sparsity, counts.sparsity) + step), step * 2
+            counts = state.resolve(multiple, sparsity=sparsity)
+        return counts
 
     def _apply_budget(self, budget: ElasticBudget) -> None:
         state = self._switch_state()
