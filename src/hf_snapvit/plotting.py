@@ -132,7 +132,7 @@ def plot_latency_table(tables: "Sequence[LatencyTable]", path: str | os.PathLike
     theoretical GFLOPs as a second panel, so the realised and the promised speedup read side by side.
 
     The latency panel's points of the first table are annotated with the GFLOPs of one image at that size; its axis
-    is logarithmic when the latencies drawn differ more than 4x (batch sizes far apart).
+    is logarithmic when the tables' dense latencies differ more than 4x (batch sizes far apart).
 
     Args:
         tables: Latency tables (:func:`hf_snapvit.measure_latency`), at least one.
@@ -163,9 +163,14 @@ def plot_latency_table(tables: "Sequence[LatencyTable]", path: str | os.PathLike
                label="GFLOP ratio (the promise)")
     for s, ms, g in zip(tables[0].sparsities, tables[0].latency_ms, tables[0].gflops):  # GFLOPs of one image
         latency.annotate(f"{g:.3g} GF", (s, ms), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=6)
-    slowest, fastest = max(max(t.latency_ms) for t in tables), min(min(t.latency_ms) for t in tables)
-    if fastest > 0 and slowest / fastest > 4:  # batch sizes far apart: a log axis keeps every line readable
+    dense = [t.latency_ms[0] for t in tables]
+    if min(dense) > 0 and max(dense) / min(dense) > 4:  # batch sizes far apart: a log axis keeps every line readable
+        from matplotlib.ticker import LogFormatter
+
         latency.set_yscale("log")
+        latency.yaxis.set_major_formatter(LogFormatter())
+        latency.yaxis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.5)))
+    latency.margins(y=0.12)  # room for the annotations above the top point
     latency.set(xlabel="sparsity", ylabel="latency per forward pass (ms)", title="Measured latency")
     speed.set(xlabel="sparsity", ylabel="speedup over dense (x)", title="Measured speedup vs GFLOP ratio")
     for axis in (latency, speed):
