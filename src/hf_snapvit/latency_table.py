@@ -215,10 +215,11 @@ def measure_latency(model: Any, batch_size: int = 1, *, dtype: torch.dtype | str
         raise BudgetError(f"Need repeats >= 1 and warmup >= 0; got repeats={repeats}, warmup={warmup}.")
     top = model.max_sparsity(width_multiple)
     # The dense size is always measured: budgets above the slowest measured size must come back to full size.
-    grid = sorted({0.0, *(sparsities if sparsities is not None else (np.floor(np.linspace(0.0, top, 7) * 1e6) / 1e6).tolist())})
+    default = (np.floor(np.linspace(0.0, top, 7) * 1e6) / 1e6).tolist()  # rounded down: never past the top
+    grid = sorted({0.0, *(sparsities if sparsities is not None else default)})
     inputs = {k: v.to(parameter.device, dtype=parameter.dtype if v.is_floating_point() else v.dtype)
               for k, v in dummy_inputs(model, batch_size).items()}
-    budgets, runs = [], []
+    budgets = []
     with model.budget(sparsity=0.0, width_multiple=width_multiple), torch.inference_mode():
         for s in grid:
             budgets.append(model.set_budget(sparsity=s, width_multiple=width_multiple))

@@ -167,7 +167,6 @@ class SwitchableModelMixin:
                                    target_gflops=target_gflops)
             self._apply_budget(ElasticBudget.of(counts, multiple, requested))
             return state.current
-        budget_number("latency_ms", latency_ms)
         if latency_ms <= 0:
             raise BudgetError(f"latency_ms={latency_ms!r} must be positive (milliseconds per forward pass).")
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
