@@ -55,12 +55,17 @@ def slice_heads_(attention: nn.Module, spec: ArchitectureSpec, keep: IndexLike, 
     for name in (spec.q_proj, spec.k_proj, spec.v_proj):
         _take(getattr(attention, name), rows, 0, getattr(source, name))
     _take(getattr(attention, spec.o_proj), rows, 1, getattr(source, spec.o_proj))
-    # Older layouts reshape with these attributes; newer ones infer heads from the tensor, so keep both right.
+    set_head_count_(attention, spec, len(heads), hd)
+
+
+def set_head_count_(attention: nn.Module, spec: ArchitectureSpec, count: int, width: int) -> None:
+    """Record ``count`` heads of ``width`` on an attention module. Older layouts reshape with these attributes; newer
+    ones infer heads from the tensor, so keep both right."""
     for name in spec.head_count_attrs:
         if hasattr(attention, name):
-            setattr(attention, name, len(heads))
+            setattr(attention, name, count)
     if hasattr(attention, "all_head_size"):
-        attention.all_head_size = len(heads) * hd
+        attention.all_head_size = count * width
 
 
 def slice_neurons_(layer: nn.Module, spec: ArchitectureSpec, keep: IndexLike, source: nn.Module | None = None) -> None:

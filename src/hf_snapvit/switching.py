@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from .architectures import ArchitectureSpec, get_attention, get_layers, get_mlp, get_spec, head_dim
 from .errors import UnsupportedArchitectureError
+from .slicing import set_head_count_
 
 
 class PrefixLinear(nn.Linear):
@@ -97,9 +98,4 @@ def set_widths_(model: PreTrainedModel, heads: Sequence[int], neurons: Sequence[
         for linear in ffn_in:
             linear.out_features = int(f)
         ffn_out.in_features = int(f)
-        # The same attributes physical slicing keeps right (older layouts reshape with them).
-        for name in spec.head_count_attrs:
-            if hasattr(attention, name):
-                setattr(attention, name, int(h))
-        if hasattr(attention, "all_head_size"):
-            attention.all_head_size = rows
+        set_head_count_(attention, spec, int(h), head_dim(attention, spec))
