@@ -214,8 +214,14 @@ def test_a_copy_switches_on_its_own_and_pickles(elastic):
     twin = copy.deepcopy(model)
     twin.set_budget(sparsity=0.5)
     assert model.elastic_budget.sparsity < twin.elastic_budget.sparsity
+    # Each switches its own modules: the original still computes at its own size, the copy at the copy's.
+    assert layer_widths(model) == (list(model.elastic_budget.heads), list(model.elastic_budget.neurons))
+    assert layer_widths(twin) == (list(twin.elastic_budget.heads), list(twin.elastic_budget.neurons))
     restored = pickle.loads(pickle.dumps(twin))
     assert type(restored) is type(model) and restored.elastic_budget == twin.elastic_budget
+    restored.set_budget(sparsity=0.0)
+    assert layer_widths(twin) == (list(twin.elastic_budget.heads), list(twin.elastic_budget.neurons))
+    restored.set_budget(sparsity=0.5)
     torch.testing.assert_close(output_of(restored, case.inputs(1)), output_of(twin, case.inputs(1)))
 
 

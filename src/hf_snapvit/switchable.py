@@ -21,6 +21,7 @@ import torch.nn as nn
 import transformers
 from transformers import PreTrainedModel
 
+from .architectures import get_spec
 from .budget import KeepCounts, ModelShape, budget_number, resolve_width_multiple
 from .errors import BudgetError, ConfigError
 from .files import atomic_directory
@@ -28,7 +29,7 @@ from .latency_table import LatencyTable, choose_table, device_name, dtype_name, 
 from .ranking import ElasticRanking
 from .remote_code import stock_class
 from .sliced import finish_sliced, twin_lookup
-from .switching import PrefixLinear, capacity, make_switchable_, set_widths_
+from .switching import PrefixLinear, SwitchBlock, capacity, make_switchable_, set_widths_, switch_blocks
 
 _CLASSES: dict[type, type] = {}
 
@@ -75,6 +76,7 @@ class _SwitchState:
     ranking: ElasticRanking
     shape: ModelShape
     current: ElasticBudget
+    blocks: list[SwitchBlock]
     tables: list[LatencyTable] = field(default_factory=list)
     resolved: dict[tuple[Any, ...], KeepCounts] = field(default_factory=dict)
 
@@ -201,7 +203,7 @@ class SwitchableModelMixin:
                 f > c for f, c in zip(budget.neurons, held_neurons)):
             raise BudgetError(f"The budget needs {list(budget.heads)} heads and {list(budget.neurons)} neurons per "
                               f"block, more than this model holds ({held_heads}, {held_neurons}).")
-        set_widths_(self, budget.heads, budget.neurons)
+        set_widths_(get_spec(self), state.blocks, budget.heads, budget.neurons)
         state.current = budget
 
     @contextlib.contextmanager
@@ -274,17 +276,17 @@ def as_switchable(model: PreTrainedModel, ranking: ElasticRanking, shape: ModelS
                   tables: list[LatencyTable] | None = None) -> PreTrainedModel:
     """Make a dense ``model`` (every unit loaded, in the rank order of ``ranking``) switchable, in place, at full
     size. Only module classes change."""
-    held = capacity(model)
+    held = capacity(switch_blocks(model))
     if held != (shape.dense_heads, shape.dense_neurons):
         raise ConfigError(f"A switchable model needs every unit of the dense model; this one holds {held}.")
-    make_switchable_(model)
+    blocks = make_switchable_(model)
     stock = stock_class(type(model))
     if getattr(transformers, stock.__name__, None) is not stock:
         raise ConfigError(f"{stock.__name__} is not a model class transformers exports; switchable models are "
                           "built from transformers' own classes.")
     model.__class__ = switchable_class(stock)
     dense = ranking.keep_counts(0.0, width_multiple=1)
-    model.__dict__["_elastic_switch"] = _SwitchState(ranking, shape, ElasticBudget.of(dense, None, {}), [])
+    model.__dict__["_elastic_switch"] = _SwitchState(ranking, shape, ElasticBudget.of(dense, None, {}), blocks)
     for table in tables or []:
         model.add_latency_table(table)
     return model

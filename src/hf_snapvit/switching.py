@@ -11,6 +11,7 @@ integers per block and never copies, allocates or frees a weight. Parameters kee
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -41,61 +42,72 @@ class PrefixLinear(nn.Linear):
         return F.linear(input, weight, bias)
 
 
-def _projections(layer: nn.Module, spec: ArchitectureSpec) -> tuple[list[nn.Linear], nn.Linear, list[nn.Linear],
-                                                                     nn.Linear]:
-    """``(q/k/v, attention output, FFN inputs, FFN output)`` projections of one block."""
-    attention = get_attention(layer, spec)
-    mlp, variant = get_mlp(layer, spec)
-    return ([getattr(attention, n) for n in (spec.q_proj, spec.k_proj, spec.v_proj)], getattr(attention, spec.o_proj),
-            [getattr(mlp, n) for n in variant.in_proj], getattr(mlp, variant.out_proj))
+@dataclass(frozen=True)
+class SwitchBlock:
+    """The modules a switch of one block touches, looked up once, so that a switch only writes integers."""
+
+    attention: nn.Module
+    qkv: tuple[nn.Linear, ...]
+    o_proj: nn.Linear
+    ffn_in: tuple[nn.Linear, ...]
+    ffn_out: nn.Linear
+    head_width: int
 
 
-def make_switchable_(model: PreTrainedModel) -> PreTrainedModel:
+def switch_blocks(model: PreTrainedModel) -> list[SwitchBlock]:
+    """Every block's q/k/v, attention output, FFN input and FFN output projections, in depth order."""
+    spec = get_spec(model)
+    blocks = []
+    for layer in get_layers(model, spec):
+        attention = get_attention(layer, spec)
+        mlp, variant = get_mlp(layer, spec)
+        blocks.append(SwitchBlock(attention, tuple(getattr(attention, n) for n in (spec.q_proj, spec.k_proj,
+                                                                                   spec.v_proj)),
+                                  getattr(attention, spec.o_proj), tuple(getattr(mlp, n) for n in variant.in_proj),
+                                  getattr(mlp, variant.out_proj), head_dim(attention, spec)))
+    return blocks
+
+
+def make_switchable_(model: PreTrainedModel) -> list[SwitchBlock]:
     """Turn every prunable projection of ``model`` into a :class:`PrefixLinear`, in place, at its current width.
 
-    Only the class of those modules changes: parameters, buffers and outputs are untouched. Returns ``model``.
+    Only the class of those modules changes: parameters, buffers and outputs are untouched. Returns the blocks that
+    :func:`set_widths_` switches.
 
     Raises:
         UnsupportedArchitectureError: a projection is not a plain ``nn.Linear`` (quantised or adapter-wrapped layers
             have their own forward, which prefix views would bypass).
     """
-    spec = get_spec(model)
-    for index, layer in enumerate(get_layers(model, spec)):
-        qkv, o_proj, ffn_in, ffn_out = _projections(layer, spec)
-        for linear in (*qkv, o_proj, *ffn_in, ffn_out):
+    blocks = switch_blocks(model)
+    for index, block in enumerate(blocks):
+        for linear in (*block.qkv, block.o_proj, *block.ffn_in, block.ffn_out):
             if type(linear) not in (nn.Linear, PrefixLinear):
                 raise UnsupportedArchitectureError(
                     f"Block {index} has a {type(linear).__module__}.{type(linear).__name__} projection; a switchable "
                     "model needs plain torch.nn.Linear projections. Make the model switchable before quantising it "
                     "or adding adapters, or load it at one size with from_pretrained(path, sparsity=...)."
                 )
+    for block in blocks:
+        for linear in (*block.qkv, block.o_proj, *block.ffn_in, block.ffn_out):
             linear.__class__ = PrefixLinear
-    return model
+    return blocks
 
 
-def capacity(model: PreTrainedModel) -> tuple[list[int], list[int]]:
-    """``(heads, neurons)`` per block that a switchable model's weights hold (the largest widths it can switch to)."""
-    spec = get_spec(model)
-    heads, neurons = [], []
-    for layer in get_layers(model, spec):
-        qkv, _, _, ffn_out = _projections(layer, spec)
-        heads.append(qkv[0].weight.shape[0] // head_dim(get_attention(layer, spec), spec))
-        neurons.append(ffn_out.weight.shape[1])
-    return heads, neurons
+def capacity(blocks: Sequence[SwitchBlock]) -> tuple[list[int], list[int]]:
+    """``(heads, neurons)`` per block that the weights hold (the largest widths a switchable model can switch to)."""
+    return ([b.qkv[0].weight.shape[0] // b.head_width for b in blocks], [b.ffn_out.weight.shape[1] for b in blocks])
 
 
-def set_widths_(model: PreTrainedModel, heads: Sequence[int], neurons: Sequence[int]) -> None:
-    """Make every block of a switchable ``model`` compute with its first ``heads[l]`` heads and ``neurons[l]`` FFN
-    neurons, in place. Only integers change; the caller checks the widths against :func:`capacity`."""
-    spec = get_spec(model)
-    for layer, h, f in zip(get_layers(model, spec), heads, neurons):
-        attention = get_attention(layer, spec)
-        qkv, o_proj, ffn_in, ffn_out = _projections(layer, spec)
-        rows = int(h) * head_dim(attention, spec)
-        for linear in qkv:
+def set_widths_(spec: ArchitectureSpec, blocks: Sequence[SwitchBlock], heads: Sequence[int],
+                neurons: Sequence[int]) -> None:
+    """Make every block compute with its first ``heads[l]`` heads and ``neurons[l]`` FFN neurons, in place. Only
+    integers change; the caller checks the widths against :func:`capacity`."""
+    for block, h, f in zip(blocks, heads, neurons):
+        rows = int(h) * block.head_width
+        for linear in block.qkv:
             linear.out_features = rows
-        o_proj.in_features = rows
-        for linear in ffn_in:
+        block.o_proj.in_features = rows
+        for linear in block.ffn_in:
             linear.out_features = int(f)
-        ffn_out.in_features = int(f)
-        set_head_count_(attention, spec, int(h), head_dim(attention, spec))
+        block.ffn_out.in_features = int(f)
+        set_head_count_(block.attention, spec, int(h), block.head_width)
