@@ -34,6 +34,7 @@ import hf_snapvit
 from hf_snapvit import ElasticViTModel
 from hf_snapvit.benchmark.environment import hardware_info, read_status, reset_peak_rss
 from hf_snapvit.files import write_text_atomic
+from hf_snapvit.latency_table import synchronize
 from hf_snapvit.plotting import plot_latency_table
 
 SEQUENCE = (0.3, 0.0, 0.5, 0.1, 0.5, 0.3)
@@ -56,11 +57,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--table-repeats", type=int, default=5, help="rounds of the latency table")
     parser.add_argument("--output", type=Path, default=RESULTS / "switching_vit_b_cpu.json")
     return parser.parse_args(argv)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _elastic_checkpoint(config: dict[str, Any], folder: Path) -> int:
@@ -101,10 +97,10 @@ def _interleaved(models: dict[str, Any], inputs: dict[str, torch.Tensor], repeat
             for name in names[r % 2:] + names[: r % 2]:
                 if name == "switchable":
                     models[name].set_budget(sparsity=0.5)  # a switch right before every timed pass
-                _sync(device)
+                synchronize(device)
                 start = time.perf_counter()
                 models[name](**inputs)
-                _sync(device)
+                synchronize(device)
                 runs[name].append((time.perf_counter() - start) * 1e3)
     medians = {name: statistics.median(times) for name, times in runs.items()}
     return {"median_ms": medians, "runs_ms": runs, "ratio": medians["switchable"] / medians["sliced"]}

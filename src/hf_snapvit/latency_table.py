@@ -249,13 +249,17 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
-def _timed_forward(model: Any, inputs: dict[str, torch.Tensor], device: torch.device) -> float:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously), so a wall-clock timing covers it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _timed_forward(model: Any, inputs: dict[str, torch.Tensor], device: torch.device) -> float:
+    synchronize(device)
     start = time.perf_counter()
     model(**inputs)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     return (time.perf_counter() - start) * 1e3
 
 

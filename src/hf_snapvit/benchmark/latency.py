@@ -22,12 +22,8 @@ from transformers import PreTrainedModel
 
 from ..architectures import dummy_inputs
 from ..errors import BenchmarkError
+from ..latency_table import synchronize
 from ..ranking import ElasticRanking
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -83,16 +79,16 @@ def measure_latency(
                                   for k, v in make(models[name], int(batch)).items()}
                 for _ in range(warmup):
                     models[name](**prepared[name])
-                _synchronize(device)
+                synchronize(device)
             runs: dict[str, list[float]] = {name: [] for name in names}
             for round_index in range(repeats):
                 shift = round_index % len(names)
                 for name in names[shift:] + names[:shift]:
                     device = _device_of(models[name])
-                    _synchronize(device)
+                    synchronize(device)
                     start = time.perf_counter()
                     models[name](**prepared[name])
-                    _synchronize(device)
+                    synchronize(device)
                     runs[name].append(time.perf_counter() - start)
                 bar.update(1)
             for name in names:
