@@ -67,8 +67,9 @@ def test_only_a_table_of_this_device_dtype_batch_and_multiple_applies():
 
 def test_files_round_trip_merge_by_key_and_refuse_corruption(tmp_path):
     write_latency_file([table(), table(batch_size=1)], tmp_path)
-    write_latency_file([table(latency_ms=(5.0, 4.0, 3.0, 2.0))], tmp_path)  # replaces the batch-8 table
+    written = write_latency_file([table(latency_ms=(5.0, 4.0, 3.0, 2.0))], tmp_path)  # replaces the batch-8 table
     tables = read_latency_file(tmp_path / LATENCY_FILE)
+    assert written == tables
     assert sorted(t.batch_size for t in tables) == [1, 8]
     assert next(t for t in tables if t.batch_size == 8).latency_ms[0] == 5.0
     (tmp_path / LATENCY_FILE).write_text(json.dumps({"tables": [{"device": "x"}]}))

@@ -277,15 +277,16 @@ def read_latency_file(path: str | os.PathLike) -> list[LatencyTable]:
     return [LatencyTable.from_dict(t) for t in data["tables"]]
 
 
-def write_latency_file(tables: Sequence[LatencyTable], folder: str | os.PathLike, *, merge: bool = True) -> Path:
+def write_latency_file(tables: Sequence[LatencyTable], folder: str | os.PathLike, *,
+                       merge: bool = True) -> list[LatencyTable]:
     """Write ``tables`` to ``folder/elastic_latency.json`` atomically; with ``merge``, tables already there stay
-    unless a new one has the same key (device, dtype, batch size, width multiple)."""
+    unless a new one has the same key (device, dtype, batch size, width multiple). Returns every table written."""
     path = Path(folder) / LATENCY_FILE
     kept = {t.key(): t for t in (read_latency_file(path) if merge and path.is_file() else [])}
     kept.update({t.key(): t for t in tables})
     text = json.dumps({"format": FORMAT_VERSION, "tables": [t.to_dict() for t in kept.values()]}, indent=2)
     write_text_atomic(path, text + "\n")
-    return path
+    return list(kept.values())
 
 
 def load_latency_tables(path_or_repo_id: str | os.PathLike, **hub_kwargs: Any) -> list[LatencyTable]:

@@ -93,7 +93,7 @@ def run_latency_tables(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from ..files import public_name, write_text_atomic
-    from ..latency_table import FORMAT_VERSION, LATENCY_FILE, measure_latency, read_latency_file, write_latency_file
+    from ..latency_table import FORMAT_VERSION, LATENCY_FILE, measure_latency, write_latency_file
     from ..modeling import ElasticViTModel
 
     device, dtype = _latency_settings(args)
@@ -107,7 +107,7 @@ def run_latency_tables(args: argparse.Namespace) -> dict[str, Any]:
                 for b in args.batch_sizes]
     local = Path(args.checkpoint).expanduser().is_dir()
     if local:
-        tables = read_latency_file(write_latency_file(measured, Path(args.checkpoint).expanduser()))
+        tables = write_latency_file(measured, Path(args.checkpoint).expanduser())
     else:  # the Hub repo's own tables (loaded with the model), the new ones replacing those with the same key
         tables = model.elastic_latency_tables
     result: dict[str, Any] = {
