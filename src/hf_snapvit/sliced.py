@@ -30,7 +30,7 @@ from .remote_code import REMOTE_FILE, auto_map, dump_config, load_with, remote_c
 from .sliced_card import base_model_id, sliced_card
 from .slicing import slice_to_layout_
 
-_CLASSES: dict[type, type] = {}
+_CLASSES: dict[tuple[type, type], type] = {}  # (mixin, stock class) -> twin
 # The sentence of transformers' empty card template (``create_and_tag_model_card``), which ours replaces.
 _STOCK_TEMPLATE = "This is the model card of a 🤗 transformers model that has been pushed on the Hub."
 
@@ -99,17 +99,28 @@ def sliced_class(stock: type) -> type:
         TypeError: ``stock`` is not a model class that transformers exports (the loading module names it as
             ``transformers.<name>``).
     """
-    if issubclass(stock, SlicedModelMixin):
+    return twin_class(stock, SlicedModelMixin, __name__, "built at ``config.elastic_layout``'s widths")
+
+
+def twin_class(stock: type, mixin: type, module: str, what: str) -> type:
+    """The class ``module.<stock name>`` that adds ``mixin`` to the transformers class ``stock`` (created once, then
+    cached; ``stock`` itself if it already has ``mixin``). It keeps the stock name, so ``config.architectures``,
+    pipelines and PEFT see the stock class; :func:`twin_lookup` finds it again under ``module``.
+
+    Raises:
+        TypeError: ``stock`` is not a model class that transformers exports.
+    """
+    if isinstance(stock, type) and issubclass(stock, mixin):
         return stock
     if not (isinstance(stock, type) and issubclass(stock, PreTrainedModel)
             and getattr(transformers, stock.__name__, None) is stock):
         raise TypeError(f"{stock!r} is not a model class exported by transformers; hf_snapvit can only give "
-                        "sliced twins to transformers' own classes (e.g. transformers.ViTModel).")
-    if stock not in _CLASSES:
-        _CLASSES[stock] = type(stock.__name__, (SlicedModelMixin, stock), {
-            "__module__": __name__, "__qualname__": stock.__name__,
-            "__doc__": f"transformers.{stock.__name__}, built at ``config.elastic_layout``'s widths (hf_snapvit)."})
-    return _CLASSES[stock]
+                        "twins to transformers' own classes (e.g. transformers.ViTModel).")
+    if (mixin, stock) not in _CLASSES:
+        _CLASSES[mixin, stock] = type(stock.__name__, (mixin, stock), {
+            "__module__": module, "__qualname__": stock.__name__,
+            "__doc__": f"transformers.{stock.__name__}, {what} (hf_snapvit)."})
+    return _CLASSES[mixin, stock]
 
 
 def as_sliced(model: PreTrainedModel) -> PreTrainedModel:

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch.nn as nn
-import transformers
 from transformers import PreTrainedModel
 
 from .architectures import get_spec
@@ -28,11 +27,8 @@ from .files import atomic_directory
 from .latency_table import LatencyTable, choose_table, device_name, dtype_name, write_latency_file
 from .ranking import ElasticRanking
 from .remote_code import stock_class
-from .sliced import finish_sliced, twin_lookup
+from .sliced import finish_sliced, twin_class, twin_lookup
 from .switching import PrefixLinear, SwitchBlock, capacity, make_switchable_, set_widths_, switch_blocks
-
-_CLASSES: dict[type, type] = {}
-
 
 @dataclass(frozen=True)
 class ElasticBudget:
@@ -262,14 +258,12 @@ class SwitchableModelMixin:
 
 
 def switchable_class(stock: type) -> type:
-    """The switchable twin of the transformers model class ``stock`` (cached; ``stock`` itself if it is one)."""
-    if issubclass(stock, SwitchableModelMixin):
-        return stock
-    if stock not in _CLASSES:
-        _CLASSES[stock] = type(stock.__name__, (SwitchableModelMixin, stock), {
-            "__module__": __name__, "__qualname__": stock.__name__,
-            "__doc__": f"transformers.{stock.__name__} that switches size in place (hf_snapvit.switchable)."})
-    return _CLASSES[stock]
+    """The switchable twin of the transformers model class ``stock`` (``stock`` itself if it is one).
+
+    Raises:
+        TypeError: ``stock`` is not a model class that transformers exports.
+    """
+    return twin_class(stock, SwitchableModelMixin, __name__, "that switches size in place")
 
 
 def as_switchable(model: PreTrainedModel, ranking: ElasticRanking, shape: ModelShape,
@@ -280,11 +274,10 @@ def as_switchable(model: PreTrainedModel, ranking: ElasticRanking, shape: ModelS
     if held != (shape.dense_heads, shape.dense_neurons):
         raise ConfigError(f"A switchable model needs every unit of the dense model; this one holds {held}.")
     blocks = make_switchable_(model)
-    stock = stock_class(type(model))
-    if getattr(transformers, stock.__name__, None) is not stock:
-        raise ConfigError(f"{stock.__name__} is not a model class transformers exports; switchable models are "
-                          "built from transformers' own classes.")
-    model.__class__ = switchable_class(stock)
+    try:
+        model.__class__ = switchable_class(stock_class(type(model)))
+    except TypeError as error:
+        raise ConfigError(f"{error} Switchable models are built from transformers' own classes.") from None
     dense = ranking.keep_counts(0.0, width_multiple=1)
     model.__dict__["_elastic_switch"] = _SwitchState(ranking, shape, ElasticBudget.of(dense, None, {}), blocks)
     for table in tables or []:
