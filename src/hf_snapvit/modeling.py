@@ -22,7 +22,7 @@ from .recovery import RecoveryConfig, recover_
 from .latency_table import load_latency_tables
 from .sliced import finish_sliced
 from .switchable import as_switchable
-from .slicing import slice_model_
+from .slicing import prefixes, slice_model_
 from .views import load_processor
 
 
@@ -128,9 +128,9 @@ def _load_sized(model: PreTrainedModel, counts: KeepCounts, stored: tuple[list[i
     """Fill the skeleton with the units ``counts`` keeps; with correction or recovery data, load what the checkpoint
     holds (both start from the dense weights), then correct and/or recover it down to ``counts``."""
     (correction_data, _), (recovery_data, _) = fitting
-    keep = [(np.arange(h), np.arange(f)) for h, f in zip(counts.heads, counts.neurons)]
+    keep = prefixes(counts.heads, counts.neurons)
     fit = correction_data is not None or recovery_data is not None
-    _load_weights(model, [(np.arange(h), np.arange(f)) for h, f in zip(*stored)] if fit else keep, reader, stored)
+    _load_weights(model, prefixes(*stored) if fit else keep, reader, stored)
     if device is not None:
         model.to(device)
     if fit:
@@ -155,8 +155,8 @@ def _load_switchable(model: PreTrainedModel, source: str | os.PathLike, ranking:
                      budget: tuple[Any, Any, Any, Any]) -> PreTrainedModel:
     """Fill the dense skeleton with every unit, make it switchable, and switch it to ``budget`` (sparsity,
     target_params, target_gflops, width_multiple) if one is given."""
-    everything = [(np.arange(h), np.arange(f)) for h, f in zip(dense_shape.dense_heads, dense_shape.dense_neurons)]
-    _load_weights(model, everything, reader, (dense_shape.dense_heads, dense_shape.dense_neurons))
+    dense = (dense_shape.dense_heads, dense_shape.dense_neurons)
+    _load_weights(model, prefixes(*dense), reader, dense)
     if device is not None:
         model.to(device)
     model.config._name_or_path = str(source)
@@ -342,7 +342,7 @@ def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarra
     tensors must have the shapes of the ``stored`` widths (the dense ones, or a sliced checkpoint's layout)."""
     dense_state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     sliced = tuple(map(list, stored)) != layer_widths(model)
-    slice_model_(model, [(np.arange(h), np.arange(f)) for h, f in zip(*stored)])
+    slice_model_(model, prefixes(*stored))
     held = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     slice_model_(model, keep)  # a prefix of what the checkpoint holds
     sliceable = {k for k, v in model.state_dict().items() if tuple(v.shape) != dense_state[k]}

@@ -78,6 +78,12 @@ def slice_neurons_(layer: nn.Module, spec: ArchitectureSpec, keep: IndexLike, so
     _take(getattr(mlp, variant.out_proj), index, 1, getattr(source_mlp, variant.out_proj))
 
 
+def prefixes(heads: Sequence[int], neurons: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``keep`` for :func:`slice_model_` that keeps the first ``heads[l]`` heads and ``neurons[l]`` neurons of each
+    block: what every budget keeps of a model in rank order."""
+    return [(np.arange(h), np.arange(f)) for h, f in zip(heads, neurons)]
+
+
 def slice_model_(
     model: PreTrainedModel,
     keep: Sequence[tuple[IndexLike, IndexLike]],
@@ -108,6 +114,5 @@ def slice_to_layout_(model: PreTrainedModel) -> PreTrainedModel:
     call this in ``__init__``, so transformers' own loading fills the sliced modules."""
     layout = getattr(model.config, "elastic_layout", None)
     if layout:
-        slice_model_(model, [(np.arange(h), np.arange(f)) for h, f in zip(layout["num_heads"],
-                                                                          layout["intermediate_size"])])
+        slice_model_(model, prefixes(layout["num_heads"], layout["intermediate_size"]))
     return model
