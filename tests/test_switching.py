@@ -266,9 +266,18 @@ def test_half_precision_switching_equals_the_sliced_model_in_that_dtype(dtype, e
                                rtol=2e-2, atol=2e-2)
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """Each switch recompiles the stock modules' forward code, which every model of that class shares: clear
+    dynamo's caches before and after, so these recompilations do not use up the recompile limit of later tests."""
+    torch.compiler.reset()
+    yield
+    torch.compiler.reset()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_torch_compile_after_switches(backend, elastic):
+def test_torch_compile_after_switches(backend, elastic, fresh_dynamo):
     case = NAMED["vit"]
     model = ElasticViTModel.from_pretrained(elastic["vit"], switchable=True)
     compiled = torch.compile(model, backend=backend)
