@@ -30,8 +30,8 @@ REMOTE_FILE = f"{REMOTE_MODULE}.py"
 _SOURCES = (
     architectures.MlpSpec, architectures.ArchitectureSpec, architectures._get, architectures.get_backbone,
     architectures.get_layers, architectures.get_attention, architectures.get_mlp, architectures.head_dim,
-    slicing._as_index, slicing._take, slicing.slice_heads_, slicing.slice_neurons_, slicing.slice_model_,
-    slicing.slice_to_layout_,
+    slicing._as_index, slicing._take, slicing.set_head_count_, slicing.slice_heads_, slicing.slice_neurons_,
+    slicing.slice_model_, slicing.prefixes, slicing.slice_to_layout_,
 )
 _STRUCTURAL_FIELDS = ("model_type", "layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "mlp",
                       "mlp_variants", "backbone", "head_count_attrs")
