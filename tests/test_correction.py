@@ -14,7 +14,8 @@ from PIL import Image
 import hf_snapvit
 from hf_snapvit.errors import DataError
 from hf_snapvit.slicing import slice_model_
-from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding
+from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from hf_snapvit.embedding import image_embedding
 from hf_snapvit.correction import (
     CorrectionConfig,
     CorrectionError,

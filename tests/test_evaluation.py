@@ -14,7 +14,7 @@ from transformers import ViTImageProcessor
 
 import hf_snapvit as hs
 from hf_snapvit.slicing import slice_model_
-from hf_snapvit.architectures import image_embedding
+from hf_snapvit.embedding import image_embedding
 from hf_snapvit.errors import DataError, EvaluationError
 from hf_snapvit.evaluation import (
     EvaluationResult,

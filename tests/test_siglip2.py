@@ -8,7 +8,7 @@ import torch
 import transformers as T
 
 import hf_snapvit as hs
-from hf_snapvit.architectures import image_embedding, input_size, patchify, unpatchify
+from hf_snapvit.embedding import image_embedding, input_size, patchify, unpatchify
 from hf_snapvit.views import MultiCropConfig, processor_inputs
 from hf_snapvit.errors import SnapViTError
 from hf_snapvit.scoring import ScoreConfig, gradient_scores

@@ -12,7 +12,7 @@ import torch
 import hf_snapvit as hs
 from hf_snapvit.budget import layer_widths
 from hf_snapvit.slicing import slice_model_
-from hf_snapvit.architectures import image_embedding
+from hf_snapvit.embedding import image_embedding
 from hf_snapvit.calibration import split_calibration
 from hf_snapvit.views import MultiCropConfig
 from hf_snapvit.fitness import EmbeddingFitness

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from .architectures import get_spec, image_embedding
+from .architectures import get_spec
+from .embedding import image_embedding
 from .distributed import autocast, map_across_processes, process_state
 from .slicing import slice_model_
 from .ranking import ElasticRanking

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from huggingface_hub.utils import tqdm
 
-from .architectures import dummy_inputs
+from .embedding import dummy_inputs
 from .budget import budget_number
 from .errors import BudgetError, CheckpointError
 from .files import write_text_atomic

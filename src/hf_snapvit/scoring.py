@@ -35,8 +35,9 @@ from torch import nn
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from .architectures import input_size as architecture_input_size
-from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim, image_embedding
+from .embedding import input_size as architecture_input_size
+from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from .embedding import image_embedding
 from .views import MultiCropConfig, Normalizer, multi_crops, processor_inputs
 from .errors import ConfigError, DataError
 from .validation import require_choice, require_int

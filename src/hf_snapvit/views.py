@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .architectures import unpatchify, vision_config
+from .architectures import vision_config
+from .embedding import unpatchify
 from .data import to_rgb
 from .validation import is_real, require_int
 from .errors import ConfigError, DataError

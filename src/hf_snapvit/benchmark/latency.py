@@ -20,7 +20,7 @@ import torch.nn as nn
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..architectures import dummy_inputs
+from ..embedding import dummy_inputs
 from ..errors import BenchmarkError
 from ..latency_table import synchronize
 from ..ranking import ElasticRanking

@@ -10,7 +10,8 @@ import torch
 import torch.nn as nn
 from huggingface_hub.utils import tqdm
 
-from ..architectures import get_layers, image_embedding
+from ..architectures import get_layers
+from ..embedding import image_embedding
 from ..errors import CorrectionError
 from ..views import model_inputs, processor_inputs
 

@@ -13,7 +13,8 @@ import torch
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..architectures import ArchitectureSpec, forward_inputs, get_backbone, get_spec, image_embedding
+from ..architectures import ArchitectureSpec, get_backbone, get_spec
+from ..embedding import forward_inputs, image_embedding
 from ..errors import EvaluationError
 from ..views import load_processor, model_inputs
 from .images import ImageSet
@@ -24,7 +25,7 @@ class Features:
     """What one model computes for an :class:`ImageSet`.
 
     Args:
-        embeddings: ``[N, D]`` float32 image embeddings (``architectures.image_embedding``), on the CPU.
+        embeddings: ``[N, D]`` float32 image embeddings (``embedding.image_embedding``), on the CPU.
         logits: ``[N, C]`` float32 logits of the model's classifier, or ``None`` for a bare backbone.
         labels: The image set's labels, or ``None``.
         seconds: Wall time of the extraction.

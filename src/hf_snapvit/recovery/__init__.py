@@ -25,7 +25,8 @@ import torch
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..architectures import get_spec, input_size, vision_config
+from ..architectures import get_spec, vision_config
+from ..embedding import input_size
 from ..budget import layer_widths, model_shape
 from ..calibration import sample_images
 from ..distributed import on_process_device, process_state, reduce_sum

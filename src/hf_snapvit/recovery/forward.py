@@ -16,8 +16,8 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.nn as nn
 
-from ..architectures import (ArchitectureSpec, forward_inputs, get_attention, get_backbone, get_layers, get_mlp,
-                             head_dim, pooled_embedding)
+from ..architectures import ArchitectureSpec, get_attention, get_backbone, get_layers, get_mlp, head_dim
+from ..embedding import forward_inputs, pooled_embedding
 
 
 @dataclass

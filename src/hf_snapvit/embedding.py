@@ -1,0 +1,112 @@
+"""What a vision backbone reads and what represents an image.
+
+Inputs: the configured image size, SigLIP2's patch sequences (:func:`patchify`), seeded dummy inputs. Outputs: the
+``[B, D]`` embedding that ranking, fitness, correction and evaluation compare (:func:`image_embedding`): a bare
+backbone's pooled output or CLS token, or, for a task model (a depth estimator, a vision-language model), a summary
+of exactly the features its head or projector reads.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any
+
+import torch
+import torch.nn as nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+from .architectures import ArchitectureSpec, get_backbone, get_spec, vision_config
+from .errors import DataError
+
+def input_size(config: PretrainedConfig) -> int:
+    """Side in pixels of the square images the model was configured for (SigLIP2: its default patch grid)."""
+    vision = vision_config(config)
+    size = getattr(vision, "image_size", None)
+    if size is None:
+        size = math.isqrt(int(vision.num_patches)) * int(vision.patch_size)
+    return int(size[0] if isinstance(size, (tuple, list)) else size)
+
+
+def patchify(pixel_values: torch.Tensor, patch_size: int) -> dict[str, torch.Tensor]:
+    """``[B, C, H, W]`` images as SigLIP2 inputs: patches flattened row-major, each as ``(p, p, C)`` values (the order
+    of ``Siglip2ImageProcessor``), with an all-ones mask and the patch grid."""
+    b, c, h, w = pixel_values.shape
+    if h % patch_size or w % patch_size:
+        raise DataError(
+            f"Images of {h}x{w} px cannot be cut into {patch_size}-px patches; use a crop size that is a multiple of "
+            f"{patch_size}."
+        )
+    rows, cols = h // patch_size, w // patch_size
+    patches = pixel_values.reshape(b, c, rows, patch_size, cols, patch_size).permute(0, 2, 4, 3, 5, 1)
+    return {
+        "pixel_values": patches.reshape(b, rows * cols, patch_size * patch_size * c),
+        "pixel_attention_mask": torch.ones(b, rows * cols, dtype=torch.long, device=pixel_values.device),
+        "spatial_shapes": torch.tensor([[rows, cols]] * b, dtype=torch.long, device=pixel_values.device),
+    }
+
+
+def unpatchify(patches: torch.Tensor, patch_size: int, spatial_shapes: torch.Tensor | None = None) -> torch.Tensor:
+    """The inverse of :func:`patchify`: ``[B, rows·cols, p·p·C]`` patches of one grid (square by default) as
+    ``[B, C, H, W]`` images."""
+    b, n, d = patches.shape
+    rows, cols = (math.isqrt(n), math.isqrt(n)) if spatial_shapes is None else map(int, spatial_shapes[0])
+    if rows * cols != n or (spatial_shapes is not None and bool((spatial_shapes != spatial_shapes[0]).any())):
+        raise DataError(
+            f"Cannot turn {n} patches into one image grid; give images of one square size (got grids "
+            f"{None if spatial_shapes is None else spatial_shapes.tolist()})."
+        )
+    c = d // (patch_size * patch_size)
+    grid = patches.reshape(b, rows, cols, patch_size, patch_size, c).permute(0, 5, 1, 3, 2, 4)
+    return grid.reshape(b, c, rows * patch_size, cols * patch_size)
+
+
+def forward_inputs(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None) -> dict:
+    """``inputs`` as ``model.forward`` takes them: ``[B, C, H, W]`` pixels become patch sequences (with their mask and
+    grid) for backbones that take those (SigLIP2); anything else passes through. Returns a new dict."""
+    spec = spec or get_spec(model)
+    kwargs = dict(inputs)
+    pixels = kwargs.get("pixel_values")
+    if spec.patch_inputs and pixels is not None and pixels.ndim == 4:
+        kwargs.update(patchify(pixels, int(vision_config(model.config).patch_size)))
+    return kwargs
+
+
+def dummy_inputs(model: PreTrainedModel, batch_size: int, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded random ``pixel_values`` of the model's configured input size (``[B, C, H, W]``; patch sequences for
+    backbones that take them, e.g. SigLIP2)."""
+    config = vision_config(model.config)
+    size = input_size(model.config)
+    channels = int(getattr(config, "num_channels", 3))
+    generator = torch.Generator().manual_seed(seed)
+    pixels = torch.randn(batch_size, channels, size, size, generator=generator)
+    if getattr(get_spec(model), "patch_inputs", False):
+        return patchify(pixels, int(config.patch_size))
+    return {"pixel_values": pixels}
+
+
+def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None):
+    """The ``[B, D]`` embedding that represents each image, computed by the backbone (task heads are skipped).
+
+    Crops smaller or larger than the configured image size are embedded with interpolated position embeddings.
+    Backbones that take patch sequences (SigLIP2) accept ``[B, C, H, W]`` images too: they are patchified here.
+    """
+    spec = spec or get_spec(model)
+    backbone = get_backbone(model, spec)
+    kwargs = forward_inputs(model, inputs, spec)
+    pixels = inputs.get("pixel_values")
+    size = getattr(vision_config(model.config), "image_size", None)
+    if pixels is not None and pixels.ndim == 4 and size is not None and pixels.shape[-1] != size:
+        if "interpolate_pos_encoding" in inspect.signature(backbone.forward).parameters:
+            kwargs["interpolate_pos_encoding"] = True
+    return pooled_embedding(backbone(**kwargs), spec)
+
+
+def pooled_embedding(out: Any, spec: ArchitectureSpec) -> torch.Tensor:
+    """The ``[B, D]`` image embedding read from a backbone's output (what :func:`image_embedding` returns)."""
+    if spec.embedding == "pooled":
+        pooled = getattr(out, "pooler_output", None)
+        return pooled if pooled is not None else out.last_hidden_state.mean(1)
+    if spec.embedding == "cls_dist_mean":
+        return out.last_hidden_state[:, :2].mean(1)
+    return out.last_hidden_state[:, 0]
