@@ -11,7 +11,8 @@ import hf_snapvit as hs
 from hf_snapvit.architectures import get_spec, register_architecture
 from hf_snapvit.budget import layer_widths
 from hf_snapvit.slicing import slice_model_
-from hf_snapvit.architectures import _REGISTRY, get_backbone, get_layers
+from hf_snapvit.architectures import get_backbone, get_layers
+from hf_snapvit.architectures.registry import _REGISTRY
 
 
 def test_supported_types_cover_the_issue_list():
@@ -28,7 +29,7 @@ def test_unsupported_architecture_names_type_list_and_fix():
 
 
 def test_register_a_new_architecture(monkeypatch):
-    monkeypatch.setattr("hf_snapvit.architectures._REGISTRY", dict(_REGISTRY))
+    monkeypatch.setattr("hf_snapvit.architectures.registry._REGISTRY", dict(_REGISTRY))
 
     class MyViTConfig(ViTConfig):
         model_type = "my_vit"

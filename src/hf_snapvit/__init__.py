@@ -16,7 +16,8 @@ from importlib import import_module
 from typing import Any
 
 from ._version import __version__
-from .architectures import supported_model_types
+from .architectures import (ArchitectureSpec, MlpSpec, TaskModelSpec, register_architecture, register_task_model,
+                            supported_model_types)
 from .budget import backbone_parameters, estimate_gflops
 from .correction import CorrectionConfig
 from .data import load_image_dataset
@@ -37,6 +38,7 @@ from .views import MultiCropConfig
 
 __all__ = [
     "__version__",
+    "ArchitectureSpec",
     "BudgetError",
     "CheckpointError",
     "ConfigError",
@@ -47,6 +49,7 @@ __all__ = [
     "ElasticViTModel",
     "Floors",
     "LatencyTable",
+    "MlpSpec",
     "KeepCounts",
     "MultiCropConfig",
     "RankingFormatError",
@@ -55,6 +58,7 @@ __all__ = [
     "SnapViTConfig",
     "SnapViTError",
     "SnapViTPruner",
+    "TaskModelSpec",
     "UnsupportedArchitectureError",
     "available_methods",
     "backbone_parameters",
@@ -66,7 +70,9 @@ __all__ = [
     "push_to_hub",
     "rank",
     "recover",
+    "register_architecture",
     "register_method",
+    "register_task_model",
     "save_elastic",
     "supported_model_types",
 ]

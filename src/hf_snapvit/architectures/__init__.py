@@ -1,0 +1,18 @@
+"""Where each supported transformers architecture keeps its attention heads and FFN neurons.
+
+Architecture knowledge is data: one :class:`ArchitectureSpec` per vision transformer ``model_type``
+(:mod:`.families`) and one :class:`TaskModelSpec` per task model built on one (:mod:`.task_models`), looked up in
+the registry (:mod:`.registry`). Supporting a new vision transformer means registering one spec with
+:func:`register_architecture`; a new task model, one with :func:`register_task_model`.
+"""
+
+from .registry import (ArchitectureSpec, EmbeddingKind, FeatureKind, MlpSpec, TaskModelSpec, get_attention,
+                       get_backbone, get_layers, get_mlp, get_spec, head_dim, model_class, num_heads,
+                       register_architecture, register_task_model, supported_model_types, task_model_spec,
+                       used_layers, vision_config)
+from . import families, task_models  # noqa: E402,F401  (registers the specs)
+
+__all__ = ["ArchitectureSpec", "EmbeddingKind", "FeatureKind", "MlpSpec", "TaskModelSpec", "get_attention",
+           "get_backbone", "get_layers", "get_mlp", "get_spec", "head_dim", "model_class", "num_heads",
+           "register_architecture", "register_task_model", "supported_model_types", "task_model_spec",
+           "used_layers", "vision_config"]

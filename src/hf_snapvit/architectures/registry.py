@@ -1,0 +1,297 @@
+"""The architecture registry: what a spec says, where specs are kept, and how a model's parts are reached.
+
+:class:`ArchitectureSpec` describes one vision transformer family (``model_type``): where its blocks, attention
+projections and FFN live. :class:`TaskModelSpec` describes a task model (a depth estimator, a vision-language model)
+by where its vision encoder lives and which of its features the task reads. Every other module reaches heads and
+neurons only through :func:`get_spec` and the accessors here; the specs themselves are data, in
+:mod:`~hf_snapvit.architectures.families` and :mod:`~hf_snapvit.architectures.task_models`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Literal
+
+import torch.nn as nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+from ..errors import UnsupportedArchitectureError
+
+EmbeddingKind = Literal["cls", "pooled", "cls_dist_mean"]
+
+
+@dataclass(frozen=True)
+class MlpSpec:
+    """Names of an FFN's projections inside its module.
+
+    Args:
+        in_proj: The row-sliced projections (``fc1``; ``gate_proj`` and ``up_proj`` for a gated/SwiGLU FFN). Keeping
+            neuron ``j`` keeps row ``j`` of each.
+        out_proj: The column-sliced projection (``fc2`` / ``down_proj``).
+    """
+
+    in_proj: tuple[str, ...]
+    out_proj: str
+
+
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    """How to find the prunable structures of one ``model_type``.
+
+    Args:
+        model_type: The ``config.model_type`` this spec serves.
+        layers: Dotted path from the backbone to the ``nn.ModuleList`` of transformer blocks.
+        attention: Dotted path from a block to its attention module.
+        q_proj, k_proj, v_proj, o_proj: Names of the projections inside the attention module.
+        mlp: Dotted path from a block to its FFN module.
+        mlp_variants: The FFN layouts this architecture can have; the first whose projections all exist is used
+            (DINOv2 and DINOv3 switch between a plain and a gated FFN through their config).
+        embedding: Which output represents an image: ``"cls"`` (final-norm CLS token, ``last_hidden_state[:, 0]``),
+            ``"pooled"`` (``pooler_output``: SigLIP's attention pooling, CLIP's post-layernorm CLS; the token mean when
+            a tower has no pooling head) or ``"cls_dist_mean"`` (mean of the CLS and distillation tokens, DeiT).
+        backbone: Dotted path from the top-level model to the vision backbone (``""`` for the model itself), or
+            ``None`` for the model's own ``base_model``.
+        excluded_from_budget: Dotted paths, relative to the backbone, of modules that are not counted as backbone
+            parameters (task-style poolers that do not produce the image embedding).
+        extra_tokens: Number of non-patch tokens (CLS, distillation, registers) given the config; used for GFLOPs.
+        num_patches: Number of patch tokens given the config; used for GFLOPs.
+        head_count_attrs: Attention-module attributes that hold the number of heads; slicing updates every one present.
+        patch_inputs: The backbone takes flattened patch sequences with a mask and the patch grid (SigLIP2's
+            variable-resolution inputs) instead of ``[B, C, H, W]`` images; :func:`image_embedding` patchifies images.
+        inference_config: ``(attribute, value)`` pairs set on the vision config while the backbone embeds images
+            for ranking and evaluation, then restored (ViTMAE: ``mask_ratio`` 0, every patch seen, as in inference).
+        encoder: Dotted path from the top-level model to the vision model that ``backbone`` is found in: ``""``,
+            except in the specs :func:`get_spec` derives for task models (``"model.vision_tower"`` of LLaVA).
+        task: The :class:`TaskModelSpec` of a task model whose vision encoder this spec describes, else ``None``.
+    """
+
+    model_type: str
+    layers: str
+    attention: str
+    q_proj: str
+    k_proj: str
+    v_proj: str
+    o_proj: str
+    mlp: str
+    mlp_variants: tuple[MlpSpec, ...]
+    embedding: EmbeddingKind = "cls"
+    backbone: str | None = None
+    excluded_from_budget: tuple[str, ...] = ()
+    extra_tokens: Callable[[PretrainedConfig], int] = field(default=lambda config: 1)
+    num_patches: Callable[[PretrainedConfig], int] = field(
+        default=lambda config: (config.image_size // config.patch_size) ** 2
+    )
+    head_count_attrs: tuple[str, ...] = ("num_heads", "num_attention_heads")
+    patch_inputs: bool = False
+    inference_config: tuple[tuple[str, object], ...] = ()
+    encoder: str = ""
+    task: TaskModelSpec | None = None
+
+
+FeatureKind = Literal["feature_maps", "hidden_states", "last_hidden_state"]
+
+
+@dataclass(frozen=True)
+class TaskModelSpec:
+    """Where a task model (a depth estimator, a vision-language model) keeps its vision encoder, and which of the
+    encoder's features it reads. Only the encoder is pruned; neck, head, projector and language model stay as they are.
+
+    Args:
+        model_type: The task model's ``config.model_type`` (``"llava"``).
+        encoder: Dotted path from the task model to its vision model (``"model.vision_tower"``).
+        encoder_config: The config attribute holding the vision model's config (``"vision_config"``,
+            ``"backbone_config"``); its ``model_type`` must be a registered architecture.
+        features: What the task reads from the vision model's output: ``"feature_maps"`` (a transformers backbone's
+            ``out_features``), ``"hidden_states"`` (the hidden states at :attr:`feature_layers`, as LLaVA's
+            ``vision_feature_layer``) or ``"last_hidden_state"``.
+        feature_layers: Given the task model's config, the indices into ``hidden_states`` the task reads (``0`` is the
+            embeddings' output, ``l`` the output of block ``l``). Blocks after the last of them are never used: they
+            keep only the ranking's floors at any sparsity above 0 and cost the budget nothing.
+        skip_tokens: Given the config, how many leading tokens the task drops from each feature (LLaVA's
+            ``vision_feature_select_strategy="default"`` drops the CLS token).
+        unused: Dotted paths, relative to the vision model, of modules the task never reads (CLIP's
+            ``post_layernorm`` under LLaVA, SigLIP's pooling ``head`` under PaliGemma): not counted in the budget.
+    """
+
+    model_type: str
+    encoder: str
+    encoder_config: str
+    features: FeatureKind
+    feature_layers: Callable[[PretrainedConfig], tuple[int, ...]]
+    skip_tokens: Callable[[PretrainedConfig], int] = field(default=lambda config: 0)
+    unused: tuple[str, ...] = ()
+
+
+_REGISTRY: dict[str, ArchitectureSpec] = {}
+_TASKS: dict[str, TaskModelSpec] = {}
+_DERIVED: dict[tuple[str, str], ArchitectureSpec] = {}  # (task model_type, encoder model_type) -> spec
+
+
+def register_architecture(spec: ArchitectureSpec, *, exist_ok: bool = False) -> None:
+    """Add (or with ``exist_ok=True`` replace) the spec for ``spec.model_type``.
+
+    Example:
+        >>> import dataclasses
+        >>> from hf_snapvit.architectures import get_spec, register_architecture
+        >>> register_architecture(dataclasses.replace(get_spec("vit"), model_type="my_vit"))
+    """
+    if spec.model_type in _REGISTRY and not exist_ok:
+        raise ValueError(
+            f"model_type {spec.model_type!r} is already registered; pass exist_ok=True to replace its spec."
+        )
+    _REGISTRY[spec.model_type] = spec
+
+
+def register_task_model(task: TaskModelSpec, *, exist_ok: bool = False) -> None:
+    """Add (or with ``exist_ok=True`` replace) the :class:`TaskModelSpec` for ``task.model_type``.
+
+    Example (a VLM whose SigLIP tower sits where PaliGemma's does):
+        >>> import dataclasses
+        >>> from hf_snapvit.architectures import register_task_model, task_model_spec
+        >>> register_task_model(dataclasses.replace(task_model_spec("paligemma"), model_type="my_vlm"))
+    """
+    if (task.model_type in _TASKS or task.model_type in _REGISTRY) and not exist_ok:
+        raise ValueError(f"model_type {task.model_type!r} is already registered; pass exist_ok=True to replace it.")
+    _TASKS[task.model_type] = task
+    for key in [key for key in _DERIVED if key[0] == task.model_type]:
+        del _DERIVED[key]
+
+
+def task_model_spec(model_type: str) -> TaskModelSpec | None:
+    """The :class:`TaskModelSpec` registered for ``model_type``, or ``None`` (a bare backbone, or unsupported)."""
+    return _TASKS.get(model_type)
+
+
+def supported_model_types() -> list[str]:
+    """The ``model_type`` values hf_snapvit can rank and slice: vision backbones and the task models built on them."""
+    return sorted({*_REGISTRY, *_TASKS})
+
+
+def get_spec(model_or_config: PreTrainedModel | PretrainedConfig | str) -> ArchitectureSpec:
+    """Look up the spec for a model, a config or a ``model_type`` string.
+
+    For a task model (given as a model or a config) the spec is its vision encoder's, reached through the task
+    model (``encoder``) and carrying the :class:`TaskModelSpec` (``task``).
+    """
+    config = None
+    if isinstance(model_or_config, str):
+        model_type = model_or_config
+    else:
+        config = getattr(model_or_config, "config", model_or_config)
+        model_type = getattr(config, "model_type", None)
+    if model_type in _TASKS and config is not None:
+        return _task_spec(_TASKS[model_type], config)
+    if model_type not in _REGISTRY:
+        raise UnsupportedArchitectureError(
+            f"model_type={model_type!r} is not supported by hf_snapvit. Supported: {', '.join(supported_model_types())}"
+            ". To add an architecture, describe where its blocks, q/k/v/o projections and FFN live with "
+            "hf_snapvit.ArchitectureSpec and call hf_snapvit.register_architecture(spec); for a task model built on "
+            "a supported backbone, describe where its encoder lives with hf_snapvit.TaskModelSpec and call "
+            "hf_snapvit.register_task_model(spec)."
+        )
+    return _REGISTRY[model_type]
+
+
+def _task_spec(task: TaskModelSpec, config: PretrainedConfig) -> ArchitectureSpec:
+    """The spec of ``task``'s vision encoder as found inside the task model (derived once per encoder type)."""
+    encoder_config = getattr(config, task.encoder_config, None)
+    encoder_type = getattr(encoder_config, "model_type", None)
+    if encoder_type not in _REGISTRY:
+        towers = ", ".join(sorted(t for t in _REGISTRY if not t.startswith(("clip", "siglip")) or "vision" in t))
+        raise UnsupportedArchitectureError(
+            f"This {task.model_type} model's vision encoder (config.{task.encoder_config}) is "
+            f"{encoder_type if encoder_config is not None else 'missing'}, which hf_snapvit cannot prune. A "
+            f"{task.model_type} model is supported when config.{task.encoder_config} is one of: {towers}."
+        )
+    if (task.model_type, encoder_type) not in _DERIVED:
+        base = _REGISTRY[encoder_type]
+        _DERIVED[task.model_type, encoder_type] = replace(
+            base, model_type=task.model_type, encoder=task.encoder, task=task,
+            excluded_from_budget=(*base.excluded_from_budget, *task.unused),
+            extra_tokens=lambda c: base.extra_tokens(vision_config(c)),
+            num_patches=lambda c: base.num_patches(vision_config(c)))
+    return _DERIVED[task.model_type, encoder_type]
+
+
+def used_layers(config: PretrainedConfig, spec: ArchitectureSpec | None = None) -> int:
+    """How many blocks, counted from the first, produce what the model's task reads: all of them, except in a task
+    model that reads an earlier block's output (LLaVA's default ``vision_feature_layer=-2``)."""
+    spec = spec or get_spec(config)
+    total = int(vision_config(config).num_hidden_layers)
+    if spec.task is None:
+        return total
+    return max(1, max(index if index >= 0 else total + 1 + index for index in spec.task.feature_layers(config)))
+
+
+def _get(module: nn.Module, path: str) -> nn.Module:
+    return module.get_submodule(path) if path else module
+
+
+def get_backbone(model: nn.Module, spec: ArchitectureSpec | None = None) -> nn.Module:
+    """The vision backbone of ``model`` (the model itself for a bare backbone, e.g. ``vit`` of a classifier, the
+    vision tower of a task model)."""
+    spec = spec or get_spec(model)
+    vision = _get(model, spec.encoder)
+    if spec.backbone is not None:
+        return _get(vision, spec.backbone)
+    return getattr(vision, "base_model", vision)
+
+
+def get_layers(model: nn.Module, spec: ArchitectureSpec | None = None) -> nn.ModuleList:
+    """The transformer blocks of ``model``, in depth order."""
+    spec = spec or get_spec(model)
+    return _get(get_backbone(model, spec), spec.layers)
+
+
+def get_attention(layer: nn.Module, spec: ArchitectureSpec) -> nn.Module:
+    return _get(layer, spec.attention)
+
+
+def get_mlp(layer: nn.Module, spec: ArchitectureSpec) -> tuple[nn.Module, MlpSpec]:
+    """The FFN module of a block and the variant of :class:`MlpSpec` that describes it."""
+    mlp = _get(layer, spec.mlp)
+    for variant in spec.mlp_variants:
+        names = (*variant.in_proj, variant.out_proj)
+        if all(isinstance(getattr(mlp, name, None), nn.Linear) for name in names):
+            return mlp, variant
+    raise UnsupportedArchitectureError(
+        f"The FFN of this {spec.model_type!r} block ({type(mlp).__name__}) matches none of the registered layouts "
+        f"{[(*v.in_proj, v.out_proj) for v in spec.mlp_variants]}; register an MlpSpec for it."
+    )
+
+
+def head_dim(attention: nn.Module, spec: ArchitectureSpec) -> int:
+    """Width of one head. Read from the module, so it stays right after heads are removed."""
+    return int(attention.head_dim)
+
+
+def num_heads(attention: nn.Module, spec: ArchitectureSpec) -> int:
+    """Current number of heads, derived from the q projection so it is right for sliced modules."""
+    return getattr(attention, spec.q_proj).out_features // head_dim(attention, spec)
+
+
+def vision_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The config of the vision backbone: the encoder's config of a task model (``backbone_config`` of Depth
+    Anything), ``config.vision_config`` of dual-tower models (SigLIP, CLIP), else ``config`` itself."""
+    task = _TASKS.get(getattr(config, "model_type", None))
+    if task is not None:
+        return getattr(config, task.encoder_config, None) or config
+    return getattr(config, "vision_config", None) or config
+
+
+def model_class(config: PretrainedConfig) -> type:
+    """The transformers class a checkpoint's config names: the first of ``config.architectures`` that transformers
+    exports (``ViTForImageClassification``, ``Dinov2Model``, ...); else ``AutoModelForImageClassification`` for a
+    classifier of a class transformers lacks, else ``AutoModel``."""
+    import transformers
+
+    names = list(getattr(config, "architectures", None) or [])
+    for name in names:
+        cls = getattr(transformers, name, None)
+        if isinstance(cls, type):
+            return cls
+    if any("ForImageClassification" in name for name in names):
+        return transformers.AutoModelForImageClassification
+    return transformers.AutoModel
+
+
