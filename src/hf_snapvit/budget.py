@@ -18,8 +18,9 @@ import torch.nn as nn
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from .architectures import (get_attention, get_backbone, get_layers, get_mlp, get_spec, head_dim, model_class, num_heads,
-                            vision_config)
-from .errors import BudgetError, CheckpointError, RankingFormatError
+                            used_layers, vision_config)
+from .errors import BudgetError, RankingFormatError
+from .limits import MAX_UNITS, check_config_sizes, out_of_range
 
 
 #: FFN widths are rounded to this multiple by default. GPU GEMM kernels (bf16/fp16 tensor cores, int8, TensorRT) want
@@ -28,11 +29,6 @@ from .errors import BudgetError, CheckpointError, RankingFormatError
 DEFAULT_WIDTH_MULTIPLE = 64
 # FFNs narrower than this many groups of the default multiple (toy models) keep exact widths by default.
 _MIN_GROUPS = 4
-#: The largest model a config or a stored ranking may describe; beyond these it is corrupt (or hostile) and is refused
-#: before anything of that size is built. ViT-22B has 48 blocks of 48 heads and 24,576 neurons, width 6,144.
-MAX_LAYERS = 1024
-MAX_WIDTH = 2**20  # heads, head width, hidden and FFN widths, tokens, image and patch sides, channels
-MAX_UNITS, MAX_MATRIX = 2**24, 2**32  # heads and neurons of all blocks (what a ranking decodes); one weight matrix
 
 
 def budget_number(name: str, value: Any) -> Any:
@@ -109,7 +105,10 @@ class ModelShape:
         patch_size: Side of one patch in pixels.
         num_channels: Input channels.
         ffn_matrices: Weight matrices per FFN neuron (2 for fc1/fc2, 3 for gated FFNs).
-        head_flops: FLOPs outside the backbone (classifier logits); 0 for a bare backbone.
+        head_flops: FLOPs outside the backbone (classifier logits); 0 for a bare backbone and for task models, whose
+            GFLOPs are their vision encoder's.
+        used_layers: Blocks, from the first, whose output the task reads (``None``: all). The rest keep only the
+            ranking's floors at any budget below dense (LLaVA reads the second-to-last block).
     """
 
     model_type: str
@@ -127,6 +126,11 @@ class ModelShape:
     num_channels: int
     ffn_matrices: int
     head_flops: int = 0
+    used_layers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.used_layers is None:
+            object.__setattr__(self, "used_layers", self.num_layers)
 
     @property
     def dense_heads(self) -> list[int]:
@@ -173,14 +177,17 @@ class ModelShape:
         if not isinstance(data, dict):
             raise RankingFormatError(f"shape must be a JSON object, got {type(data).__name__}.")
         names = [f.name for f in fields(cls)]
-        if missing := [name for name in names if name not in data and name != "head_flops"]:
+        if missing := [name for name in names if name not in data and name not in ("head_flops", "used_layers")]:
             raise RankingFormatError(f"shape has no {missing}.")
         values = {name: data[name] for name in names if name in data}
         if not isinstance(values["model_type"], str) or not values["model_type"]:
             raise RankingFormatError(f"shape.model_type={values['model_type']!r} must be a non-empty string.")
         for name, value in values.items():
-            if name != "model_type" and (why := _out_of_range(name, value)):
+            if name != "model_type" and (why := out_of_range(name, value)):
                 raise RankingFormatError(f"shape.{name}={value!r} {why}.")
+        if values.get("used_layers", values["num_layers"]) > values["num_layers"]:
+            raise RankingFormatError(f"shape.used_layers={values['used_layers']!r} must be at most shape.num_layers="
+                                     f"{values['num_layers']}.")
         if (units := values["num_layers"] * (values["num_heads"] + values["intermediate_size"])) > MAX_UNITS:
             raise RankingFormatError(f"shape.num_layers × (num_heads + intermediate_size) = {units} heads and neurons "
                                      f"is too large: no supported model has more than {MAX_UNITS}.")
@@ -198,27 +205,12 @@ class ModelShape:
         return "; ".join(found)
 
 
-# (least, largest) value of the integer fields of a stored ModelShape and of a config; others: 1 to MAX_WIDTH.
-_RANGES = {"num_layers": (1, MAX_LAYERS), "num_hidden_layers": (1, MAX_LAYERS), "ffn_matrices": (2, 3),
-           "params_per_head": (1, None), "params_per_neuron": (1, None), "fixed_params": (0, None),
-           "head_flops": (0, None), "num_register_tokens": (0, MAX_WIDTH)}
-
-
-def _out_of_range(name: str, value: Any) -> str:
-    """Why ``value`` is no valid ``name`` (not an integer, too small, too large), or ``""``."""
-    low, high = _RANGES.get(name, (1, MAX_WIDTH))
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        return f"must be an integer, got {type(value).__name__}"
-    if value < low:
-        return f"must be >= {low}"
-    return f"is too large: no supported model has more than {high}" if high is not None and value > high else ""
-
-
 _SIZE = " (another image or patch size: its GFLOP counts would be wrong)"
 _COST = " (another parameter cost: biases such as qkv_bias, a gated FFN or other layers differ)"
 _MISMATCH_HINTS = {"num_tokens": _SIZE, "num_patches": _SIZE, "patch_size": _SIZE, "params_per_head": _COST,
                    "params_per_neuron": _COST, "fixed_params": _COST, "ffn_matrices": _COST,
-                   "head_flops": " (another task head: ranked with or without the classifier)"}
+                   "head_flops": " (another task head: ranked with or without the classifier)",
+                   "used_layers": " (the task reads another block's features, e.g. another vision_feature_layer)"}
 
 
 def _linear_params(linear: nn.Linear) -> int:
@@ -296,7 +288,7 @@ def model_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[int
     backbone = get_backbone(model, spec)
     head_flops = 0
     backbone_modules = {id(m) for m in backbone.modules()}
-    for module in model.modules():
+    for module in model.modules() if spec.task is None else ():
         if isinstance(module, nn.Linear) and id(module) not in backbone_modules:
             head_flops += 2 * module.in_features * module.out_features
     num_patches = spec.num_patches(config)
@@ -316,6 +308,7 @@ def model_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[int
         num_channels=int(getattr(vision, "num_channels", 3)),
         ffn_matrices=len(variant.in_proj) + 1,
         head_flops=head_flops,
+        used_layers=min(len(layers), used_layers(config, spec)),
     )
 
 
@@ -340,36 +333,6 @@ def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
         # Meta tensors hold no data, so initialising them is wasted time.
         with init_empty_weights(), no_init_weights():
             return build()
-
-
-_CONFIG_SIZES = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "image_size",
-                 "patch_size", "num_channels", "num_patches", "num_register_tokens")
-
-
-def check_config_sizes(config: PretrainedConfig) -> None:
-    """Raise :class:`CheckpointError` naming the field if the config has sizes no model has (``intermediate_size =
-    1e12``, a million blocks), before anything is built from it: building would exhaust memory or time."""
-    vision = vision_config(config)
-
-    def refuse(name: str, value: Any, why: str) -> CheckpointError:
-        return CheckpointError(f"The config (config.json) has {name}={value!r}, which {why}: the config is corrupt. "
-                               "Fix the value or re-save the checkpoint with save_pretrained.")
-
-    for name in _CONFIG_SIZES:
-        value = getattr(vision, name, None)
-        for item in value if isinstance(value, (list, tuple)) else [] if value is None else [value]:
-            if why := _out_of_range(name, item):
-                raise refuse(name, value, why)
-    hidden = getattr(vision, "hidden_size", None) or 1
-    ratio = getattr(vision, "mlp_ratio", None)
-    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, numbers.Real)
-                              or not 0 < ratio * hidden <= MAX_WIDTH):
-        raise refuse("mlp_ratio", ratio, f"does not give an FFN width between 1 and {MAX_WIDTH}")
-    width = max(getattr(vision, "intermediate_size", None) or 1, int((ratio or 0) * hidden))
-    layers = getattr(vision, "num_hidden_layers", None) or 1
-    if hidden * width > MAX_MATRIX or layers * width > MAX_UNITS:
-        raise refuse("intermediate_size", width, f"is too large with hidden_size={hidden} and "
-                     f"num_hidden_layers={layers}")
 
 
 def estimate_gflops(

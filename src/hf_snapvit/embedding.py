@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
@@ -88,6 +89,9 @@ def dummy_inputs(model: PreTrainedModel, batch_size: int, *, seed: int = 0) -> d
 def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None):
     """The ``[B, D]`` embedding that represents each image, computed by the backbone (task heads are skipped).
 
+    For a bare backbone: its pooled output or CLS token (the spec's ``embedding``). For a task model: a summary of
+    exactly the features the task reads (:func:`task_features`): the token mean of each, concatenated.
+
     Crops smaller or larger than the configured image size are embedded with interpolated position embeddings.
     Backbones that take patch sequences (SigLIP2) accept ``[B, C, H, W]`` images too: they are patchified here.
     """
@@ -96,14 +100,50 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
     kwargs = forward_inputs(model, inputs, spec)
     pixels = inputs.get("pixel_values")
     size = getattr(vision_config(model.config), "image_size", None)
+    parameters = inspect.signature(backbone.forward).parameters
     if pixels is not None and pixels.ndim == 4 and size is not None and pixels.shape[-1] != size:
-        if "interpolate_pos_encoding" in inspect.signature(backbone.forward).parameters:
+        if "interpolate_pos_encoding" in parameters:
             kwargs["interpolate_pos_encoding"] = True
-    return pooled_embedding(backbone(**kwargs), spec)
+    if spec.task is not None and spec.task.features == "hidden_states":
+        kwargs["output_hidden_states"] = True
+    with inference_settings(model, spec):
+        return pooled_embedding(backbone(**kwargs), spec, model.config)
 
 
-def pooled_embedding(out: Any, spec: ArchitectureSpec) -> torch.Tensor:
-    """The ``[B, D]`` image embedding read from a backbone's output (what :func:`image_embedding` returns)."""
+@contextmanager
+def inference_settings(model: nn.Module, spec: ArchitectureSpec) -> Iterator[None]:
+    """Set the spec's ``inference_config`` on the model's vision config for the duration (ViTMAE's mask ratio 0:
+    every patch is seen, as in inference), then put the caller's values back."""
+    config = vision_config(model.config)
+    saved = {name: getattr(config, name) for name, _ in spec.inference_config if hasattr(config, name)}
+    try:
+        for name, value in spec.inference_config:
+            setattr(config, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+
+
+def task_features(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | None = None) -> list[torch.Tensor]:
+    """The tensors of a vision model's output that its task reads: a backbone's feature maps (Depth Anything, DPT,
+    or a bare ``*Backbone``), the hidden states at LLaVA's ``vision_feature_layer``, or the last hidden state."""
+    kind = spec.task.features if spec.task is not None else "feature_maps"
+    if kind == "feature_maps":
+        return list(out.feature_maps)
+    if kind == "hidden_states":
+        return [out.hidden_states[index] for index in spec.task.feature_layers(config)]
+    return [out.last_hidden_state]
+
+
+def pooled_embedding(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | None = None) -> torch.Tensor:
+    """The ``[B, D]`` image embedding read from a backbone's output (what :func:`image_embedding` returns); a task
+    model's needs its ``config`` (which features it reads)."""
+    if spec.task is not None or getattr(out, "feature_maps", None) is not None:
+        skip = spec.task.skip_tokens(config) if spec.task is not None else 0
+        # Feature maps come as [B, C, h, w] grids or [B, N, C] token sequences (reshape_hidden_states=False).
+        means = [f.mean((2, 3)) if f.ndim == 4 else f[:, skip:].mean(1) for f in task_features(out, spec, config)]
+        return torch.cat(means, -1)
     if spec.embedding == "pooled":
         pooled = getattr(out, "pooler_output", None)
         return pooled if pooled is not None else out.last_hidden_state.mean(1)

@@ -14,7 +14,6 @@ checkpoint whose weights were permuted into rank order, so each block keeps a pr
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -22,7 +21,8 @@ import numpy as np
 
 from ._version import __version__
 from .budget import KeepCounts, ModelShape, budget_number, resolve_width_multiple
-from .score_curves import decode_scores, encode_scores, log10_scores
+from .budget_path import budget_path, removal_order
+from .score_curves import decode_scores, encode_scores
 from .errors import BudgetError, RankingFormatError
 
 FORMAT_VERSION = 1
@@ -115,71 +115,9 @@ class ElasticRanking:
         neurons = max(1, int(F * self.min_neuron_keep_ratio))
         return max(1, int(self.shape.num_heads * self.min_head_keep_ratio)), min(F, -(-neurons // m) * m)
 
-    def _removal_order(self, kind: int, multiple: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Removable groups of one kind (0 heads, 1 neurons), least important first: ``(layers, priorities, sizes)``.
-
-        A group is one head, or the neurons between two kept widths that are multiples of ``multiple`` (the first
-        group of a block whose width is not a multiple is smaller). Its priority is its mean score per parameter;
-        within a block, groups are removed from the last-ranked end.
-        """
-        scores = (self.head_scores, self.neuron_scores)[kind]
-        width = scores.shape[1]
-        floor = self.floors(multiple)[kind]
-        step = multiple if kind else 1
-        # Kept widths along the path: the full width, then every multiple of `step` below it down to the floor.
-        kept = np.array([width] + list(range(((width - 1) // step) * step, floor - 1, -step)), dtype=np.int64)
-        kept = kept[kept >= floor]
-        starts, ends = kept[1:], kept[:-1]
-        cost = (self.shape.params_per_head, self.shape.params_per_neuron)[kind]
-        ranked = -np.sort(-scores, axis=1, kind="stable")  # per block, most to least important
-        prefix = np.concatenate([np.zeros((scores.shape[0], 1)), np.cumsum(ranked, axis=1)], axis=1)
-        sizes = ends - starts
-        means = (prefix[:, ends] - prefix[:, starts]) / sizes  # [L, groups]
-        layers = np.repeat(np.arange(scores.shape[0]), len(sizes))
-        positions = np.tile(starts, scores.shape[0])
-        priority = log10_scores(means.ravel()) - math.log10(cost)
-        # Ties go to the later position within a block, so each block always loses its last-ranked group first.
-        order = np.lexsort((-positions, layers, priority))
-        return layers[order], priority[order], np.tile(sizes, scores.shape[0])[order]
-
-    def _schedule(self, multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """Cumulative removals along the budget path: ``(heads removed [T+1, L], neurons removed [T+1, L])``."""
-        if ("schedule", multiple) in self._cache:
-            return self._cache[("schedule", multiple)]
-        L = self.shape.num_layers
-        head_layers, head_priority, _ = self._removal_order(0)
-        neuron_layers, neuron_priority, neuron_sizes = self._removal_order(1, multiple)
-        if self.mode == "global":
-            kinds = np.concatenate([np.zeros(len(head_layers), int), np.ones(len(neuron_layers), int)])
-            layers = np.concatenate([head_layers, neuron_layers])
-            priority = np.concatenate([head_priority, neuron_priority])
-            step = np.arange(len(layers))
-            order = np.lexsort((step, priority))  # stable: keeps each kind's own order on ties
-            kinds, layers = kinds[order], layers[order]
-            heads = np.zeros((len(layers) + 1, L), dtype=np.int32)
-            neurons = np.zeros((len(layers) + 1, L), dtype=np.int32)
-            sizes = np.concatenate([np.ones(len(head_layers), int), neuron_sizes])[order]
-            heads[1:][np.arange(len(layers))[kinds == 0], layers[kinds == 0]] = 1
-            neurons[1:][np.arange(len(layers))[kinds == 1], layers[kinds == 1]] = sizes[kinds == 1]
-            heads, neurons = np.cumsum(heads, axis=0), np.cumsum(neurons, axis=0)
-        else:
-            total_neurons = L * self.shape.intermediate_size
-            total_heads = L * self.shape.num_heads
-            n = np.concatenate([[0], np.cumsum(neuron_sizes)])
-            ratio = np.maximum(0.0, n / total_neurons - self.paired_head_offset)
-            h = np.minimum(np.floor(total_heads * ratio + 1e-9).astype(np.int32), len(head_layers))
-            neuron_steps = np.zeros((len(neuron_layers) + 1, L), dtype=np.int32)
-            neuron_steps[np.arange(1, len(neuron_layers) + 1), neuron_layers] = neuron_sizes
-            head_steps = np.zeros((len(head_layers) + 1, L), dtype=np.int32)
-            head_steps[np.arange(1, len(head_layers) + 1), head_layers] = 1
-            neurons = np.cumsum(neuron_steps, axis=0)
-            heads = np.cumsum(head_steps, axis=0)[h]
-        self._cache[("schedule", multiple)] = (heads, neurons)
-        return heads, neurons
-
     # ----------------------------------------------------------------------------------------------- budgets
     def _counts_at(self, t: int, multiple: int = 1) -> tuple[list[int], list[int]]:
-        heads, neurons = self._schedule(multiple)
+        heads, neurons = budget_path(self, multiple)
         return (
             (self.shape.num_heads - heads[t]).tolist(),
             (self.shape.intermediate_size - neurons[t]).tolist(),
@@ -203,7 +141,7 @@ class ElasticRanking:
     def max_sparsity_for(self, width_multiple: int | None = None) -> float:
         """The largest sparsity the per-block floors allow when FFN widths are multiples of ``width_multiple``."""
         m = resolve_width_multiple(width_multiple, self.shape.intermediate_size)
-        heads, _ = self._schedule(m)
+        heads, _ = budget_path(self, m)
         return self._result(*self._counts_at(len(heads) - 1, m)).sparsity
 
     def keep_counts(
@@ -236,7 +174,7 @@ class ElasticRanking:
             raise BudgetError(
                 f"Give exactly one of sparsity, target_params or target_gflops; got {sorted(given) or 'none'}."
             )
-        heads_path, _ = self._schedule(m)
+        heads_path, _ = budget_path(self, m)
         last = len(heads_path) - 1
         dense = self._result(*self._counts_at(0, m))
         smallest = self._result(*self._counts_at(last, m))
@@ -278,7 +216,9 @@ class ElasticRanking:
                 hi = mid
             else:
                 lo = mid + 1
-        if lo > 0 and abs(value(lo - 1) - target) < abs(value(lo) - target):
+        # Any budget below dense drops the unused blocks (step 1) even when dense is nearer to it.
+        first = int(self.shape.used_layers < self.shape.num_layers and lo > 0)
+        if lo > first and abs(value(lo - 1) - target) < abs(value(lo) - target):
             lo -= 1
         return self._result(*self._counts_at(lo, m))
 
@@ -293,7 +233,7 @@ class ElasticRanking:
             width = (self.shape.num_heads, self.shape.intermediate_size)[kind]
             total = self.shape.num_layers * width
             remove = int(total * ratio)
-            layers, _, _ = self._removal_order(kind)
+            layers, _, _ = removal_order(self, kind)
             if not 0.0 <= ratio < 1.0 or remove > len(layers):
                 raise BudgetError(
                     f"{('head', 'neuron')[kind]}_ratio={ratio} is out of range: at most {len(layers)} of {total} "
@@ -301,6 +241,9 @@ class ElasticRanking:
                     f"(ratio <= {len(layers) / total:.4f})."
                 )
             results.append((width - np.bincount(layers[:remove], minlength=self.shape.num_layers)).tolist())
+        if head_ratio > 0 or neuron_ratio > 0:  # blocks no task reads keep only their floors, as on the budget path
+            for kept, floor in zip(results, self.floors(1)):
+                kept[self.shape.used_layers:] = [floor] * (self.shape.num_layers - self.shape.used_layers)
         return self._result(results[0], results[1])
 
     def keep_indices(self, counts: KeepCounts) -> list[tuple[np.ndarray, np.ndarray]]:

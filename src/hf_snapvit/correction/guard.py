@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
-from ..embedding import forward_inputs, pooled_embedding
+from ..embedding import forward_inputs, image_embedding, pooled_embedding
 from ..errors import CorrectionError
 from .config import CorrectionConfig, LayerCorrection
 from .inputs import BlockInputs, model_inputs_of
@@ -50,12 +50,16 @@ def guard_block(layer: nn.Module, linears: list[nn.Linear], solved: list, held: 
 def final_outputs(model: nn.Module, spec, batches: Sequence[Any], processor: Any
                    ) -> tuple[list[torch.Tensor], str]:
     """Per batch, what a user of the model reads, and how to compare it (:func:`_distance`): class log-probabilities
-    (``"logits_kl"``) where the model has a classifier, else the image embedding (``"embedding_mse"``)."""
+    (``"logits_kl"``) where the model has a classifier, else the image embedding (``"embedding_mse"``; for a task
+    model, the summary of the encoder features its task reads)."""
     parameter = next(model.parameters())
     outputs, measure = [], "embedding_mse"
     for batch in batches:
-        out = model(**forward_inputs(model, model_inputs_of(batch, processor, parameter.device, parameter.dtype),
-                                     spec))
+        inputs = model_inputs_of(batch, processor, parameter.device, parameter.dtype)
+        if spec.task is not None:  # a task model: its head or language model reads the encoder's features
+            outputs.append(image_embedding(model, inputs, spec))
+            continue
+        out = model(**forward_inputs(model, inputs, spec))
         logits = getattr(out, "logits", None)
         if logits is not None:
             measure = "logits_kl"

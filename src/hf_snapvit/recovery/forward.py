@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from ..architectures import ArchitectureSpec, get_attention, get_backbone, get_layers, get_mlp, head_dim
-from ..embedding import forward_inputs, pooled_embedding
+from ..embedding import forward_inputs, inference_settings, pooled_embedding
 
 
 @dataclass
@@ -48,12 +48,17 @@ def forward_outputs(model: nn.Module, spec: ArchitectureSpec, pixels: torch.Tens
     handles = [layer.register_forward_hook(keep_block) for layer in get_layers(model, spec)]
     handles.append(get_backbone(model, spec).register_forward_hook(keep_backbone))
     inputs = forward_inputs(model, {"pixel_values": pixels}, spec)
+    # A task model's encoder runs alone: its neck, head or language model reads only the features distilled here.
+    runner = model if spec.task is None else get_backbone(model, spec)
+    if spec.task is not None and spec.task.features == "hidden_states":
+        inputs["output_hidden_states"] = True
     try:
-        out = model(**inputs)
+        with inference_settings(model, spec):
+            out = runner(**inputs)
     finally:
         for handle in handles:
             handle.remove()
-    return Outputs(hidden, pooled_embedding(backbone_out[-1], spec), getattr(out, "logits", None))
+    return Outputs(hidden, pooled_embedding(backbone_out[-1], spec, model.config), getattr(out, "logits", None))
 
 
 def per_image_loss(student: Outputs, teacher: Outputs, config: Any) -> torch.Tensor:
