@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
 
-    from hf_snapvit.model_card import write_model_card
+    from hf_snapvit.cards.elastic import write_model_card
 
     if not (args.elastic / "config.json").is_file():
         parser.error(f"--elastic {args.elastic} is not a checkpoint folder (no config.json)")

@@ -17,7 +17,7 @@ import hf_snapvit
 from hf_snapvit.budget import layer_widths
 from hf_snapvit.errors import HubUploadError
 from hf_snapvit.hub import push_to_hub, save_and_push
-from hf_snapvit.model_card import GENERATED_MARKER, HEATMAP_FILENAME
+from hf_snapvit.cards.elastic import GENERATED_MARKER, HEATMAP_FILENAME
 
 from helpers import output_of
 

@@ -167,7 +167,7 @@ def test_the_card_parses_and_says_how_to_load(saved):
 
 
 def test_the_card_reports_weight_correction_when_present(saved):
-    from hf_snapvit.sliced_card import sliced_card
+    from hf_snapvit.cards.sliced import sliced_card
 
     config = json.loads((saved[1]["vit-cls"][2] / "config.json").read_text())
     assert "Weight correction" not in sliced_card(config, "x").text

@@ -153,7 +153,7 @@ def test_inspect_and_export_show_and_apply_the_multiple(tmp_path, capsys):
 
 
 def test_the_model_card_table_shows_the_aligned_widths(tmp_path):
-    from hf_snapvit.model_card import make_model_card
+    from hf_snapvit.cards.elastic import make_model_card
 
     model = wide_vit()
     ranking = hs.save_elastic(model, hs.rank(model, method="magnitude"), tmp_path)

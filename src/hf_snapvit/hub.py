@@ -25,9 +25,9 @@ from transformers import PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ._version import __version__
-from .card_source import describe_checkpoint, pipeline_tag_for
+from .cards.source import describe_checkpoint, pipeline_tag_for
 from .errors import HubUploadError, ModelCardError
-from .model_card import CARD_TAGS, GENERATED_MARKER, HEATMAP_FILENAME, write_model_card
+from .cards.elastic import CARD_TAGS, GENERATED_MARKER, HEATMAP_FILENAME, write_model_card
 from .ranking import ElasticRanking
 from .saving import save_elastic
 
@@ -211,7 +211,7 @@ def push_to_hub(
             is kept, with the library's metadata added); a :class:`~huggingface_hub.ModelCard` or a string is
             uploaded as ``README.md``; ``False`` uploads the folder as it is.
         base_model, evaluations, sparsities, model_name, license, datasets, eval_dataset, eval_split,
-            base_model_description: For the generated card; see :func:`hf_snapvit.model_card.make_model_card`.
+            base_model_description: For the generated card; see :func:`hf_snapvit.cards.elastic.make_model_card`.
         max_shard_size: Shard size when saving a model.
 
     Returns:

@@ -1,7 +1,7 @@
 """Writing an elastic checkpoint: the weights permuted into rank order, the ranking, and its model card.
 
 :func:`save_elastic` writes, in one atomic folder write, what ``ElasticViTModel.from_pretrained`` reads
-(:mod:`hf_snapvit.checkpoint`) plus a ``README.md`` model card (:mod:`hf_snapvit.model_card`) that the Hub and
+(:mod:`hf_snapvit.checkpoint`) plus a ``README.md`` model card (:mod:`hf_snapvit.cards.elastic`) that the Hub and
 ``huggingface_hub.ModelCard.load`` read. Writing sits after the card modules in the data flow; loading never
 imports this module.
 """
@@ -21,7 +21,7 @@ from .budget import model_shape
 from .errors import CheckpointError
 from .files import atomic_directory, public_name
 from .fingerprint import fingerprint_of
-from .model_card import GENERATED_MARKER, write_model_card
+from .cards.elastic import GENERATED_MARKER, write_model_card
 from .ranking import ElasticRanking
 from .slicing import slice_model_
 
@@ -60,8 +60,8 @@ def save_elastic(
         base_model: Hub id of the model that was ranked, for the card's ``base_model`` metadata; by default the
             recorded one when it is a Hub id (a local folder is never put into the metadata).
         evaluations: Measured metrics per sparsity for the card's table and ``model-index`` (the forms accepted
-            are listed in :mod:`hf_snapvit.card_results`).
-        card_options: Further arguments of :func:`hf_snapvit.model_card.write_model_card` (``sparsities``,
+            are listed in :mod:`hf_snapvit.cards.results`).
+        card_options: Further arguments of :func:`hf_snapvit.cards.elastic.write_model_card` (``sparsities``,
             ``repo_id``, ``model_name``, ``license``, ``datasets``, ``eval_dataset``, ...).
         **save_kwargs: Passed to ``model.save_pretrained`` (``max_shard_size``, ...). To publish the folder, call
             :func:`hf_snapvit.push_to_hub` on it (or :func:`hf_snapvit.hub.save_and_push` for both in one call).

@@ -10,7 +10,7 @@ this module so pickle, ``torch.save``, deepcopy and ``AutoPeftModel`` find it ag
 Saving adds, atomically and without touching the model: the self-contained module of
 :mod:`hf_snapvit.remote_code` with ``config.json["auto_map"]`` (so ``AutoModel*.from_pretrained(path,
 trust_remote_code=True)`` loads it with transformers alone), ``elastic_layout["load_with"]``, and the model card of
-:mod:`hf_snapvit.sliced_card`, which also survives transformers' ``push_to_hub`` (it overwrites README.md with its
+:mod:`hf_snapvit.cards.sliced`, which also survives transformers' ``push_to_hub`` (it overwrites README.md with its
 empty template after saving).
 """
 
@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 
 from .files import atomic_directory, write_text_atomic
 from .remote_code import REMOTE_FILE, auto_map, dump_config, load_with, remote_classes, remote_module_source
-from .sliced_card import base_model_id, sliced_card
+from .cards.sliced import base_model_id, sliced_card
 from .slicing import slice_to_layout_
 
 _CLASSES: dict[tuple[type, type], type] = {}  # (mixin, stock class) -> twin

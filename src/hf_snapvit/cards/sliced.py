@@ -2,7 +2,7 @@
 
 Text only: it is written while saving, so it lives before :mod:`hf_snapvit.modeling` and needs nothing from
 publishing, plotting or evaluation. The elastic checkpoint's card (size table over many sparsities, heatmap) is
-:mod:`hf_snapvit.model_card`'s.
+:mod:`hf_snapvit.cards.elastic`'s.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from ._version import __version__
-from .card_results import percent
-from .card_sections import hub_id, provenance_lines
-from .card_source import describe_checkpoint, pipeline_tag_for
-from .remote_code import REMOTE_FILE
+from .._version import __version__
+from .results import percent
+from .sections import hub_id, provenance_lines
+from .source import describe_checkpoint, pipeline_tag_for
+from ..remote_code import REMOTE_FILE
 
 #: Tags of every sliced checkpoint; ``custom_code`` is the Hub's tag for checkpoints loaded with trust_remote_code.
 TAGS = ("hf-snapvit", "elastic", "pruned", "custom_code", "vision")
@@ -54,7 +54,8 @@ def sliced_card(config: Mapping[str, Any], repo: str, *, base_model: str | None 
         f"A **{percent(float(layout['sparsity']))} sparse** `{config.get('model_type', 'vision transformer')}` "
         f"(`{architecture}`) sliced by hf_snapvit from an elastic checkpoint of {base_text}: "
         f"its {len(heads)} blocks keep {_span(heads)} attention heads and {_span(neurons)} FFN neurons each, chosen "
-        "by an importance ranking, without retraining.",
+        "by an importance ranking, without retraining." + (f" {described.pruned_part}" if described.pruned_part
+                                                           else ""),
         "## How to load it",
         _usage(repo, auto, pipeline_tag),
         _security(auto),

@@ -1,7 +1,7 @@
 """The text of a model card's sections: the size table, the summary and usage snippet, and the ranking's provenance.
 
-Each function takes the :class:`~hf_snapvit.card_source.CheckpointDescription` of the checkpoint and returns what
-``templates/model_card.md`` shows; :mod:`hf_snapvit.model_card` puts them together.
+Each function takes the :class:`~hf_snapvit.cards.source.CheckpointDescription` of the checkpoint and returns what
+``templates/model_card.md`` shows; :mod:`hf_snapvit.cards.elastic` puts them together.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-from ._version import __version__
-from .budget import resolve_width_multiple
-from .card_results import MetricColumns, percent
-from .card_source import CheckpointDescription
-from .errors import BudgetError, ModelCardError
-from .ranking import ElasticRanking
+from .._version import __version__
+from ..budget import resolve_width_multiple
+from .results import MetricColumns, percent
+from .source import CheckpointDescription
+from ..errors import BudgetError, ModelCardError
+from ..ranking import ElasticRanking
 
 # datasets' packaged loaders: their name says only the file format, not where the images came from.
 _GENERIC_LOADERS = {"parquet", "imagefolder", "csv", "json", "arrow", "webdataset", "text"}
@@ -105,7 +105,12 @@ def heatmap_caption(grid: Sequence[float]) -> str:
 
 
 def summary(described: CheckpointDescription, base_text: str) -> str:
-    """The paragraph under the title: what the checkpoint is and how it loads."""
+    """The paragraph under the title: what the checkpoint is, which part of it is pruned, and how it loads."""
+    text = _summary(described, base_text)
+    return f"{text} {described.pruned_part}" if described.pruned_part else text
+
+
+def _summary(described: CheckpointDescription, base_text: str) -> str:
     shape = described.ranking.shape if described.ranking is not None else None
     model_type = shape.model_type if shape else "vision transformer"
     method = described.ranking.provenance.get("method", "an importance") if described.ranking else None

@@ -20,8 +20,8 @@ from typing import Any
 
 from huggingface_hub import EvalResult
 
-from .errors import BudgetError, ModelCardError
-from .ranking import ElasticRanking
+from ..errors import BudgetError, ModelCardError
+from ..ranking import ElasticRanking
 
 
 @dataclass(frozen=True)

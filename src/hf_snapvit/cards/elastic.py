@@ -6,9 +6,9 @@
 usage snippet, the ranking's provenance and the SnapViT citation. :func:`write_model_card` writes the card and its
 heatmap into a folder. The heatmap needs matplotlib (``hf-snapvit[plots]``); without it the card says how to add it.
 
-The sections' text comes from :mod:`hf_snapvit.card_sections`, what the card describes from
-:mod:`hf_snapvit.card_source`, and measured results (:class:`Evaluation`, :func:`parse_evaluations`; the forms
-they may be given in are described there) from :mod:`hf_snapvit.card_results`.
+The sections' text comes from :mod:`hf_snapvit.cards.sections`, what the card describes from
+:mod:`hf_snapvit.cards.source`, and measured results (:class:`Evaluation`, :func:`parse_evaluations`; the forms
+they may be given in are described there) from :mod:`hf_snapvit.cards.results`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from ._version import __version__
-from .card_results import (
+from .._version import __version__
+from .results import (
     Evaluation,
     MetricColumns,
     check_measured_sparsities,
@@ -31,13 +31,13 @@ from .card_results import (
     model_index,
     parse_evaluations,
 )
-from .card_sections import heatmap_caption, hub_id, provenance_lines, size_table, summary, table_intro, usage
-from .card_source import CheckpointDescription, describe_checkpoint, pipeline_tag_for
-from .errors import ModelCardError
-from .extras import has_extra, install_hint
-from .files import atomic_file, public_name
-from .plotting import DEFAULT_SPARSITIES, plot_allocation
-from .ranking import ElasticRanking
+from .sections import heatmap_caption, hub_id, provenance_lines, size_table, summary, table_intro, usage
+from .source import CheckpointDescription, describe_checkpoint, pipeline_tag_for
+from ..errors import ModelCardError
+from ..extras import has_extra, install_hint
+from ..files import atomic_file, public_name
+from ..plotting import DEFAULT_SPARSITIES, plot_allocation
+from ..ranking import ElasticRanking
 
 __all__ = [
     "CARD_TAGS",
@@ -91,7 +91,7 @@ def make_model_card(
             or ``save_pretrained`` of a sliced model), a transformers model, or its config.
         base_model: Hub id of the model that was pruned; by default the ranking's recorded base model when that is
             a Hub id (a local path is left out of the metadata).
-        evaluations: Measured metrics per sparsity (the forms accepted are listed in :mod:`hf_snapvit.card_results`);
+        evaluations: Measured metrics per sparsity (the forms accepted are listed in :mod:`hf_snapvit.cards.results`);
             they fill the table's metric columns and the ``model-index``.
         sparsities: Sparsities of the table and the heatmap, each in ``(0, ranking.max_sparsity]``; default: the
             paper's grid 10 %, 20 %, ..., 60 %, up to ``max_sparsity``.
@@ -190,7 +190,7 @@ def _render(
         draw_heatmap, missing_plot = False, (
             "The per-block allocation heatmap was left out: drawing it needs matplotlib. Install it with "
             f"`{install_hint('matplotlib')}` and rewrite this card with "
-            "`hf_snapvit.model_card.write_model_card(folder, folder)`.")
+            "`hf_snapvit.cards.elastic.write_model_card(folder, folder)`.")
     card = ModelCard.from_template(
         card_data,
         template_path=str(TEMPLATE_PATH),

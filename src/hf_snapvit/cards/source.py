@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelCardError
-from .ranking import ElasticRanking
+from ..architectures import task_model_spec
+from ..errors import ModelCardError
+from ..ranking import ElasticRanking
 
 
 @dataclass
@@ -28,12 +29,14 @@ class CheckpointDescription:
             ``None`` for an elastic one.
         architectures: ``config.architectures``; empty when unknown (e.g. a bare ranking).
         name_or_path: ``config._name_or_path``, where the checkpoint was loaded from.
+        pruned_part: For a task model, the sentence saying that only its vision encoder is pruned; else ``None``.
     """
 
     ranking: ElasticRanking | None
     layout: dict[str, Any] | None = None
     architectures: list[str] = field(default_factory=list)
     name_or_path: str | None = None
+    pruned_part: str | None = None
 
     @property
     def has_task_head(self) -> bool:
@@ -70,7 +73,8 @@ def describe_checkpoint(source: Any) -> CheckpointDescription:
         ModelCardError: When ``source`` is none of these, or its config is neither elastic nor sliced.
     """
     if isinstance(source, ElasticRanking):
-        return CheckpointDescription(source.sorted() if not source.is_sorted() else source)
+        return CheckpointDescription(source.sorted() if not source.is_sorted() else source,
+                                     pruned_part=pruned_part({"model_type": source.shape.model_type}))
     config = _config_dict(source)
     if not isinstance(config, Mapping):
         raise ModelCardError(
@@ -88,17 +92,36 @@ def describe_checkpoint(source: Any) -> CheckpointDescription:
         layout=layout,
         architectures=list(config.get("architectures") or []),
         name_or_path=config.get("_name_or_path") or None,
+        pruned_part=pruned_part(config),
     )
 
 
+def pruned_part(config: Mapping[str, Any]) -> str | None:
+    """For a task model's ``config.json`` (as a dict), the sentence saying which part was pruned; ``None`` for a
+    bare backbone."""
+    task = task_model_spec(config.get("model_type"))
+    if task is None:
+        return None
+    encoder = (config.get(task.encoder_config) or {}).get("model_type")
+    return (f"Only the vision encoder (`{task.encoder}`{f', a `{encoder}`' if encoder else ''}) is pruned; the rest "
+            f"of this `{task.model_type}` model (its {_REST[task.features]}) is loaded as it is.")
+
+
+_REST = {"feature_maps": "neck and head", "hidden_states": "projector and language model",
+         "last_hidden_state": "projector and language model"}
+
+
 def pipeline_tag_for(architectures: Sequence[str], has_task_head: bool = False) -> str:
-    """The Hub ``pipeline_tag`` of a model: ``image-classification`` for classifiers, else
-    ``image-feature-extraction``.
+    """The Hub ``pipeline_tag`` of a model: ``depth-estimation`` and ``image-text-to-text`` for those task models,
+    ``image-classification`` for classifiers, else ``image-feature-extraction``.
 
     Args:
         architectures: ``config.architectures``; may be empty.
         has_task_head: Used when ``architectures`` is empty (e.g. ``ranking.shape.head_flops > 0``).
     """
+    for suffix, tag in (("ForDepthEstimation", "depth-estimation"), ("ForConditionalGeneration", "image-text-to-text")):
+        if any(suffix in a for a in architectures):
+            return tag
     if architectures:
         return "image-classification" if any("ForImageClassification" in a for a in architectures) \
             else "image-feature-extraction"
