@@ -20,7 +20,7 @@ from PIL import Image
 from transformers import ViTImageProcessor
 
 import hf_snapvit
-from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
 from hf_snapvit.views import MultiCropConfig
 from hf_snapvit.scoring import ScoreConfig
 
@@ -84,6 +84,12 @@ def _siglip2_inputs(batch: int, seed: int = 0) -> dict:
     }
 
 
+def _mae_inputs(batch: int, seed: int = 0) -> dict:
+    """Pixels with ViTMAE's ``noise`` fixed (the identity order): its embeddings otherwise shuffle (and mask) patches
+    at random on every forward, so two forwards of one model would differ."""
+    return {**_pixels(batch, seed), "noise": torch.arange(16.0).expand(batch, -1)}
+
+
 def _case(name, cls, config, inputs=_pixels) -> Case:
     def build():
         torch.manual_seed(0)
@@ -120,6 +126,15 @@ def _cases() -> list[Case]:
         _case("clip-vision", T.CLIPVisionModel, T.CLIPVisionConfig(**vit)),
         _case("clip-cls", T.CLIPForImageClassification,
               T.CLIPConfig(vision_config=vit, text_config=text, num_labels=5)),
+        # mask_ratio 0, as hf_snapvit runs ViTMAE (its inference_config): tests compare hf_snapvit's computations
+        # with plain forwards, which would otherwise see 4 of 16 patches. test_new_families covers the default 0.75.
+        _case("vit-mae", T.ViTMAEModel, T.ViTMAEConfig(**vit, mask_ratio=0.0), _mae_inputs),
+        _case("vit-msn", T.ViTMSNModel, T.ViTMSNConfig(**vit)),
+        # Per-block relative position bias tables: sliced with the heads.
+        _case("beit", T.BeitModel, T.BeitConfig(**vit, use_relative_position_bias=True)),
+        _case("beit-cls", T.BeitForImageClassification,
+              T.BeitConfig(**vit, use_relative_position_bias=True, num_labels=5)),
+        _case("data2vec-vision", T.Data2VecVisionModel, T.Data2VecVisionConfig(**vit, use_relative_position_bias=True)),
     ]
     if hasattr(T, "DINOv3ViTModel"):
         cases += [
@@ -198,12 +213,12 @@ def masked_copy(model, keep):
         for layer, (heads, neurons) in zip(get_layers(masked, spec), keep):
             attention = get_attention(layer, spec)
             hd = head_dim(attention, spec)
-            o_proj = getattr(attention, spec.o_proj)
+            o_proj = get_projection(attention, spec.o_proj)
             dropped = np.setdiff1d(np.arange(o_proj.in_features // hd), heads)
             for h in dropped:
                 o_proj.weight[:, h * hd:(h + 1) * hd] = 0
             mlp, variant = get_mlp(layer, spec)
-            out_proj = getattr(mlp, variant.out_proj)
+            out_proj = get_projection(mlp, variant.out_proj)
             out_proj.weight[:, np.setdiff1d(np.arange(out_proj.in_features), neurons)] = 0
     return masked
 

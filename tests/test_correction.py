@@ -14,7 +14,7 @@ from PIL import Image
 import hf_snapvit
 from hf_snapvit.errors import DataError
 from hf_snapvit.slicing import slice_model_
-from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
 from hf_snapvit.embedding import image_embedding
 from hf_snapvit.correction import (
     CorrectionConfig,
@@ -139,9 +139,9 @@ def half_keep(model, seed=0):
     keep = []
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
-        heads = getattr(attention, spec.q_proj).out_features // head_dim(attention, spec)
+        heads = get_projection(attention, spec.q_proj).out_features // head_dim(attention, spec)
         mlp, variant = get_mlp(layer, spec)
-        neurons = getattr(mlp, variant.out_proj).in_features
+        neurons = get_projection(mlp, variant.out_proj).in_features
         keep.append((rng.permutation(heads)[: heads // 2], rng.permutation(neurons)[: neurons // 2]))
     return keep
 
@@ -154,8 +154,8 @@ def targets(model, keep):
         attention = get_attention(layer, spec)
         hd = head_dim(attention, spec)
         mlp, variant = get_mlp(layer, spec)
-        out.append([(getattr(attention, spec.o_proj), (heads[:, None] * hd + np.arange(hd)).reshape(-1)),
-                    (getattr(mlp, variant.out_proj), np.asarray(neurons))])
+        out.append([(get_projection(attention, spec.o_proj), (heads[:, None] * hd + np.arange(hd)).reshape(-1)),
+                    (get_projection(mlp, variant.out_proj), np.asarray(neurons))])
     return out
 
 
@@ -245,8 +245,8 @@ def test_no_removed_units_is_identity(name):
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
         mlp, variant = get_mlp(layer, spec)
-        keep.append((rng.permutation(getattr(attention, spec.q_proj).out_features // head_dim(attention, spec)),
-                     rng.permutation(getattr(mlp, variant.out_proj).in_features)))
+        keep.append((rng.permutation(get_projection(attention, spec.q_proj).out_features // head_dim(attention, spec)),
+                     rng.permutation(get_projection(mlp, variant.out_proj).in_features)))
     inputs, data = calibration(case, 6)
     summary = correct_model_(model, keep, data, config=CorrectionConfig(num_samples=None), show_progress=False)
     assert summary.num_removed == 0 and all(layer.error_after == 0 for layer in summary.layers)
@@ -411,7 +411,7 @@ def test_whole_model_check_puts_back_corrections_that_move_the_outputs_away():
     dense = final_outputs(model, spec, batches, None)
     assert dense[1] == "logits_kl"
     mlp, variant = get_mlp(get_layers(model, spec)[0], spec)
-    linear = getattr(mlp, variant.out_proj)
+    linear = get_projection(mlp, variant.out_proj)
     original = linear.weight.data.clone()
     report = LayerCorrection("fc2", 0, "ffn_output", 8, 4, 0.0, 1.0, 0.5)
 

@@ -29,7 +29,8 @@ from helpers import CASES, PROCESSOR, masked_copy, output_of
 
 CASE = {c.name: c for c in CASES}
 REMOTE_CASES = [name for name in ("vit-cls", "deit-cls-teacher", "dinov2", "dinov2-swiglu", "dinov3-gated",
-                                   "siglip-vision", "siglip-cls", "siglip2-vision", "clip-vision") if name in CASE]
+                                   "siglip-vision", "siglip-cls", "siglip2-vision", "clip-vision", "vit-mae", "vit-msn",
+                                   "beit", "beit-cls", "data2vec-vision") if name in CASE]
 
 
 def _sliced(case: str, root: Path, sparsity: float = 0.4):

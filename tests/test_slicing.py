@@ -11,7 +11,8 @@ import torch
 import hf_snapvit as hs
 from hf_snapvit.budget import layer_widths
 from hf_snapvit.slicing import slice_model_
-from hf_snapvit.architectures import get_attention, get_layers, get_spec, head_dim
+from hf_snapvit.architectures import (find_attribute, get_attention, get_layers, get_projection, get_spec, head_dim,
+                                      head_tables)
 from helpers import masked_copy, output_of
 
 # Fractions of each model's maximum sparsity (tiny models have large embeddings, so maxima differ).
@@ -52,11 +53,11 @@ def test_sliced_heads_update_module_attributes(case):
     slice_model_(model, [([2, 0], list(range(5)))] * len(get_layers(model, spec)))
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
-        for name in spec.head_count_attrs:
-            if hasattr(attention, name):
-                assert getattr(attention, name) == 2
-        assert getattr(attention, spec.q_proj).out_features == 2 * head_dim(attention, spec)
-        assert getattr(attention, spec.o_proj).in_features == 2 * head_dim(attention, spec)
+        for paths, value in ((spec.head_count_attrs, 2), (spec.head_size_attrs, 2 * head_dim(attention, spec))):
+            assert all(find_attribute(attention, path) in (None, value) for path in paths)
+        assert get_projection(attention, spec.q_proj).out_features == 2 * head_dim(attention, spec)
+        assert get_projection(attention, spec.o_proj).in_features == 2 * head_dim(attention, spec)
+        assert all(getattr(owner, name).shape[-1] == 2 for owner, name in head_tables(layer, spec))
 
 
 def test_slice_count_mismatch_is_rejected(case):

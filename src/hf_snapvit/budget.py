@@ -17,8 +17,8 @@ from typing import Any, Sequence
 import torch.nn as nn
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-from .architectures import (get_attention, get_backbone, get_layers, get_mlp, get_spec, head_dim, model_class, num_heads,
-                            used_layers, vision_config)
+from .architectures import (get_attention, get_backbone, get_layers, get_mlp, get_projection, get_spec, head_dim,
+                            head_tables, model_class, num_heads, used_layers, vision_config)
 from .errors import BudgetError, RankingFormatError
 from .limits import MAX_UNITS, check_config_sizes, out_of_range
 
@@ -221,16 +221,17 @@ def _unit_costs(layer: nn.Module, spec) -> tuple[int, int, int, int, int]:
     """(params per head, params per neuron, heads, neurons, prunable params) of one block."""
     attention = get_attention(layer, spec)
     hd, h = head_dim(attention, spec), num_heads(attention, spec)
-    d = getattr(attention, spec.o_proj).out_features
+    d = get_projection(attention, spec.o_proj).out_features
     per_head = d * hd  # o_proj columns
     for name in (spec.q_proj, spec.k_proj, spec.v_proj):
-        proj = getattr(attention, name)
+        proj = get_projection(attention, name)
         per_head += hd * (proj.in_features + (1 if proj.bias is not None else 0))
+    per_head += sum(getattr(owner, name).shape[:-1].numel() for owner, name in head_tables(layer, spec))
     mlp, variant = get_mlp(layer, spec)
-    out_proj = getattr(mlp, variant.out_proj)
+    out_proj = get_projection(mlp, variant.out_proj)
     per_neuron = out_proj.out_features
     for name in variant.in_proj:
-        proj = getattr(mlp, name)
+        proj = get_projection(mlp, name)
         per_neuron += proj.in_features + (1 if proj.bias is not None else 0)
     f = out_proj.in_features
     return per_head, per_neuron, h, f, per_head * h + per_neuron * f
@@ -297,7 +298,7 @@ def model_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[int
         num_layers=len(layers),
         num_heads=int(dense[0]),
         head_dim=head_dim(attention, spec),
-        hidden_size=getattr(attention, spec.o_proj).out_features,
+        hidden_size=get_projection(attention, spec.o_proj).out_features,
         intermediate_size=int(dense[1]),
         params_per_head=per_head,
         params_per_neuron=per_neuron,

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from .architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
 from .embedding import image_embedding
 
 
@@ -27,9 +27,9 @@ def unit_activations(model: PreTrainedModel, pixel_values: torch.Tensor, batch_s
     for l, layer in enumerate(layers):
         mlp, variant = get_mlp(layer, spec)
         attention = get_attention(layer, spec)
-        handles.append(getattr(mlp, variant.out_proj).register_forward_pre_hook(
+        handles.append(get_projection(mlp, variant.out_proj).register_forward_pre_hook(
             lambda module, args, l=l: ffn[l].append(args[0][:, 0].float().cpu())))
-        handles.append(getattr(attention, spec.o_proj).register_forward_pre_hook(
+        handles.append(get_projection(attention, spec.o_proj).register_forward_pre_hook(
             lambda module, args, l=l: heads[l].append(args[0][:, 0].float().cpu())))
     try:
         for i in range(0, len(pixel_values), batch_size):

@@ -99,6 +99,10 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
     backbone = get_backbone(model, spec)
     kwargs = forward_inputs(model, inputs, spec)
     pixels = inputs.get("pixel_values")
+    if pixels is not None and pixels.ndim == 5:
+        raise DataError(f"pixel_values of shape {list(pixels.shape)} hold several tiles per image (an anyres "
+                        "processor's [B, tiles, C, H, W]); embed one [B, C, H, W] view per image, e.g. "
+                        "pixel_values[:, 0] (the resized whole image).")
     size = getattr(vision_config(model.config), "image_size", None)
     parameters = inspect.signature(backbone.forward).parameters
     if pixels is not None and pixels.ndim == 4 and size is not None and pixels.shape[-1] != size:

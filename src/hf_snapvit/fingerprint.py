@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from .architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
 from .errors import RankingFormatError
 from .ranking import ElasticRanking
 
@@ -32,8 +32,8 @@ def unit_rows(model: PreTrainedModel) -> list[tuple[torch.Tensor, int, torch.Ten
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
         mlp, variant = get_mlp(layer, spec)
-        rows.append((getattr(attention, spec.v_proj).weight, head_dim(attention, spec),
-                     getattr(mlp, variant.in_proj[0]).weight))
+        rows.append((get_projection(attention, spec.v_proj).weight, head_dim(attention, spec),
+                     get_projection(mlp, variant.in_proj[0]).weight))
     return rows
 
 

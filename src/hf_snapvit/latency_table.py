@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from huggingface_hub.utils import tqdm
 
-from .embedding import dummy_inputs
+from .architectures import get_spec
+from .embedding import dummy_inputs, inference_settings
 from .budget import budget_number
 from .errors import BudgetError, CheckpointError
 from .files import write_text_atomic
@@ -220,7 +221,9 @@ def measure_latency(model: Any, batch_size: int = 1, *, dtype: torch.dtype | str
     inputs = {k: v.to(parameter.device, dtype=parameter.dtype if v.is_floating_point() else v.dtype)
               for k, v in dummy_inputs(model, batch_size).items()}
     budgets = []
-    with model.budget(sparsity=0.0, width_multiple=width_multiple), torch.inference_mode():
+    # inference_settings: the model as it serves images (ViTMAE: every patch, not its pre-training mask).
+    with model.budget(sparsity=0.0, width_multiple=width_multiple), torch.inference_mode(), \
+            inference_settings(model, get_spec(model)):
         for s in grid:
             budgets.append(model.set_budget(sparsity=s, width_multiple=width_multiple))
             for _ in range(warmup):

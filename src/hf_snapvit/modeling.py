@@ -348,10 +348,13 @@ def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarra
     sliceable = {k for k, v in model.state_dict().items() if tuple(v.shape) != dense_state[k]}
     state = load_sliced_state_dict(model, reader, sliceable, held,
                                    "config.json's elastic_layout" if sliced else "config.json")
-    missing = [name for name in model.state_dict() if name not in state]
+    tied = getattr(model, "all_tied_weights_keys", None) or {}  # lm_head sharing the token embeddings (VLMs)
+    missing = [name for name in model.state_dict() if name not in state and name not in tied]
     if missing:
         _initialise_missing(model, missing)
     model.load_state_dict(state, strict=False, assign=True)
+    if tied:
+        model.tie_weights()
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     if left:
         raise CheckpointError(f"These tensors were neither in the checkpoint nor initialised: {left}.")

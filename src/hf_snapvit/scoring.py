@@ -36,7 +36,7 @@ from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
 from .embedding import input_size as architecture_input_size
-from .architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from .architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
 from .embedding import image_embedding
 from .views import MultiCropConfig, Normalizer, multi_crops, processor_inputs
 from .errors import ConfigError, DataError
@@ -112,9 +112,9 @@ def _scored_layers(model: PreTrainedModel, head_rows: str) -> tuple[list[list[nn
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
         names = (spec.v_proj,) if head_rows == "v" else (spec.q_proj, spec.k_proj, spec.v_proj)
-        heads.append([getattr(attention, n) for n in names])
+        heads.append([get_projection(attention, n) for n in names])
         mlp, variant = get_mlp(layer, spec)
-        neurons.append([getattr(mlp, n) for n in variant.in_proj])
+        neurons.append([get_projection(mlp, n) for n in variant.in_proj])
     return heads, neurons
 
 

@@ -25,6 +25,7 @@ import transformers
 from huggingface_hub import ModelCard
 from transformers import PreTrainedModel
 
+from .architectures import get_spec
 from .files import atomic_directory, write_text_atomic
 from .remote_code import REMOTE_FILE, auto_map, dump_config, load_with, remote_classes, remote_module_source
 from .cards.sliced import base_model_id, sliced_card
@@ -86,7 +87,7 @@ def write_sliced_extras(model: PreTrainedModel, folder: str | os.PathLike, repo:
     classes = remote_classes(model)
     config["auto_map"] = {**(config.get("auto_map") or {}), **auto_map(classes)}
     config["elastic_layout"] = {**config["elastic_layout"], "load_with": load_with(classes)}
-    write_text_atomic(folder / REMOTE_FILE, remote_module_source(config["model_type"], classes))
+    write_text_atomic(folder / REMOTE_FILE, remote_module_source(get_spec(model), classes))
     write_text_atomic(folder / "config.json", dump_config(config))
     card = sliced_card(config, repo, base_model=base_model_id(config, model.config.name_or_path))
     write_text_atomic(folder / "README.md", str(card))

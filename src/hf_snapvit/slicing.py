@@ -2,8 +2,9 @@
 
 One operation serves three purposes: permuting a dense model into rank order (keep every unit, reordered),
 slicing a model to a budget (keep a prefix of that order), and building the shapes of a meta-device skeleton before
-weights are read. Only the q/k/v rows, the o_proj columns, the FFN input rows and the FFN output columns change; block
-outputs, norms, embeddings and task heads keep their width.
+weights are read. Only the q/k/v rows, the o_proj columns, the FFN input rows, the FFN output columns and the heads'
+entries of per-head tables (BEiT's relative position bias) change; block outputs, norms, embeddings and task heads
+keep their width.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
-from .architectures import ArchitectureSpec, get_attention, get_layers, get_mlp, get_spec, head_dim
+from .architectures import (ArchitectureSpec, find_attribute, get_attention, get_layers, get_mlp, get_projection,
+                            get_spec, head_dim, head_tables)
 
 IndexLike = Sequence[int] | np.ndarray | torch.Tensor
 
@@ -49,33 +51,45 @@ def slice_heads_(attention: nn.Module, spec: ArchitectureSpec, keep: IndexLike, 
     """Keep the heads ``keep`` (in that order) of one attention module, in place (taken from ``source`` if given)."""
     source = source or attention
     hd = head_dim(source, spec)
-    device = getattr(source, spec.q_proj).weight.device
+    device = get_projection(source, spec.q_proj).weight.device
     heads = _as_index(keep, device)
     rows = (heads[:, None] * hd + torch.arange(hd, device=device)).reshape(-1)
     for name in (spec.q_proj, spec.k_proj, spec.v_proj):
-        _take(getattr(attention, name), rows, 0, getattr(source, name))
-    _take(getattr(attention, spec.o_proj), rows, 1, getattr(source, spec.o_proj))
+        _take(get_projection(attention, name), rows, 0, get_projection(source, name))
+    _take(get_projection(attention, spec.o_proj), rows, 1, get_projection(source, spec.o_proj))
     set_head_count_(attention, spec, len(heads), hd)
+
+
+def slice_head_tables_(layer: nn.Module, spec: ArchitectureSpec, keep: IndexLike,
+                       source: nn.Module | None = None) -> None:
+    """Keep the entries of the heads ``keep`` (in that order) in the block's per-head tables (the last dimension of
+    BEiT's relative position bias), in place (taken from ``source``, a dense twin block, if given)."""
+    origins = head_tables(source if source is not None else layer, spec)
+    for (owner, name), (origin, _) in zip(head_tables(layer, spec), origins):
+        table = getattr(origin, name)
+        index = _as_index(keep, table.device)
+        setattr(owner, name, nn.Parameter(table.data.index_select(-1, index), requires_grad=table.requires_grad))
 
 
 def set_head_count_(attention: nn.Module, spec: ArchitectureSpec, count: int, width: int) -> None:
     """Record ``count`` heads of ``width`` on an attention module. Older layouts reshape with these attributes; newer
     ones infer heads from the tensor, so keep both right."""
-    for name in spec.head_count_attrs:
-        if hasattr(attention, name):
-            setattr(attention, name, count)
-    if hasattr(attention, "all_head_size"):
-        attention.all_head_size = count * width
+    for paths, value in ((spec.head_count_attrs, count), (spec.head_size_attrs, count * width)):
+        for path in paths:
+            owner, _, name = path.rpartition(".")
+            owner = find_attribute(attention, owner)
+            if hasattr(owner, name):
+                setattr(owner, name, value)
 
 
 def slice_neurons_(layer: nn.Module, spec: ArchitectureSpec, keep: IndexLike, source: nn.Module | None = None) -> None:
     """Keep the FFN neurons ``keep`` (in that order) of one block, in place (taken from ``source`` if given)."""
     mlp, variant = get_mlp(layer, spec)
     source_mlp, _ = get_mlp(source, spec) if source is not None else (mlp, variant)
-    index = _as_index(keep, getattr(source_mlp, variant.out_proj).weight.device)
+    index = _as_index(keep, get_projection(source_mlp, variant.out_proj).weight.device)
     for name in variant.in_proj:
-        _take(getattr(mlp, name), index, 0, getattr(source_mlp, name))
-    _take(getattr(mlp, variant.out_proj), index, 1, getattr(source_mlp, variant.out_proj))
+        _take(get_projection(mlp, name), index, 0, get_projection(source_mlp, name))
+    _take(get_projection(mlp, variant.out_proj), index, 1, get_projection(source_mlp, variant.out_proj))
 
 
 def prefixes(heads: Sequence[int], neurons: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -104,6 +118,7 @@ def slice_model_(
     for layer, origin, (heads, neurons) in zip(layers, sources, keep):
         slice_heads_(get_attention(layer, spec), spec, heads,
                      get_attention(origin, spec) if origin is not None else None)
+        slice_head_tables_(layer, spec, heads, origin)
         slice_neurons_(layer, spec, neurons, origin)
     return model
 

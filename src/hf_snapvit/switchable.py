@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import torch.nn as nn
 from transformers import PreTrainedModel
 
-from .architectures import get_spec
+from .architectures import get_layers, get_spec
 from .budget import KeepCounts, ModelShape, budget_number, resolve_width_multiple
 from .errors import BudgetError, ConfigError
 from .files import atomic_directory
@@ -28,7 +28,9 @@ from .latency_table import LatencyTable, choose_table, device_name, dtype_name, 
 from .ranking import ElasticRanking
 from .remote_code import stock_class
 from .sliced import finish_sliced, twin_class, twin_lookup
-from .switching import PrefixLinear, SwitchBlock, capacity, make_switchable_, set_widths_, switch_blocks
+from .slicing import slice_head_tables_
+from .switching import (PrefixLinear, SwitchBlock, capacity, make_switchable_, remove_head_prefixes_, set_widths_,
+                        switch_blocks)
 
 @dataclass(frozen=True)
 class ElasticBudget:
@@ -229,8 +231,12 @@ class SwitchableModelMixin:
         for module in sliced.modules():
             if isinstance(module, PrefixLinear):
                 module.__class__ = nn.Linear
-        sliced.__class__ = stock_class(type(self))
+        remove_head_prefixes_(sliced)
         state = self._switch_state()
+        spec = get_spec(sliced)
+        for layer, heads in zip(get_layers(sliced, spec), state.current.heads):
+            slice_head_tables_(layer, spec, range(heads))
+        sliced.__class__ = stock_class(type(self))
         return finish_sliced(sliced, state.current.counts(), state.current.width_multiple, state.shape)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, whole: bool = False,

@@ -6,7 +6,9 @@ FFN output projections. :class:`PrefixLinear` is an ``nn.Linear`` whose ``out_fe
 smaller than its weight: it multiplies by ``weight[:out_features, :in_features]``, a view (row prefixes are contiguous;
 column prefixes are strided, which matrix products take without a copy). Switching size therefore sets a few
 integers per block and never copies, allocates or frees a weight. Parameters keep their full shape, so
-``state_dict`` stays the dense checkpoint and gradients reach exactly the active prefix.
+``state_dict`` stays the dense checkpoint and gradients reach exactly the active prefix. A per-head table (BEiT's
+relative position bias) is stored in rank order too: its module still builds every head's bias, and a
+:class:`HeadPrefix` hook passes on the first heads' only.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from .architectures import ArchitectureSpec, get_attention, get_layers, get_mlp, get_spec, head_dim
+from .architectures import (ArchitectureSpec, get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim,
+                            head_tables, num_heads)
 from .errors import UnsupportedArchitectureError
 from .slicing import set_head_count_
 
@@ -42,6 +45,31 @@ class PrefixLinear(nn.Linear):
         return F.linear(input, weight, bias)
 
 
+class HeadPrefix:
+    """Forward hook on the module that turns a per-head table into attention biases ``[..., heads, N, N]``: it keeps
+    the first ``heads`` of them. ``capacity`` is how many the table holds."""
+
+    def __init__(self, capacity: int, heads: int) -> None:
+        self.capacity, self.heads = capacity, heads
+
+    def __call__(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        # Which output dimension holds the heads is the module's business: check it, rather than cut another one.
+        if output.ndim < 3 or output.shape[-3] != self.capacity:
+            raise UnsupportedArchitectureError(
+                f"{type(module).__name__} returned a bias of shape {tuple(output.shape)}; a switchable model needs "
+                f"[..., heads={self.capacity}, N, N]. Load this model at one size with from_pretrained(path, "
+                "sparsity=...) instead of switchable=True."
+            )
+        return output if self.heads == self.capacity else output[..., : self.heads, :, :]
+
+
+def remove_head_prefixes_(model: nn.Module) -> None:
+    """Take every :class:`HeadPrefix` hook off ``model``'s modules (a physically sliced copy needs none)."""
+    for module in model.modules():
+        for key in [k for k, hook in module._forward_hooks.items() if isinstance(hook, HeadPrefix)]:
+            del module._forward_hooks[key]
+
+
 @dataclass(frozen=True)
 class SwitchBlock:
     """The modules a switch of one block touches, looked up once, so that a switch only writes integers."""
@@ -52,19 +80,23 @@ class SwitchBlock:
     ffn_in: tuple[nn.Linear, ...]
     ffn_out: nn.Linear
     head_width: int
+    tables: tuple[tuple[nn.Module, HeadPrefix], ...] = ()
 
 
 def switch_blocks(model: PreTrainedModel) -> list[SwitchBlock]:
-    """Every block's q/k/v, attention output, FFN input and FFN output projections, in depth order."""
+    """Every block's q/k/v, attention output, FFN input and FFN output projections and per-head tables (each with
+    the hook :func:`make_switchable_` puts on its module), in depth order."""
     spec = get_spec(model)
     blocks = []
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
         mlp, variant = get_mlp(layer, spec)
-        blocks.append(SwitchBlock(attention, tuple(getattr(attention, n) for n in (spec.q_proj, spec.k_proj,
-                                                                                   spec.v_proj)),
-                                  getattr(attention, spec.o_proj), tuple(getattr(mlp, n) for n in variant.in_proj),
-                                  getattr(mlp, variant.out_proj), head_dim(attention, spec)))
+        qkv = tuple(get_projection(attention, n) for n in (spec.q_proj, spec.k_proj, spec.v_proj))
+        tables = tuple((owner, HeadPrefix(getattr(owner, name).shape[-1], num_heads(attention, spec)))
+                       for owner, name in head_tables(layer, spec))
+        blocks.append(SwitchBlock(attention, qkv, get_projection(attention, spec.o_proj),
+                                  tuple(get_projection(mlp, n) for n in variant.in_proj),
+                                  get_projection(mlp, variant.out_proj), head_dim(attention, spec), tables))
     return blocks
 
 
@@ -87,9 +119,12 @@ def make_switchable_(model: PreTrainedModel) -> list[SwitchBlock]:
                     "model needs plain torch.nn.Linear projections. Make the model switchable before quantising it "
                     "or adding adapters, or load it at one size with from_pretrained(path, sparsity=...)."
                 )
+    remove_head_prefixes_(model)
     for block in blocks:
         for linear in (*block.qkv, block.o_proj, *block.ffn_in, block.ffn_out):
             linear.__class__ = PrefixLinear
+        for module, hook in block.tables:
+            module.register_forward_hook(hook)
     return blocks
 
 
@@ -110,4 +145,6 @@ def set_widths_(spec: ArchitectureSpec, blocks: Sequence[SwitchBlock], heads: Se
         for linear in block.ffn_in:
             linear.out_features = int(f)
         block.ffn_out.in_features = int(f)
+        for _, hook in block.tables:
+            hook.heads = int(h)
         set_head_count_(block.attention, spec, int(h), block.head_width)

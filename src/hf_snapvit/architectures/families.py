@@ -30,6 +30,13 @@ def _clip_like(model_type: str, **overrides) -> ArchitectureSpec:
 
 
 _GATED_OR_PLAIN = (MlpSpec(("gate_proj", "up_proj"), "down_proj"), MlpSpec(("fc1",), "fc2"))
+# BEiT and Data2Vec-vision: one relative position bias table for all blocks cannot follow each block's heads.
+_SHARED_BIAS = (("use_shared_relative_position_bias", True,
+                 "one relative position bias table, shared by every block, cannot keep different heads in different "
+                 "blocks. Supported: use_shared_relative_position_bias=False. To prune this model, add the shared "
+                 "relative_position_bias_table to every block's own one (a copy where a block has none), set "
+                 "use_relative_position_bias=True and use_shared_relative_position_bias=False (the outputs stay the "
+                 "same), and rank that model."),)
 
 for _family in (
     _vit_like("vit", "layers", excluded_from_budget=("pooler",)),
@@ -56,6 +63,32 @@ for _family in (
             MlpSpec(("up_proj",), "down_proj"),
         ),
         extra_tokens=lambda config: 1 + config.num_register_tokens,
+    ),
+    _vit_like("vit_mae", "layers", inference_config=(("mask_ratio", 0.0),)),  # inference sees every patch
+    _vit_like("vit_msn", "layers"),
+    _vit_like(  # pooler_output: the layer-normed patch-token mean (use_mean_pooling), as its classifier reads
+        "beit",
+        "layers",
+        embedding="pooled",
+        head_tables=("relative_position_bias.relative_position_bias_table",),
+        unsupported_config=_SHARED_BIAS,
+    ),
+    _spec(  # the BERT-style layout: q/k/v in attention.attention, the FFN split over intermediate and output
+        "data2vec-vision",
+        "encoder.layer",
+        "attention",
+        "output.dense",
+        q_proj="attention.query",
+        k_proj="attention.key",
+        v_proj="attention.value",
+        mlp="",
+        mlp_variants=(MlpSpec(("intermediate.dense",), "output.dense"),),
+        head_width="attention.attention_head_size",
+        head_count_attrs=("attention.num_attention_heads",),
+        head_size_attrs=("attention.all_head_size",),
+        head_tables=("attention.attention.relative_position_bias.relative_position_bias_table",),
+        embedding="pooled",
+        unsupported_config=_SHARED_BIAS,
     ),
     _clip_like("siglip_vision_model", embedding="pooled", extra_tokens=lambda config: 0),
     _clip_like(

@@ -28,6 +28,8 @@ class MlpSpec:
         in_proj: The row-sliced projections (``fc1``; ``gate_proj`` and ``up_proj`` for a gated/SwiGLU FFN). Keeping
             neuron ``j`` keeps row ``j`` of each.
         out_proj: The column-sliced projection (``fc2`` / ``down_proj``).
+
+    Names are dotted paths (``"intermediate.dense"`` of a block whose FFN is split over two modules).
     """
 
     in_proj: tuple[str, ...]
@@ -42,8 +44,9 @@ class ArchitectureSpec:
         model_type: The ``config.model_type`` this spec serves.
         layers: Dotted path from the backbone to the ``nn.ModuleList`` of transformer blocks.
         attention: Dotted path from a block to its attention module.
-        q_proj, k_proj, v_proj, o_proj: Names of the projections inside the attention module.
-        mlp: Dotted path from a block to its FFN module.
+        q_proj, k_proj, v_proj, o_proj: Dotted paths of the projections inside the attention module
+            (``"attention.query"``, ``"output.dense"`` of the older BERT-style layout).
+        mlp: Dotted path from a block to its FFN module (``""``: the block itself holds the FFN's projections).
         mlp_variants: The FFN layouts this architecture can have; the first whose projections all exist is used
             (DINOv2 and DINOv3 switch between a plain and a gated FFN through their config).
         embedding: Which output represents an image: ``"cls"`` (final-norm CLS token, ``last_hidden_state[:, 0]``),
@@ -55,7 +58,14 @@ class ArchitectureSpec:
             parameters (task-style poolers that do not produce the image embedding).
         extra_tokens: Number of non-patch tokens (CLS, distillation, registers) given the config; used for GFLOPs.
         num_patches: Number of patch tokens given the config; used for GFLOPs.
-        head_count_attrs: Attention-module attributes that hold the number of heads; slicing updates every one present.
+        head_count_attrs: Dotted paths of attention-module attributes that hold the number of heads; slicing updates
+            every one present.
+        head_size_attrs: The same for attributes that hold heads × head width (``all_head_size``).
+        head_width: Dotted path of the attention-module attribute that holds one head's width.
+        head_tables: Dotted paths from a block to parameters whose last dimension has one entry per head (BEiT's
+            relative position bias table): sliced and reordered with the heads, and counted in each head's cost.
+        unsupported_config: ``(attribute, value, reason and fix)`` of config settings hf_snapvit cannot prune;
+            :func:`get_layers` refuses a model that has one.
         patch_inputs: The backbone takes flattened patch sequences with a mask and the patch grid (SigLIP2's
             variable-resolution inputs) instead of ``[B, C, H, W]`` images; :func:`image_embedding` patchifies images.
         inference_config: ``(attribute, value)`` pairs set on the vision config while the backbone embeds images
@@ -82,6 +92,10 @@ class ArchitectureSpec:
         default=lambda config: (config.image_size // config.patch_size) ** 2
     )
     head_count_attrs: tuple[str, ...] = ("num_heads", "num_attention_heads")
+    head_size_attrs: tuple[str, ...] = ("all_head_size",)
+    head_width: str = "head_dim"
+    head_tables: tuple[str, ...] = ()
+    unsupported_config: tuple[tuple[str, object, str], ...] = ()
     patch_inputs: bool = False
     inference_config: tuple[tuple[str, object], ...] = ()
     encoder: str = ""
@@ -179,7 +193,11 @@ def get_spec(model_or_config: PreTrainedModel | PretrainedConfig | str) -> Archi
     else:
         config = getattr(model_or_config, "config", model_or_config)
         model_type = getattr(config, "model_type", None)
-    if model_type in _TASKS and config is not None:
+    if model_type in _TASKS:
+        if config is None:
+            raise UnsupportedArchitectureError(
+                f"{model_type!r} is a task model whose vision encoder its config names; pass the model or its config "
+                f"to get_spec, not the model_type string.")
         return _task_spec(_TASKS[model_type], config)
     if model_type not in _REGISTRY:
         raise UnsupportedArchitectureError(
@@ -227,6 +245,29 @@ def _get(module: nn.Module, path: str) -> nn.Module:
     return module.get_submodule(path) if path else module
 
 
+def find_attribute(owner: object, path: str) -> object:
+    """What the dotted ``path`` names inside ``owner`` (a module, parameter or plain attribute), ``None`` if absent."""
+    for name in path.split(".") if path else ():
+        owner = getattr(owner, name, None)
+    return owner
+
+
+def get_projection(module: nn.Module, path: str) -> nn.Linear:
+    """The projection a spec names by the dotted ``path`` inside ``module`` (``"q_proj"``, ``"attention.query"``)."""
+    return module.get_submodule(path)
+
+
+def head_tables(layer: nn.Module, spec: ArchitectureSpec) -> list[tuple[nn.Module, str]]:
+    """``(owning module, parameter name)`` of each of the spec's per-head tables that this block has."""
+    found = []
+    for path in spec.head_tables:
+        owner, _, name = path.rpartition(".")
+        module = find_attribute(layer, owner)
+        if isinstance(getattr(module, name, None), nn.Parameter):
+            found.append((module, name))
+    return found
+
+
 def get_backbone(model: nn.Module, spec: ArchitectureSpec | None = None) -> nn.Module:
     """The vision backbone of ``model`` (the model itself for a bare backbone, e.g. ``vit`` of a classifier, the
     vision tower of a task model)."""
@@ -240,7 +281,13 @@ def get_backbone(model: nn.Module, spec: ArchitectureSpec | None = None) -> nn.M
 def get_layers(model: nn.Module, spec: ArchitectureSpec | None = None) -> nn.ModuleList:
     """The transformer blocks of ``model``, in depth order."""
     spec = spec or get_spec(model)
-    return _get(get_backbone(model, spec), spec.layers)
+    backbone = get_backbone(model, spec)
+    for name, value, why in spec.unsupported_config:
+        if getattr(getattr(backbone, "config", None), name, None) == value:
+            raise UnsupportedArchitectureError(
+                f"This {spec.model_type} model has config.{name}={value!r}, which hf_snapvit cannot prune: {why}"
+            )
+    return _get(backbone, spec.layers)
 
 
 def get_attention(layer: nn.Module, spec: ArchitectureSpec) -> nn.Module:
@@ -252,7 +299,7 @@ def get_mlp(layer: nn.Module, spec: ArchitectureSpec) -> tuple[nn.Module, MlpSpe
     mlp = _get(layer, spec.mlp)
     for variant in spec.mlp_variants:
         names = (*variant.in_proj, variant.out_proj)
-        if all(isinstance(getattr(mlp, name, None), nn.Linear) for name in names):
+        if all(isinstance(find_attribute(mlp, name), nn.Linear) for name in names):
             return mlp, variant
     raise UnsupportedArchitectureError(
         f"The FFN of this {spec.model_type!r} block ({type(mlp).__name__}) matches none of the registered layouts "
@@ -262,12 +309,12 @@ def get_mlp(layer: nn.Module, spec: ArchitectureSpec) -> tuple[nn.Module, MlpSpe
 
 def head_dim(attention: nn.Module, spec: ArchitectureSpec) -> int:
     """Width of one head. Read from the module, so it stays right after heads are removed."""
-    return int(attention.head_dim)
+    return int(find_attribute(attention, spec.head_width))
 
 
 def num_heads(attention: nn.Module, spec: ArchitectureSpec) -> int:
     """Current number of heads, derived from the q projection so it is right for sliced modules."""
-    return getattr(attention, spec.q_proj).out_features // head_dim(attention, spec)
+    return get_projection(attention, spec.q_proj).out_features // head_dim(attention, spec)
 
 
 def vision_config(config: PretrainedConfig) -> PretrainedConfig:

@@ -36,13 +36,17 @@ _DEPTH = dict(encoder="backbone", encoder_config="backbone_config", features="fe
               feature_layers=_out_indices)
 _LLAVA = dict(encoder="model.vision_tower", encoder_config="vision_config", features="hidden_states",
               feature_layers=_vision_feature_layers, skip_tokens=_llava_skip, unused=("post_layernorm", "head"))
+_LAST = dict(encoder="model.vision_tower", encoder_config="vision_config", features="last_hidden_state",
+             feature_layers=_last_layer, unused=("head",))
 
 for _task in (
     TaskModelSpec("depth_anything", **_DEPTH),  # Depth Anything v1 and v2 (one model_type)
     TaskModelSpec("dpt", **_DEPTH),  # DPT with a backbone_config (DINOv2); DPT's own ViT encoder is not a backbone
     TaskModelSpec("llava", **_LLAVA),
     TaskModelSpec("llava_next", **_LLAVA),
-    TaskModelSpec("paligemma", encoder="model.vision_tower", encoder_config="vision_config",
-                  features="last_hidden_state", feature_layers=_last_layer, unused=("head",)),
+    TaskModelSpec("llava_onevision", **_LLAVA),  # a SigLIP tower; "full" keeps every token
+    TaskModelSpec("vipllava", **{**_LLAVA, "skip_tokens": lambda config: 1}),  # always drops CLS, several layers
+    TaskModelSpec("paligemma", **_LAST),
+    TaskModelSpec("gemma3", **_LAST),
 ):
     register_task_model(_task)

@@ -44,7 +44,7 @@ import torch.nn as nn
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
 from ..calibration import calibration_batches
 from ..errors import CorrectionError
 from ..slicing import slice_model_
@@ -129,8 +129,8 @@ def _layer_targets(layer: nn.Module, spec, heads: np.ndarray, neurons: np.ndarra
     columns = (np.asarray(heads, dtype=np.int64)[:, None] * hd + np.arange(hd)).reshape(-1)
     mlp, variant = get_mlp(layer, spec)
     return [
-        ("attention_output", getattr(attention, spec.o_proj), columns),
-        ("ffn_output", getattr(mlp, variant.out_proj), np.asarray(neurons, dtype=np.int64)),
+        ("attention_output", get_projection(attention, spec.o_proj), columns),
+        ("ffn_output", get_projection(mlp, variant.out_proj), np.asarray(neurons, dtype=np.int64)),
     ]
 
 
@@ -142,9 +142,9 @@ def _check_keep(model: nn.Module, spec, keep: Sequence[tuple[Any, Any]]) -> list
     checked = []
     for index, (layer, (heads, neurons)) in enumerate(zip(layers, keep)):
         attention = get_attention(layer, spec)
-        num_heads = getattr(attention, spec.q_proj).out_features // head_dim(attention, spec)
+        num_heads = get_projection(attention, spec.q_proj).out_features // head_dim(attention, spec)
         mlp, variant = get_mlp(layer, spec)
-        width = getattr(mlp, variant.out_proj).in_features
+        width = get_projection(mlp, variant.out_proj).in_features
         heads, neurons = np.asarray(heads, dtype=np.int64), np.asarray(neurons, dtype=np.int64)
         for what, values, limit in (("head", heads, num_heads), ("neuron", neurons, width)):
             if values.ndim != 1 or values.size == 0 or values.min() < 0 or values.max() >= limit or \

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
-from ..embedding import forward_inputs, image_embedding, pooled_embedding
+from ..embedding import forward_inputs, image_embedding, inference_settings, pooled_embedding
 from ..errors import CorrectionError
 from .config import CorrectionConfig, LayerCorrection
 from .inputs import BlockInputs, model_inputs_of
@@ -59,7 +59,8 @@ def final_outputs(model: nn.Module, spec, batches: Sequence[Any], processor: Any
         if spec.task is not None:  # a task model: its head or language model reads the encoder's features
             outputs.append(image_embedding(model, inputs, spec))
             continue
-        out = model(**forward_inputs(model, inputs, spec))
+        with inference_settings(model, spec):  # ViTMAE: every patch, as the embeddings compared with are taken
+            out = model(**forward_inputs(model, inputs, spec))
         logits = getattr(out, "logits", None)
         if logits is not None:
             measure = "logits_kl"

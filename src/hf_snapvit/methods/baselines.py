@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from ..architectures import get_attention, get_layers, get_mlp, get_spec, head_dim
+from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim, head_tables
 from ..budget import ModelShape
 from ..calibration import draw_calibration
 from ..distributed import mixed_precision, on_process_device, process_state
@@ -31,26 +31,30 @@ GRADIENT_METHODS: dict[str, dict[str, str]] = {
 
 @torch.no_grad()
 def magnitude_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """L1 norm of every weight and bias a unit owns (q/k/v rows and o_proj columns; FFN rows and output column)."""
+    """L1 norm of every weight and bias a unit owns (q/k/v rows, o_proj columns and per-head table entries; FFN rows
+    and output column)."""
     spec = get_spec(model)
     heads, neurons = [], []
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
         hd = head_dim(attention, spec)
-        per_row = torch.zeros(getattr(attention, spec.q_proj).out_features, dtype=torch.float64)
+        per_row = torch.zeros(get_projection(attention, spec.q_proj).out_features, dtype=torch.float64)
         for name in (spec.q_proj, spec.k_proj, spec.v_proj):
-            proj = getattr(attention, name)
+            proj = get_projection(attention, name)
             per_row += proj.weight.detach().abs().double().sum(1).cpu()
             if proj.bias is not None:
                 per_row += proj.bias.detach().abs().double().cpu()
-        per_row += getattr(attention, spec.o_proj).weight.detach().abs().double().sum(0).cpu()
-        heads.append(per_row.view(-1, hd).sum(1).numpy())
+        per_row += get_projection(attention, spec.o_proj).weight.detach().abs().double().sum(0).cpu()
+        per_head = per_row.view(-1, hd).sum(1)
+        for owner, name in head_tables(layer, spec):
+            per_head += getattr(owner, name).detach().abs().double().flatten(0, -2).sum(0).cpu()
+        heads.append(per_head.numpy())
 
         mlp, variant = get_mlp(layer, spec)
-        out_proj = getattr(mlp, variant.out_proj)
+        out_proj = get_projection(mlp, variant.out_proj)
         per_neuron = out_proj.weight.detach().abs().double().sum(0).cpu()
         for name in variant.in_proj:
-            proj = getattr(mlp, name)
+            proj = get_projection(mlp, name)
             per_neuron += proj.weight.detach().abs().double().sum(1).cpu()
             if proj.bias is not None:
                 per_neuron += proj.bias.detach().abs().double().cpu()
@@ -86,9 +90,10 @@ def lamp_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple[n
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
         hd = head_dim(attention, spec)
-        heads.append(_lamp(getattr(attention, spec.v_proj).weight).mean(1).view(-1, hd).mean(1).numpy())
+        heads.append(_lamp(get_projection(attention, spec.v_proj).weight).mean(1).view(-1, hd).mean(1).numpy())
         mlp, variant = get_mlp(layer, spec)
-        neurons.append(np.mean([_lamp(getattr(mlp, name).weight).mean(1).numpy() for name in variant.in_proj], 0))
+        neurons.append(np.mean([_lamp(get_projection(mlp, name).weight).mean(1).numpy()
+                                for name in variant.in_proj], 0))
     return np.stack(heads) * shape.params_per_head, np.stack(neurons) * shape.params_per_neuron
 
 

@@ -16,7 +16,8 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.nn as nn
 
-from ..architectures import ArchitectureSpec, get_attention, get_backbone, get_layers, get_mlp, head_dim
+from ..architectures import (ArchitectureSpec, get_attention, get_backbone, get_layers, get_mlp, get_projection,
+                             head_dim)
 from ..embedding import forward_inputs, inference_settings, pooled_embedding
 
 
@@ -96,9 +97,9 @@ def prefix_view(model: nn.Module, spec: ArchitectureSpec, heads: Sequence[int],
     handles = []
     for layer, h, f in zip(get_layers(model, spec), heads, neurons):
         attention = get_attention(layer, spec)
-        o_proj = getattr(attention, spec.o_proj)
+        o_proj = get_projection(attention, spec.o_proj)
         mlp, variant = get_mlp(layer, spec)
-        out_proj = getattr(mlp, variant.out_proj)
+        out_proj = get_projection(mlp, variant.out_proj)
         for linear, kept in ((o_proj, h * head_dim(attention, spec)), (out_proj, f)):
             if kept < linear.in_features:
                 mask = torch.zeros(linear.in_features, device=linear.weight.device)
