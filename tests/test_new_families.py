@@ -105,6 +105,9 @@ def test_rank_save_and_load_at_sparsity_zero_and_sliced(family, tmp_path):
     hs.save_elastic(model, ranking, tmp_path)
     dense = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.0)
     torch.testing.assert_close(output_of(dense, inputs), output_of(model, inputs), atol=1e-5, rtol=0)
+    stock = type(model).from_pretrained(tmp_path).eval()  # a normal checkpoint: permuted units, the same outputs
+    torch.testing.assert_close(output_of(stock, inputs), output_of(model, inputs), atol=1e-5, rtol=1e-4)
+    assert isinstance(dense, type(model))
 
     sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3, width_multiple=1)
     counts = ranking.keep_counts(0.3, width_multiple=1)
