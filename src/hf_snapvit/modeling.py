@@ -18,7 +18,7 @@ from .checkpoint import HUB_KWARGS, CheckpointReader, check_ranking, elastic_ent
 from .correction import CorrectionConfig, correct_model_
 from .errors import BudgetError, CheckpointError, ConfigError, CorrectionError, RankingFormatError, RecoveryError
 from .ranking import ElasticRanking, KeepCounts
-from .recovery import RecoveryConfig, recover_
+from .recovery import RecoveryConfig, recover_, warn_if_untrained
 from .latency_table import load_latency_tables
 from .sliced import finish_sliced
 from .switchable import as_switchable
@@ -128,6 +128,7 @@ def _load_sized(model: PreTrainedModel, counts: KeepCounts, stored: tuple[list[i
     """Fill the skeleton with the units ``counts`` keeps; with correction or recovery data, load what the checkpoint
     holds (both start from the dense weights), then correct and/or recover it down to ``counts``."""
     (correction_data, _), (recovery_data, _) = fitting
+    warn_if_untrained(model.config, counts.sparsity)
     keep = prefixes(counts.heads, counts.neurons)
     fit = correction_data is not None or recovery_data is not None
     _load_weights(model, prefixes(*stored) if fit else keep, reader, stored)

@@ -26,11 +26,13 @@ from .errors import BudgetError, ConfigError
 from .files import atomic_directory
 from .latency_table import LatencyTable, choose_table, device_name, dtype_name, write_latency_file
 from .ranking import ElasticRanking
+from .recovery.config import warn_if_untrained
 from .remote_code import stock_class
 from .sliced import finish_sliced, twin_class, twin_lookup
 from .slicing import slice_head_tables_
 from .switching import (PrefixLinear, SwitchBlock, capacity, make_switchable_, remove_head_prefixes_, set_widths_,
                         switch_blocks)
+
 
 @dataclass(frozen=True)
 class ElasticBudget:
@@ -203,6 +205,7 @@ class SwitchableModelMixin:
                               f"block, more than this model holds ({held_heads}, {held_neurons}).")
         set_widths_(get_spec(self), state.blocks, budget.heads, budget.neurons)
         state.current = budget
+        warn_if_untrained(self.config, budget.sparsity)
 
     @contextlib.contextmanager
     def budget(self, sparsity: float | None = None, **kwargs: Any) -> Iterator[ElasticBudget]:

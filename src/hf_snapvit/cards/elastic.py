@@ -31,7 +31,8 @@ from .results import (
     model_index,
     parse_evaluations,
 )
-from .sections import heatmap_caption, hub_id, provenance_lines, size_table, summary, table_intro, usage
+from .sections import (heatmap_caption, hub_id, provenance_lines, recovery_section, size_table, summary,
+                       table_intro, usage)
 from .source import CheckpointDescription, describe_checkpoint, pipeline_tag_for
 from ..errors import ModelCardError
 from ..extras import has_extra, install_hint
@@ -208,6 +209,7 @@ def _render(
         usage=code,
         usage_notes=usage_notes,
         provenance=provenance_lines(ranking, base_text),
+        recovery=recovery_section(described.recovery),
         citation=CITATION,
     )
     return card, ranking, grid if draw_heatmap else []

@@ -241,3 +241,31 @@ def provenance_lines(ranking: ElasticRanking | None, base_text: str) -> list[tup
     items.append(("Base model", base_text))
     items.append(("Ranked with", f"hf_snapvit {p.get('library_version', __version__)}"))
     return items
+
+
+def recovery_section(record: Mapping[str, Any] | None) -> str | None:
+    """The card's account of a label-free recovery (``config.json["elastic_recovery"]``): data, steps, the sizes it
+    trained, and each checked size's distillation loss on held-out images before and after; ``None`` if there was
+    none."""
+    if not isinstance(record, Mapping):
+        return None
+    settings, data = record.get("settings") or {}, record.get("data") or {}
+    source = " ".join(str(v) for v in (data.get("source"), data.get("name") and f"`{data['name']}`") if v)
+    span = record.get("sparsities") or []
+    trained = (f"elastic: every size between sparsity {span[0]:g} and {span[-1]:g} (sizes outside that range were "
+               "not trained, and warn when loaded)" if record.get("elastic") and span else "at this size only")
+    text = [f"Recovered by label-free distillation from the dense model, {trained}: {record.get('steps')} steps of "
+            f"{settings.get('batch_size')} images, drawn from {record.get('num_images')} unlabelled images "
+            f"({source or 'images'}, seed {data.get('seed')}), in {float(record.get('seconds') or 0):.0f} s."]
+    held = record.get("held_out") or {}
+    if held.get("sizes"):
+        text += ["", f"Distillation loss against the dense model on {held['num_images']} held-out images the "
+                     "recovery never trained on (lower is better):", "",
+                 "| sparsity | before recovery | after recovery |", "|---|---|---|"]
+        for row in held["sizes"]:
+            worse = " (worse)" if row["sparsity"] in held["worse"] else ""
+            size = "this size" if row["sparsity"] is None else percent(row["sparsity"])
+            text.append(f"| {size} | {row['loss_before']:.4g} | {row['loss_after']:.4g}{worse} |")
+    elif held.get("skipped"):
+        text += ["", f"No held-out check was made ({held['skipped']})."]
+    return "\n".join(text)

@@ -30,6 +30,7 @@ class CheckpointDescription:
         architectures: ``config.architectures``; empty when unknown (e.g. a bare ranking).
         name_or_path: ``config._name_or_path``, where the checkpoint was loaded from.
         pruned_part: For a task model, the sentence saying that only its vision encoder is pruned; else ``None``.
+        recovery: ``config.json["elastic_recovery"]`` of a recovered checkpoint; else ``None``.
     """
 
     ranking: ElasticRanking | None
@@ -37,6 +38,7 @@ class CheckpointDescription:
     architectures: list[str] = field(default_factory=list)
     name_or_path: str | None = None
     pruned_part: str | None = None
+    recovery: dict[str, Any] | None = None
 
     @property
     def has_task_head(self) -> bool:
@@ -93,6 +95,7 @@ def describe_checkpoint(source: Any) -> CheckpointDescription:
         architectures=list(config.get("architectures") or []),
         name_or_path=config.get("_name_or_path") or None,
         pruned_part=pruned_part(config),
+        recovery=config.get("elastic_recovery") if isinstance(config.get("elastic_recovery"), Mapping) else None,
     )
 
 

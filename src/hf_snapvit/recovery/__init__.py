@@ -33,8 +33,9 @@ from ..distributed import on_process_device, process_state, reduce_sum
 from ..errors import RecoveryError
 from ..ranking import ElasticRanking
 from ..views import load_processor
-from .config import RecoveryConfig, RecoverySummary
+from .config import RecoveryConfig, RecoverySummary, warn_if_untrained
 from .forward import forward_outputs, per_image_loss, prefix_view
+from .held_out import HeldOutCheck, check_sizes, held_out_record, skipped_record, split_held_out
 from .train import AugmentedBatches, TrainingState, make_optimizer, sum_gradients
 
 #: On an accelerator, step losses are read back (and shown) every this many steps.
@@ -89,10 +90,14 @@ def recover_(student: PreTrainedModel, teacher: PreTrainedModel | None, data: An
     views = _check_pair(student, teacher, config)
     if teacher is None:
         teacher = copy.deepcopy(student)
-    images, _ = sample_images(data, _num_images(data, config), seed=config.seed, model=teacher)
+    wanted = _num_images(data, config)
+    drawn, _ = sample_images(data, wanted + config.held_out_images, seed=config.seed, model=teacher)
+    images, held, skipped = split_held_out(drawn, wanted, config)
     if processor is None and not isinstance(images, torch.Tensor):
         processor = load_processor(teacher, purpose="preprocess the recovery images")
-    batches = AugmentedBatches(images, config, processor, input_size(teacher.config))
+    size = input_size(teacher.config)
+    batches = AugmentedBatches(images, config, processor, size)
+    check = HeldOutCheck(held, config, processor, size, check_sizes(views)) if held is not None else None
     was_training = teacher.training
     teacher.eval()
     student.eval()  # dropout off: the student is fitted to the teacher's deterministic function
@@ -100,11 +105,15 @@ def recover_(student: PreTrainedModel, teacher: PreTrainedModel | None, data: An
         with contextlib.ExitStack() as stack:
             device = stack.enter_context(on_process_device(student))
             stack.enter_context(on_process_device(teacher))
+            before = check.losses(student, teacher, spec, device) if check else None
             losses, resumed = _train(student, teacher, spec, batches, config, views, device, show_progress)
+            after = check.losses(student, teacher, spec, device) if check else None
     finally:
         teacher.train(was_training)
+    record = held_out_record(check.sizes, before, after, len(held)) if check else skipped_record(skipped)
     summary = RecoverySummary(config, losses, len(images), _describe(data, len(images), config),
-                              time.perf_counter() - start_time, resumed, [s for s, _ in views if s is not None])
+                              time.perf_counter() - start_time, resumed, [s for s, _ in views if s is not None],
+                              record)
     student.config.elastic_recovery = summary.to_dict()
     return summary
 
@@ -247,4 +256,4 @@ def _train(student, teacher, spec, batches: AugmentedBatches, config: RecoveryCo
     return losses, start
 
 
-__all__ = ["RecoveryConfig", "RecoverySummary", "recover", "recover_"]
+__all__ = ["RecoveryConfig", "RecoverySummary", "recover", "recover_", "warn_if_untrained"]

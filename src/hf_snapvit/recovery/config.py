@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -60,6 +61,10 @@ class RecoveryConfig:
             at the ranking's maximum.
         elastic_samples: Sliced views per step besides the two ends of the range (the sandwich rule trains the
             largest and the smallest every step, plus this many drawn uniformly in between).
+        held_out_images: Images of the seeded draw never trained on: each checked size's loss is measured on them
+            before and after training, and sizes that got worse are reported (``config.elastic_recovery
+            ["held_out"]``) with a warning. Taken beyond ``num_images`` when the data has them, else off the end of
+            the draw; ``0`` turns the check off.
         checkpoint_every: Save the training state every this many steps to ``output_dir`` (``None``: never).
         output_dir: Folder of the training state; a run finding a state there resumes from it.
     """
@@ -82,6 +87,7 @@ class RecoveryConfig:
     elastic: bool = False
     elastic_range: tuple[float, float] = (0.0, 0.6)
     elastic_samples: int = 1
+    held_out_images: int = 64
     checkpoint_every: int | None = None
     output_dir: str | None = None
 
@@ -92,6 +98,7 @@ class RecoveryConfig:
             _positive_int("num_images", self.num_images)
         _positive_int("warmup_steps", self.warmup_steps, 0)
         _positive_int("elastic_samples", self.elastic_samples, 0)
+        _positive_int("held_out_images", self.held_out_images, 0)
         _non_negative("lr", self.lr, positive=True)
         _non_negative("temperature", self.temperature, positive=True)
         for name in ("weight_decay", "hidden_weight", "embedding_weight", "logits_weight"):
@@ -141,7 +148,8 @@ class RecoveryConfig:
 
 @dataclass
 class RecoverySummary:
-    """What :func:`hf_snapvit.recover` did: the losses per step and where the images came from."""
+    """What :func:`hf_snapvit.recover` did: the losses per step, where the images came from, and each checked
+    size's loss on held-out images before and after (``held_out``, see :mod:`hf_snapvit.recovery.held_out`)."""
 
     config: RecoveryConfig
     losses: list[float]
@@ -150,6 +158,7 @@ class RecoverySummary:
     seconds: float = 0.0
     resumed_from: int = 0
     sparsities: list[float] = field(default_factory=list)
+    held_out: dict[str, Any] = field(default_factory=dict)
 
     def final_loss(self, window: int = 10) -> float:
         """Mean loss of the last ``window`` steps."""
@@ -161,4 +170,26 @@ class RecoverySummary:
         return {"settings": self.config.to_dict(), "data": self.data, "num_images": self.num_images,
                 "steps": len(self.losses), "first_loss": round(self.losses[0], 6) if self.losses else None,
                 "final_loss": round(self.final_loss(), 6), "seconds": round(self.seconds, 3),
-                "elastic": self.config.elastic, "sparsities": self.sparsities}
+                "elastic": self.config.elastic, "sparsities": self.sparsities, "held_out": self.held_out}
+
+
+_WARNED: set[tuple[str, tuple[float, ...]]] = set()
+
+
+def warn_if_untrained(config: Any, sparsity: float) -> None:
+    """Warn, once per checkpoint, when an elastically recovered checkpoint is used at a size outside the sparsity
+    range its recovery trained (its ``config.elastic_recovery["sparsities"]``): that size was not recovered, and
+    sharing weights with the trained sizes may have made it worse than before."""
+    record = getattr(config, "elastic_recovery", None)
+    span = record.get("sparsities") if isinstance(record, Mapping) and record.get("elastic") else None
+    # A budget lands within one width group of what it asks for, as the trained ends did.
+    if not span or len(span) != 2 or span[0] - 0.01 <= sparsity <= span[1] + 0.01:
+        return
+    key = (str(getattr(config, "_name_or_path", "")), tuple(span))
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(f"This checkpoint was recovered for sparsities {span[0]:g} to {span[1]:g}; sparsity {sparsity:.3g} "
+                  "was not trained and may be worse than before recovery (config.elastic_recovery['held_out'] has "
+                  "what was measured). Use a size in that range, or recover with an elastic_range that covers it.",
+                  UserWarning, stacklevel=3)
