@@ -13,6 +13,8 @@ images at 0, 30 and 50 %:
 * ``elastic-0.3to0.5``: only the sizes measured (range 0.3-0.5), an elastic checkpoint for a narrower band;
 * ``elastic-lr6e-4``, ``elastic-lr1e-4``: another learning rate;
 * ``elastic-no-hidden``: no block-output term (the embedding and logits terms only);
+* ``elastic-weighted``: each view's loss weighted by its sparsity (``elastic_weighting="sparsity"``): the unsliced
+  view counts nothing, the smallest model most;
 * ``elastic-switchable``: every LayerNorm and every attention / FFN output bias gets a private copy per anchor
   sparsity 0, 0.1, ..., 0.6 (a view uses its nearest anchor's), as switchable batch norm does for slimmable
   networks. It tests whether the shared weights lack capacity; such a model is not an elastic checkpoint the loader
@@ -52,20 +54,21 @@ from correction_vit_tiny import evaluate  # noqa: E402
 RANKING = Path(__file__).parent / "results" / "defaults_vit_tiny" / "rankings" / "obd-global-sigma0.5-g3.json"
 REFERENCES = ("recovery@0.3", "recovery@0.5")
 ELASTIC = ("elastic", "elastic-balanced", "elastic-samples2", "elastic-from0.1", "elastic-0.3to0.5", "elastic-lr6e-4",
-           "elastic-lr1e-4", "elastic-no-hidden", "elastic-switchable")
+           "elastic-lr1e-4", "elastic-no-hidden", "elastic-switchable", "elastic-weighted")
 ANCHORS = tuple(round(0.1 * i, 1) for i in range(7))
 
 
 def settings(name: str, steps: int, batch_size: int) -> hf_snapvit.RecoveryConfig:
     """The RecoveryConfig of a row: the defaults, ``steps`` of ``batch_size``, one change for an elastic variant."""
-    given: dict[str, Any] = dict(steps=steps, batch_size=batch_size, num_images=None, seed=0)
+    # held_out_images=0: every calibration image is trained on, as in the rows stored before the held-out check.
+    given: dict[str, Any] = dict(steps=steps, batch_size=batch_size, num_images=None, seed=0, held_out_images=0)
     if name in REFERENCES:
         return hf_snapvit.RecoveryConfig(**given)
     given.update(elastic=True, elastic_range=(0.0, 0.6), elastic_samples=1)
     changes = {"elastic-samples2": dict(elastic_samples=2), "elastic-from0.1": dict(elastic_range=(0.1, 0.6)),
                "elastic-0.3to0.5": dict(elastic_range=(0.3, 0.5)),
                "elastic-lr6e-4": dict(lr=6e-4), "elastic-lr1e-4": dict(lr=1e-4),
-               "elastic-no-hidden": dict(hidden_weight=0.0)}
+               "elastic-no-hidden": dict(hidden_weight=0.0), "elastic-weighted": dict(elastic_weighting="sparsity")}
     return hf_snapvit.RecoveryConfig(**{**given, **changes.get(name, {})})
 
 

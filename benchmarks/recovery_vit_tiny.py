@@ -76,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in CONFIG_FLAGS:
         kind = str if name == "mixed_precision" else int if name in ("warmup_steps", "elastic_samples") else float
         parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    parser.add_argument("--elastic-weighting", choices=("equal", "sparsity"), default=None)
     parser.add_argument("--crop-scale", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"))
     parser.add_argument("--elastic-range", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                         help="sparsities elastic recovery trains (default: 0 to the largest of --sparsities)")
@@ -96,6 +97,11 @@ def recovery_config(args: argparse.Namespace, *, elastic: bool) -> hf_snapvit.Re
     given = {name: getattr(args, name) for name in CONFIG_FLAGS if getattr(args, name) is not None}
     if args.crop_scale is not None:
         given["crop_scale"] = tuple(args.crop_scale)
+    if args.elastic_weighting is not None:
+        given["elastic_weighting"] = args.elastic_weighting
+    # Every calibration image is trained on (held_out_images=0), as in the rows stored before the held-out check;
+    # the benchmark's own "none" rows on the validation images are its never-worse reference.
+    given.setdefault("held_out_images", 0)
     return hf_snapvit.RecoveryConfig(steps=args.elastic_steps if elastic else args.steps,
                                      batch_size=args.batch_size, num_images=None, seed=args.seed, elastic=elastic,
                                      elastic_range=tuple(args.elastic_range or (0.0, max(args.sparsities))),

@@ -25,7 +25,8 @@ def test_each_variant_changes_one_setting(screen):
     assert base["elastic"] and base["elastic_range"] == [0.0, 0.6] and base["steps"] == 60
     changes = [("elastic-samples2", "elastic_samples", 2), ("elastic-from0.1", "elastic_range", [0.1, 0.6]),
                ("elastic-0.3to0.5", "elastic_range", [0.3, 0.5]), ("elastic-lr6e-4", "lr", 6e-4),
-               ("elastic-lr1e-4", "lr", 1e-4), ("elastic-no-hidden", "hidden_weight", 0.0)]
+               ("elastic-lr1e-4", "lr", 1e-4), ("elastic-no-hidden", "hidden_weight", 0.0),
+               ("elastic-weighted", "elastic_weighting", "sparsity")]
     for name, key, value in changes:
         changed = screen.settings(name, 60, 32).to_dict()
         assert {k for k in base if base[k] != changed[k]} == {key} and changed[key] == value
