@@ -13,8 +13,8 @@ images at 0, 30 and 50 %:
 * ``elastic-0.3to0.5``: only the sizes measured (range 0.3-0.5), an elastic checkpoint for a narrower band;
 * ``elastic-lr6e-4``, ``elastic-lr1e-4``: another learning rate;
 * ``elastic-no-hidden``: no block-output term (the embedding and logits terms only);
-* ``elastic-weighted``: each view's loss weighted by its sparsity (``elastic_weighting="sparsity"``): the unsliced
-  view counts nothing, the smallest model most;
+* ``elastic-weighted``: each view's loss weighted by its sparsity over the step's mean sparsity: the unsliced view
+  counts nothing, the smallest model most (the opposite direction from ``elastic-balanced``);
 * ``elastic-switchable``: every LayerNorm and every attention / FFN output bias gets a private copy per anchor
   sparsity 0, 0.1, ..., 0.6 (a view uses its nearest anchor's), as switchable batch norm does for slimmable
   networks. It tests whether the shared weights lack capacity; such a model is not an elastic checkpoint the loader
@@ -68,7 +68,7 @@ def settings(name: str, steps: int, batch_size: int) -> hf_snapvit.RecoveryConfi
     changes = {"elastic-samples2": dict(elastic_samples=2), "elastic-from0.1": dict(elastic_range=(0.1, 0.6)),
                "elastic-0.3to0.5": dict(elastic_range=(0.3, 0.5)),
                "elastic-lr6e-4": dict(lr=6e-4), "elastic-lr1e-4": dict(lr=1e-4),
-               "elastic-no-hidden": dict(hidden_weight=0.0), "elastic-weighted": dict(elastic_weighting="sparsity")}
+               "elastic-no-hidden": dict(hidden_weight=0.0)}
     return hf_snapvit.RecoveryConfig(**{**given, **changes.get(name, {})})
 
 
@@ -87,6 +87,28 @@ def balanced_views() -> Iterator[None]:
         yield
     finally:
         recovery.per_image_loss = plain
+
+
+@contextlib.contextmanager
+def sparsity_weighted_views() -> Iterator[None]:
+    """Scale each view's per-image losses by its sparsity over the mean sparsity of the step's views."""
+    plain_loss, plain_views = recovery.per_image_loss, recovery._step_views
+    weights: list[float] = []
+
+    def views(*args):
+        chosen = plain_views(*args)
+        mean = sum(s for s, _ in chosen) / len(chosen)
+        weights[:] = [s / mean if mean > 0 else 1.0 for s, _ in chosen]
+        return chosen
+
+    def weighted(student, teacher, config):
+        return plain_loss(student, teacher, config) * weights.pop(0)
+
+    recovery.per_image_loss, recovery._step_views = weighted, views
+    try:
+        yield
+    finally:
+        recovery.per_image_loss, recovery._step_views = plain_loss, plain_views
 
 
 def _per_anchor(parameter: nn.Parameter) -> nn.ParameterDict:
@@ -167,8 +189,8 @@ def run_variant(name: str, model_dir: str, calibration: Any, val: dict, bank: di
         return {str(sparsity): evaluate(model, val, bank, k)["top1"]}
     dense = load(model_dir).eval()
     parts = SwitchableParts(dense) if name == "elastic-switchable" else None
-    context = balanced_views() if name == "elastic-balanced" else parts.training() if parts else \
-        contextlib.nullcontext()
+    context = balanced_views() if name == "elastic-balanced" else sparsity_weighted_views() \
+        if name == "elastic-weighted" else parts.training() if parts else contextlib.nullcontext()
     with context:
         trained, _ = hf_snapvit.recover(dense, None, calibration, config, show_progress=False)
     ranking = ElasticRanking.from_dict(trained.config.elastic_ranking)

@@ -76,7 +76,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in CONFIG_FLAGS:
         kind = str if name == "mixed_precision" else int if name in ("warmup_steps", "elastic_samples") else float
         parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
-    parser.add_argument("--elastic-weighting", choices=("equal", "sparsity"), default=None)
     parser.add_argument("--crop-scale", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"))
     parser.add_argument("--elastic-range", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                         help="sparsities elastic recovery trains (default: 0 to the largest of --sparsities)")
@@ -97,8 +96,6 @@ def recovery_config(args: argparse.Namespace, *, elastic: bool) -> hf_snapvit.Re
     given = {name: getattr(args, name) for name in CONFIG_FLAGS if getattr(args, name) is not None}
     if args.crop_scale is not None:
         given["crop_scale"] = tuple(args.crop_scale)
-    if args.elastic_weighting is not None:
-        given["elastic_weighting"] = args.elastic_weighting
     # Every calibration image is trained on (held_out_images=0), as in the rows stored before the held-out check;
     # the benchmark's own "none" rows on the validation images are its never-worse reference.
     given.setdefault("held_out_images", 0)

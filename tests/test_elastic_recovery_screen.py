@@ -25,8 +25,7 @@ def test_each_variant_changes_one_setting(screen):
     assert base["elastic"] and base["elastic_range"] == [0.0, 0.6] and base["steps"] == 60
     changes = [("elastic-samples2", "elastic_samples", 2), ("elastic-from0.1", "elastic_range", [0.1, 0.6]),
                ("elastic-0.3to0.5", "elastic_range", [0.3, 0.5]), ("elastic-lr6e-4", "lr", 6e-4),
-               ("elastic-lr1e-4", "lr", 1e-4), ("elastic-no-hidden", "hidden_weight", 0.0),
-               ("elastic-weighted", "elastic_weighting", "sparsity")]
+               ("elastic-lr1e-4", "lr", 1e-4), ("elastic-no-hidden", "hidden_weight", 0.0)]
     for name, key, value in changes:
         changed = screen.settings(name, 60, 32).to_dict()
         assert {k for k in base if base[k] != changed[k]} == {key} and changed[key] == value
@@ -61,8 +60,23 @@ def test_variants_run_and_leave_the_recovery_module_as_it_was(screen, tmp_path):
     patched = (recovery.per_image_loss, recovery.prefix_view, recovery._step_views,
                hf_snapvit.ElasticRanking.check_matches)
     for name, sparsities in [("recovery@0.5", {"0.5"}), ("elastic-balanced", {"0.0", "0.3", "0.5"}),
-                             ("elastic-switchable", {"0.0", "0.3", "0.5"})]:
+                             ("elastic-switchable", {"0.0", "0.3", "0.5"}),
+                             ("elastic-weighted", {"0.0", "0.3", "0.5"})]:
         top1 = screen.run_variant(name, str(elastic), calibration, val, bank, steps=2, batch_size=4, k=3)
         assert set(top1) == sparsities and all(0.0 <= v <= 1.0 for v in top1.values())
     assert (recovery.per_image_loss, recovery.prefix_view, recovery._step_views,
             hf_snapvit.ElasticRanking.check_matches) == patched
+
+
+def test_sparsity_weighting_scales_each_view_by_its_sparsity_over_the_steps_mean(screen):
+    seen = []
+    plain_loss, plain_views = recovery.per_image_loss, recovery._step_views
+    recovery.per_image_loss = lambda student, teacher, config: torch.ones(2)
+    recovery._step_views = lambda *args: [(0.0, None), (0.6, None), (0.3, None)]
+    try:
+        with screen.sparsity_weighted_views():
+            chosen = recovery._step_views()
+            seen = [float(recovery.per_image_loss(None, None, None)[0]) for _ in chosen]
+    finally:
+        recovery.per_image_loss, recovery._step_views = plain_loss, plain_views
+    assert seen == pytest.approx([0.0, 2.0, 1.0])  # mean sparsity 0.3

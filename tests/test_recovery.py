@@ -54,7 +54,6 @@ def same_weights(a, b):
     (dict(hidden_weight=0, embedding_weight=0, logits_weight=0), "nothing to distil"),
     (dict(checkpoint_every=5), "output_dir"), (dict(mixed_precision="fp16"), "mixed_precision"),
     (dict(num_images=0), "num_images"), (dict(steps=True), "steps"),
-    (dict(elastic_weighting="loss"), "elastic_weighting"),
 ])
 def test_bad_settings_raise_naming_the_value(kwargs, words):
     with pytest.raises(RecoveryError, match=words):
@@ -321,17 +320,3 @@ if __name__ == "__main__":
 
     scenario(Path(sys.argv[1]), distributed.process_state().process_index)
     distributed.process_state().destroy_process_group()
-
-
-def test_sparsity_weighting_moves_weight_to_the_smaller_views_and_is_a_no_op_when_they_are_one_size(elastic_dir):
-    dense = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir)
-    data = pixels(8)
-
-    def trained(**kwargs):
-        config = RecoveryConfig(**FAST, num_images=None, held_out_images=0, elastic=True, **kwargs)
-        return recover(dense, None, data, config, show_progress=False)[0]
-
-    one_size = dict(elastic_range=(0.3, 0.3))
-    assert same_weights(trained(**one_size), trained(**one_size, elastic_weighting="sparsity"))
-    assert not same_weights(trained(elastic_range=(0.0, 0.4)),
-                            trained(elastic_range=(0.0, 0.4), elastic_weighting="sparsity"))

@@ -202,15 +202,6 @@ def _step_views(views: list[tuple[float | None, Any]], config: RecoveryConfig,
     return [(float(s), ranking.keep_counts(float(s))) for s in (low, high, *sorted(drawn))]
 
 
-def _view_weights(chosen: list[tuple[float | None, Any]], config: RecoveryConfig) -> list[float]:
-    """Each view's loss weight, with mean 1 over the step's views (see ``RecoveryConfig.elastic_weighting``)."""
-    sparsities = [s for s, _ in chosen]
-    if config.elastic_weighting == "equal" or None in sparsities or sum(sparsities) == 0:
-        return [1.0] * len(chosen)
-    mean = sum(sparsities) / len(sparsities)
-    return [s / mean for s in sparsities]
-
-
 def _autocast(device: torch.device, config: RecoveryConfig) -> contextlib.AbstractContextManager:
     bf16 = config.mixed_precision == "bf16" or (config.mixed_precision == "auto" and device.type == "cuda")
     return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
@@ -244,12 +235,12 @@ def _train(student, teacher, spec, batches: AugmentedBatches, config: RecoveryCo
             with torch.no_grad(), _autocast(teacher_device, config):  # the teacher may live elsewhere
                 target = forward_outputs(teacher, spec, pixels.to(teacher_device)).to(device)
             chosen = _step_views(views, config, step)
-            for weight, (_, counts) in zip(_view_weights(chosen, config), chosen):
+            for _, counts in chosen:
                 view = prefix_view(student, spec, counts.heads, counts.neurons) if counts is not None \
                     else contextlib.nullcontext()
                 with view, _autocast(device, config):
                     out = forward_outputs(student, spec, pixels)
-                loss = per_image_loss(out, target, config).sum() * (weight / (config.batch_size * len(chosen)))
+                loss = per_image_loss(out, target, config).sum() / (config.batch_size * len(chosen))
                 loss.backward()
                 total += loss.detach().double()
         sum_gradients(student)

@@ -61,10 +61,6 @@ class RecoveryConfig:
             at the ranking's maximum.
         elastic_samples: Sliced views per step besides the two ends of the range (the sandwich rule trains the
             largest and the smallest every step, plus this many drawn uniformly in between).
-        elastic_weighting: How elastic recovery weighs its views' losses in the shared gradient: ``"equal"`` (each
-            view counts the same, so the most damaged view, with the largest loss, leads) or ``"sparsity"`` (each
-            view's loss times its sparsity over the step's mean sparsity: the unsliced view counts nothing, the
-            smallest model most).
         held_out_images: Images of the seeded draw never trained on: each checked size's loss is measured on them
             before and after training, and sizes that got worse are reported (``config.elastic_recovery
             ["held_out"]``) with a warning. Taken beyond ``num_images`` when the data has them, else off the end of
@@ -91,7 +87,6 @@ class RecoveryConfig:
     elastic: bool = False
     elastic_range: tuple[float, float] = (0.0, 0.6)
     elastic_samples: int = 1
-    elastic_weighting: str = "equal"
     held_out_images: int = 64
     checkpoint_every: int | None = None
     output_dir: str | None = None
@@ -120,9 +115,6 @@ class RecoveryConfig:
         if self.mixed_precision not in ("auto", "bf16", "no"):
             raise RecoveryError(f"RecoveryConfig(mixed_precision={self.mixed_precision!r}) must be 'auto', 'bf16' "
                                 "or 'no'.")
-        if self.elastic_weighting not in ("equal", "sparsity"):
-            raise RecoveryError(f"RecoveryConfig(elastic_weighting={self.elastic_weighting!r}) must be 'equal' or "
-                                "'sparsity'.")
         if not isinstance(self.elastic, bool):
             raise RecoveryError(f"RecoveryConfig(elastic={self.elastic!r}) must be True or False.")
         if self.checkpoint_every is not None:
