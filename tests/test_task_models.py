@@ -360,3 +360,14 @@ def test_anyres_tiles_get_a_clear_error_naming_the_fix():
     with pytest.raises(hs.DataError, match=r"\[2, 3, 3, 32, 32\].*pixel_values\[:, 0\]"):
         image_embedding(model, {"pixel_values": tiles})
     assert image_embedding(model, {"pixel_values": tiles[:, 0]}).shape == (2, 32)
+
+
+def test_evaluation_embeds_a_task_model_with_the_features_its_task_reads():
+    from hf_snapvit.evaluation.features import extract_features, has_classifier
+
+    model = TASKS[2].model()
+    pixels = _pixels(4)
+    assert not has_classifier(model)
+    features = extract_features(model, pixels, batch_size=2, show_progress=False)
+    assert features.logits is None
+    torch.testing.assert_close(features.embeddings, image_embedding(model, {"pixel_values": pixels}))

@@ -38,8 +38,9 @@ class Features:
 
 
 def has_classifier(model: PreTrainedModel) -> bool:
-    """Whether ``model`` has a head on top of its vision backbone (a ``*ForImageClassification``)."""
-    return get_backbone(model) is not model
+    """Whether ``model`` has a classifier on top of its vision backbone (a ``*ForImageClassification``); a task
+    model's depth head or language model is not one: it is evaluated on the features its task reads."""
+    return get_spec(model).task is None and get_backbone(model) is not model
 
 
 def _embedding_from_output(output: Any, spec: ArchitectureSpec) -> torch.Tensor | None:
