@@ -20,6 +20,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from .architectures import ArchitectureSpec, get_backbone, get_spec, vision_config
 from .errors import DataError
 
+
 def input_size(config: PretrainedConfig) -> int:
     """Side in pixels of the square images the model was configured for (SigLIP2: its default patch grid)."""
     vision = vision_config(config)
@@ -63,13 +64,16 @@ def unpatchify(patches: torch.Tensor, patch_size: int, spatial_shapes: torch.Ten
 
 
 def forward_inputs(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None) -> dict:
-    """``inputs`` as ``model.forward`` takes them: ``[B, C, H, W]`` pixels become patch sequences (with their mask and
-    grid) for backbones that take those (SigLIP2); anything else passes through. Returns a new dict."""
+    """``inputs`` as ``model.forward`` (or its vision encoder) takes them: ``[B, C, H, W]`` pixels become patch
+    sequences (with their mask and grid) for backbones that take those (SigLIP2), and a task model that reads hidden
+    states (LLaVA) asks for them; anything else passes through. Returns a new dict."""
     spec = spec or get_spec(model)
     kwargs = dict(inputs)
     pixels = kwargs.get("pixel_values")
     if spec.patch_inputs and pixels is not None and pixels.ndim == 4:
         kwargs.update(patchify(pixels, int(vision_config(model.config).patch_size)))
+    if spec.task is not None and spec.task.features == "hidden_states":
+        kwargs["output_hidden_states"] = True
     return kwargs
 
 
@@ -104,12 +108,9 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
                         "processor's [B, tiles, C, H, W]); embed one [B, C, H, W] view per image, e.g. "
                         "pixel_values[:, 0] (the resized whole image).")
     size = getattr(vision_config(model.config), "image_size", None)
-    parameters = inspect.signature(backbone.forward).parameters
     if pixels is not None and pixels.ndim == 4 and size is not None and pixels.shape[-1] != size:
-        if "interpolate_pos_encoding" in parameters:
+        if "interpolate_pos_encoding" in inspect.signature(backbone.forward).parameters:
             kwargs["interpolate_pos_encoding"] = True
-    if spec.task is not None and spec.task.features == "hidden_states":
-        kwargs["output_hidden_states"] = True
     with inference_settings(model, spec):
         return pooled_embedding(backbone(**kwargs), spec, model.config)
 

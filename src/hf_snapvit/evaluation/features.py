@@ -14,7 +14,7 @@ from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
 from ..architectures import ArchitectureSpec, get_backbone, get_spec
-from ..embedding import forward_inputs, image_embedding
+from ..embedding import forward_inputs, image_embedding, pooled_embedding
 from ..errors import EvaluationError
 from ..views import load_processor, model_inputs
 from .images import ImageSet
@@ -43,29 +43,15 @@ def has_classifier(model: PreTrainedModel) -> bool:
     return get_spec(model).task is None and get_backbone(model) is not model
 
 
-def _embedding_from_output(output: Any, spec: ArchitectureSpec) -> torch.Tensor | None:
-    """The embedding :func:`image_embedding` takes from a backbone output, or ``None`` if the output is not one."""
-    hidden = getattr(output, "last_hidden_state", None)
-    if hidden is None:
-        return None
-    if spec.embedding == "pooled":
-        pooled = getattr(output, "pooler_output", None)
-        return pooled if pooled is not None else hidden.mean(1)
-    if spec.embedding == "cls_dist_mean":
-        return hidden[:, :2].mean(1)
-    if spec.embedding == "cls":
-        return hidden[:, 0]
-    return None
-
-
-
 def _classifier_outputs(model: PreTrainedModel, inputs: dict[str, Any], spec: ArchitectureSpec,
                         captured: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(embedding, logits)`` of one batch from the full model; ``captured`` receives the backbone's output."""
     inputs.update(forward_inputs(model, inputs, spec))  # SigLIP2 classifiers take patch sequences
     captured.clear()
     output = model(**inputs)
-    embedding = _embedding_from_output(captured[0], spec) if captured else None
+    backbone_output = captured[0] if captured else None
+    embedding = pooled_embedding(backbone_output, spec, model.config) \
+        if getattr(backbone_output, "last_hidden_state", None) is not None else None
     if embedding is None:  # an output this module does not know: ask the backbone again
         embedding = image_embedding(model, inputs, spec)
     return embedding, output.logits

@@ -51,8 +51,6 @@ def forward_outputs(model: nn.Module, spec: ArchitectureSpec, pixels: torch.Tens
     inputs = forward_inputs(model, {"pixel_values": pixels}, spec)
     # A task model's encoder runs alone: its neck, head or language model reads only the features distilled here.
     runner = model if spec.task is None else get_backbone(model, spec)
-    if spec.task is not None and spec.task.features == "hidden_states":
-        inputs["output_hidden_states"] = True
     try:
         with inference_settings(model, spec):
             out = runner(**inputs)

@@ -58,6 +58,7 @@ class HeldOutCheck:
         self.batches = AugmentedBatches(images, dataclasses.replace(
             config, batch_size=len(images), crop_scale=(1.0, 1.0), flip=0.0), processor, size)
         self.sizes = sizes
+        self._target: Any = None  # the frozen teacher's outputs on this process's share, computed once
 
     @torch.no_grad()
     def losses(self, student: Any, teacher: Any, spec: Any, device: torch.device) -> list[float]:
@@ -66,8 +67,10 @@ class HeldOutCheck:
         pixels = self.batches.share(0, state.process_index, state.num_processes)
         sums = torch.zeros(len(self.sizes) + 1, dtype=torch.float64, device=device)
         if pixels is not None:
-            teacher_device = next(teacher.parameters()).device
-            target = forward_outputs(teacher, spec, pixels.to(teacher_device)).to(device)
+            if self._target is None:
+                teacher_device = next(teacher.parameters()).device
+                self._target = forward_outputs(teacher, spec, pixels.to(teacher_device)).to(device)
+            target = self._target
             for i, (_, counts) in enumerate(self.sizes):
                 view = prefix_view(student, spec, counts.heads, counts.neurons) if counts is not None \
                     else contextlib.nullcontext()
