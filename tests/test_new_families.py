@@ -221,3 +221,20 @@ def test_a_bias_module_of_another_layout_is_refused_when_switched():
     assert hook(torch.nn.Identity(), (), torch.ones(1, 4, 5, 5)).shape == (1, 2, 5, 5)
     with pytest.raises(UnsupportedArchitectureError, match=r"heads=4.*sparsity="):
         hook(torch.nn.Identity(), (), torch.ones(1, 5, 5, 4))
+
+
+def test_evaluating_or_timing_a_beit_does_not_break_training_it_afterwards(tmp_path):
+    # transformers caches BEiT's relative position index across models; one made under torch.inference_mode cannot
+    # be used by autograd later, so evaluation and latency measurement must run under no_grad.
+    from hf_snapvit.evaluation.features import extract_features
+    from hf_snapvit.recovery import RecoveryConfig, recover
+
+    model, inputs = _build("beit", image_size=48)  # a window size no other test has cached
+    extract_features(model, inputs["pixel_values"], batch_size=2, show_progress=False)
+    hs.save_elastic(model, hs.rank(model, method="magnitude"), tmp_path)
+    switchable = hs.ElasticViTModel.from_pretrained(tmp_path, switchable=True)
+    hs.measure_latency(switchable, batch_size=1, repeats=1, warmup=0, sparsities=[0.3], show_progress=False)
+    student = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3)
+    trained, summary = recover(student, model, inputs["pixel_values"].repeat(4, 1, 1, 1),
+                               RecoveryConfig(steps=1, batch_size=4, held_out_images=0), show_progress=False)
+    assert len(summary.losses) == 1 and all(map(torch.isfinite, torch.tensor(summary.losses)))

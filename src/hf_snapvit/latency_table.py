@@ -221,8 +221,10 @@ def measure_latency(model: Any, batch_size: int = 1, *, dtype: torch.dtype | str
     inputs = {k: v.to(parameter.device, dtype=parameter.dtype if v.is_floating_point() else v.dtype)
               for k, v in dummy_inputs(model, batch_size).items()}
     budgets = []
-    # inference_settings: the model as it serves images (ViTMAE: every patch, not its pre-training mask).
-    with model.budget(sparsity=0.0, width_multiple=width_multiple), torch.inference_mode(), \
+    # inference_settings: the model as it serves images (ViTMAE: every patch, not its pre-training mask). no_grad,
+    # not inference_mode: transformers caches tensors across models (BEiT's relative position index), and one made
+    # in inference mode breaks any later training in the process.
+    with model.budget(sparsity=0.0, width_multiple=width_multiple), torch.no_grad(), \
             inference_settings(model, get_spec(model)):
         for s in grid:
             budgets.append(model.set_budget(sparsity=s, width_multiple=width_multiple))

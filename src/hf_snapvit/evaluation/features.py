@@ -57,7 +57,9 @@ def _classifier_outputs(model: PreTrainedModel, inputs: dict[str, Any], spec: Ar
     return embedding, output.logits
 
 
-@torch.inference_mode()
+# no_grad, not inference_mode: transformers caches tensors across models (BEiT's relative position index), and one
+# made in inference mode breaks any later training in the process (recovering the model just evaluated).
+@torch.no_grad()
 def extract_features(
     model: PreTrainedModel,
     data: ImageSet | Any,
