@@ -21,8 +21,8 @@ from .architectures import (ArchitectureSpec, MlpSpec, TaskModelSpec, register_a
 from .budget import backbone_parameters, estimate_gflops
 from .correction import CorrectionConfig
 from .data import load_image_dataset
-from .errors import (BudgetError, CheckpointError, ConfigError, DataError, RankingFormatError, SnapViTError,
-                     UnsupportedArchitectureError)
+from .errors import (BudgetError, CheckpointError, ConfigError, DataError, DiskFullError, RankingFormatError,
+                     SnapViTError, UnsupportedArchitectureError)
 from .hub import push_to_hub
 from .latency_table import LatencyTable, measure_latency
 from .methods import available_methods, rank, register_method
@@ -44,6 +44,7 @@ __all__ = [
     "ConfigError",
     "CorrectionConfig",
     "DataError",
+    "DiskFullError",
     "ElasticBudget",
     "ElasticRanking",
     "ElasticViTModel",

@@ -18,6 +18,7 @@ from PIL import Image
 
 from .errors import DataError
 from .files import public_name
+from .streams import MAX_CORRUPT_FRACTION, ResilientStream
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ def find_image_column(column_names: Sequence[str], features: Any = None) -> str:
 
 
 def to_rgb(image: Any) -> Image.Image:
-    """An RGB PIL image from a PIL image, an undecoded ``datasets.Image`` value or a ``[H, W, C]`` array."""
+    """An RGB PIL image from a PIL image, an undecoded ``datasets.Image`` value or an array (see
+    :func:`array_to_image`)."""
     if isinstance(image, Image.Image):
         return image.convert("RGB")
     if isinstance(image, dict):  # an undecoded datasets.Image value {"bytes", "path"} (see load_image_dataset)
@@ -50,8 +52,41 @@ def to_rgb(image: Any) -> Image.Image:
 
         return datasets.Image().decode_example(image).convert("RGB")
     if isinstance(image, np.ndarray):
-        return Image.fromarray(image).convert("RGB")
-    raise DataError(f"Expected a PIL image, got {type(image).__name__}.")
+        return array_to_image(image).convert("RGB")
+    raise DataError(f"Expected a PIL image, an undecoded datasets.Image value or a numpy array, got "
+                    f"{type(image).__name__}.")
+
+
+_HINT = ("pass the raw images (PIL images or uint8 arrays) and let the model's processor normalise them, or pass "
+         "the processor's output, a [N, C, H, W] pixel_values tensor, as the data")
+
+
+def array_to_image(array: np.ndarray) -> Image.Image:
+    """A PIL image from an ``[H, W]``, ``[H, W, C]`` or ``[C, H, W]`` array (``C`` = 1, 3 or 4; channels last
+    when both read).
+
+    Integers in [0, 255] are taken as they are. Floats are scaled from whichever range they are clearly in: [0, 1]
+    (times 255) or [0, 255]. Anything else, e.g. negative values of pixels a processor already normalised, is
+    refused: what the values mean cannot be told.
+    """
+    where = f"an image array of shape {tuple(array.shape)} and dtype {array.dtype}"
+    if array.ndim == 3 and array.shape[-1] not in (1, 3, 4) and array.shape[0] in (1, 3, 4):
+        array = np.moveaxis(array, 0, -1)  # channels first, as torchvision and processors lay pixels out
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)) or 0 in array.shape:
+        raise DataError(f"Cannot read {where} as an image: give [H, W], [H, W, C] or [C, H, W] with 1, 3 or 4 "
+                        "channels.")
+    if array.dtype == np.uint8:
+        return Image.fromarray(array)
+    if array.dtype.kind not in "uif":
+        raise DataError(f"Cannot read {where} as an image: give uint8 values in [0, 255] or floats in [0, 1].")
+    low, high = float(np.min(array)), float(np.max(array))
+    if not (np.isfinite(low) and np.isfinite(high)) or low < 0 or high > 255:
+        raise DataError(f"Cannot read {where} as an image: its values run from {low:.4g} to {high:.4g}, outside "
+                        f"[0, 1] and [0, 255], so they look normalised already; {_HINT}.")
+    scale = 255.0 if array.dtype.kind == "f" and high <= 1.0 else 1.0
+    return Image.fromarray(np.rint(array.astype(np.float64) * scale).astype(np.uint8))
 
 
 #: Default shuffle buffer of :func:`load_image_dataset`, in examples. It holds encoded image bytes (about 20 MB for
@@ -72,7 +107,12 @@ class _ValidImages:
         self.source = source
         self.checked = 0
         self.skipped = 0
+        self._counted = 0  # images looked at before the stream was last reopened: counted already
         self._decoder = datasets.Image()
+
+    def rewind(self) -> None:
+        """The stream is read again from its start (after a network error): count each image once."""
+        self._counted, self.checked = max(self._counted, self.checked), 0
 
     def __call__(self, example: dict[str, Any]) -> bool:
         value = example[self.column]
@@ -86,6 +126,8 @@ class _ValidImages:
         # PIL raises many types for bad files (UnidentifiedImageError, OSError for truncated data, SyntaxError,
         # DecompressionBombError, ...); any failure to decode means the image is unusable.
         except Exception as error:
+            if self.checked <= self._counted:
+                return False
             self.skipped += 1
             where = value.get("path") if isinstance(value, dict) else None
             logger.warning("Skipping corrupt image %s of %s (%d skipped so far): %s",
@@ -93,9 +135,8 @@ class _ValidImages:
             return False
 
 
-#: The largest share of the images looked at in an in-memory dataset that may be corrupt (one is always allowed):
-#: beyond it a draw fails, since the file is more likely damaged than holding a few bad images.
-MAX_CORRUPT_FRACTION = 0.1
+# MAX_CORRUPT_FRACTION (from hf_snapvit.streams): the largest share of the images looked at that may be corrupt (one
+# is always allowed); beyond it a draw fails, since the file is more likely damaged than holding a few bad images.
 
 
 def read_valid_rows(dataset: Any, order: Sequence[int], column: str, count: int) -> tuple[list[Image.Image],
@@ -299,10 +340,14 @@ def _read_samples(valid: Any, num_samples: int, *, name: str, split: str, seed: 
     from huggingface_hub.utils import tqdm
 
     rows: list[dict[str, Any]] = []
+    stream = ResilientStream(valid.take(num_samples), f"stream of {name!r}", on_reopen=check.rewind)
     with tqdm(total=num_samples, desc="Reading calibration images", unit="img", disable=not show_progress) as bar:
-        for example in valid.take(num_samples):
+        for example in stream:
             rows.append(example)
             bar.update(1)
+    if stream.failure is not None:
+        raise DataError(f"Read only {len(rows)} of the num_samples={num_samples} images asked for: "
+                        f"{stream.failure_text()}. Check the network and retry.") from stream.failure
     if len(rows) < num_samples:
         raise DataError(
             f"{name!r} (split {split!r}) has only {len(rows)} valid images, but num_samples={num_samples} were asked "

@@ -2,12 +2,16 @@
 
 Each error inherits from :class:`SnapViTError` (catch everything from this package) and from the matching builtin:
 ``ValueError`` for bad input of any kind (settings, data, files, budgets), so callers that already catch
-``ValueError`` keep working; ``RuntimeError`` only for :class:`ProcessFailedError`, a failure reported by another
-process of a multi-process run, and :class:`MissingExtraError` (also an ``ImportError``), an optional dependency that
-is not installed. Nothing raises the bare base class.
+``ValueError`` keep working (:class:`CheckpointNotFoundError`, a checkpoint that is not there, is an ``OSError``
+too, as transformers' own error for it, and so is :class:`DiskFullError`, a save that ran out of space, with the
+OS's ``errno``); ``RuntimeError`` only for :class:`ProcessFailedError`, a failure reported
+by another process of a multi-process run, and :class:`MissingExtraError` (also an ``ImportError``), an optional
+dependency that is not installed. Nothing raises the bare base class.
 """
 
 from __future__ import annotations
+
+import os
 
 
 class SnapViTError(Exception):
@@ -24,6 +28,27 @@ class DataError(SnapViTError, ValueError):
 
 class CheckpointError(SnapViTError, ValueError):
     """A checkpoint or output folder cannot be read or written as asked."""
+
+
+class CheckpointNotFoundError(CheckpointError, OSError):
+    """A local checkpoint folder does not exist or holds no ``config.json``. An ``OSError`` too, as transformers
+    raises for a checkpoint it cannot find, so ``except OSError`` keeps working."""
+
+
+class DiskFullError(CheckpointError, OSError):
+    """A save ran out of disk space (or quota). The message says which folder, that what was there is untouched, and
+    how much space is free; ``errno`` is the OS's (``errno.ENOSPC``), ``filename`` the folder, and ``__cause__`` the
+    original error. An ``OSError`` too, so ``except OSError`` and checks of ``errno`` keep working."""
+
+    def __init__(self, message: str, code: int, filename: str | None = None) -> None:
+        super().__init__(message)
+        self.errno, self.strerror, self.filename = code, os.strerror(code), filename
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # OSError's own form would be "[Errno 28] No space left on device: 'folder'"
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.args[0], self.errno, self.filename))  # OSError's would pass the wrong arguments
 
 
 class UnsupportedArchitectureError(SnapViTError, ValueError):
@@ -83,9 +108,11 @@ __all__ = [
     "BenchmarkError",
     "BudgetError",
     "CheckpointError",
+    "CheckpointNotFoundError",
     "ConfigError",
     "CorrectionError",
     "DataError",
+    "DiskFullError",
     "EvaluationError",
     "HubUploadError",
     "MissingExtraError",

@@ -10,11 +10,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from .architectures import get_spec
 from .budget import layer_widths, model_shape, resolve_width_multiple, skeleton
-from .checkpoint import HUB_KWARGS, CheckpointReader, check_ranking, elastic_entries, load_sliced_state_dict
+from .checkpoint import (HUB_KWARGS, CheckpointReader, check_ranking, elastic_entries, load_sliced_state_dict,
+                         read_config)
 from .correction import CorrectionConfig, correct_model_
 from .errors import BudgetError, CheckpointError, ConfigError, CorrectionError, RankingFormatError, RecoveryError
 from .ranking import ElasticRanking, KeepCounts
@@ -93,8 +94,7 @@ class ElasticViTModel:
         """
         hub_kwargs = {k: kwargs.pop(k) for k in HUB_KWARGS if k in kwargs}
         build_kwargs, device = _build_options(kwargs)
-        config, unused = AutoConfig.from_pretrained(pretrained_model_name_or_path, return_unused_kwargs=True,
-                                                    **hub_kwargs, **kwargs)
+        config, unused = read_config(pretrained_model_name_or_path, hub_kwargs, kwargs)  # checks the folder first
         if unused:
             raise TypeError(f"ElasticViTModel.from_pretrained got unexpected keyword arguments {sorted(unused)}.")
         get_spec(config)  # unsupported architectures fail before any weight is touched

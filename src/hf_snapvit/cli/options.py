@@ -74,12 +74,15 @@ def load_data(args: argparse.Namespace, num_samples: int, *, label_column: str |
 
 
 def check_checkpoint_source(name_or_path: str, option: str) -> None:
-    """A path that does not exist fails here, naming the option, instead of as an invalid Hub repo id."""
+    """A path that does not exist fails here, naming the option, instead of as an invalid Hub repo id; a folder that
+    holds no checkpoint (no config.json) fails as the library's loader says it."""
     from ..data import looks_like_path
+    from ..sources import check_source
 
     if not Path(name_or_path).expanduser().exists() and looks_like_path(name_or_path):
         raise CheckpointError(
             f"{option} {name_or_path!r}: no such folder. Give a checkpoint folder or a Hub model id.")
+    check_source(name_or_path)
 
 
 def add_width_multiple(parser: argparse.ArgumentParser) -> None:
@@ -102,9 +105,11 @@ def load_dense_model(name_or_path: str) -> Any:
     from transformers import AutoConfig
 
     from ..architectures import get_spec, model_class
+    from ..checkpoint import check_architecture
 
     check_checkpoint_source(name_or_path, "--model")
     config = AutoConfig.from_pretrained(name_or_path)
+    check_architecture(config, name_or_path)  # else transformers would build another model type's class
     get_spec(config)  # an unsupported architecture fails before the weights are read
     if getattr(config, "elastic_layout", None):
         raise CheckpointError(
