@@ -2,11 +2,14 @@
 
 :func:`public_name` is what everything we write (config.json, model cards, plots, JSON results, CLI output) calls a
 model or folder: a Hub id as it is, a local path reduced to its folder name, so no file names the machine's paths.
+A write that runs out of disk space fails with a :class:`~hf_snapvit.errors.DiskFullError` that says what was kept
+(:func:`disk_full_reported`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -17,7 +20,8 @@ from typing import IO, Iterator
 
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
-from .errors import CheckpointError
+from .errors import CheckpointError, DiskFullError
+from .sources import looks_local
 
 
 def public_name(name_or_path: str | os.PathLike | None) -> str | None:
@@ -33,12 +37,58 @@ def public_name(name_or_path: str | os.PathLike | None) -> str | None:
     text = os.fspath(name_or_path)
     if not text:
         return text
-    local = (os.path.isabs(text) or text.startswith((".", "~")) or "\\" in text or text.count("/") > 1
-             or (len(text) > 1 and text[1] == ":") or os.path.exists(text))
-    if not local:
+    if not (looks_local(text) or os.path.isabs(text) or os.path.exists(text)):
         return text
     name = Path(text.replace("\\", "/").rstrip("/")).name
     return name or Path(text).resolve().name or text
+
+
+_FULL = tuple(code for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if code is not None)
+_FULL_TEXT = tuple(os.strerror(code) for code in _FULL) + tuple(f"(os error {code})" for code in _FULL)
+
+
+def disk_full_cause(error: BaseException) -> BaseException | None:
+    """The error in ``error``'s chain (itself, then its causes and contexts) that says the disk or the quota is full,
+    or ``None`` for any other failure. A :class:`DiskFullError` gives its own cause."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DiskFullError):
+            return current.__cause__ or current
+        if (isinstance(current, OSError) and current.errno in _FULL) or any(t in str(current) for t in _FULL_TEXT):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _free_space(path: Path) -> str:
+    """How much room the disk of ``path`` (or of its nearest existing parent) has left, as a sentence."""
+    folder = next((p for p in (path, *path.parents) if p.exists()), path)
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return "How much space is free there could not be read."
+    size = next(f"{free / 2**power:.1f} {unit}" for power, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB"), (0, "B"))
+                if free >= 2**power or power == 0)
+    return f"That disk has {size} free now."
+
+
+@contextlib.contextmanager
+def disk_full_reported(place: str | os.PathLike, kept: str,
+                       advice: str = "Free some space, or save to a folder on another disk.") -> Iterator[None]:
+    """Turn an error raised inside that says the disk is full into a :class:`DiskFullError` about ``place``: what
+    happened, ``kept`` (what is still as it was), the free space and ``advice``, with the original error as its
+    ``__cause__`` and its ``errno``. Other errors, and a DiskFullError about ``place`` already, pass unchanged."""
+    try:
+        yield
+    except Exception as error:
+        cause = disk_full_cause(error)
+        if cause is None or (isinstance(error, DiskFullError) and error.filename == os.fspath(place)):
+            raise
+        code = cause.errno if isinstance(cause, OSError) and cause.errno in _FULL else errno.ENOSPC
+        raise DiskFullError(f"The disk is full: writing to {os.fspath(place)!r} failed ({type(cause).__name__}: "
+                            f"{cause}). {kept} {_free_space(Path(place))} {advice}", code, os.fspath(place)) from cause
 
 
 def default_file_mode() -> int:
@@ -56,16 +106,27 @@ def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Iter
         **open_kwargs: Passed to ``os.fdopen`` (e.g. ``encoding``, ``newline``).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, mode, **open_kwargs) as handle:
-            yield handle
-        os.chmod(temporary, default_file_mode())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    kept = f"{str(path)!r} is as it was" if path.exists() else f"{str(path)!r} was not created"
+    with disk_full_reported(path, f"{kept}; the partial file was removed."):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(descriptor, mode, **open_kwargs) as handle:
+                yield handle
+            os.chmod(temporary, default_file_mode())
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+
+
+def remove_torn_writes(path: str | os.PathLike) -> None:
+    """Delete the temporary files :func:`atomic_file` left beside ``path`` in a process killed mid-write: nothing
+    reads them, and a training state is several times a model's size. Only for a file one writer owns (a run's
+    state), since another writer's file in progress has the same form."""
+    path = Path(path)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        stale.unlink(missing_ok=True)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -102,9 +163,12 @@ def atomic_directory(save_directory: str | os.PathLike) -> Iterator[Path]:
       to a folder) is kept: the staged files are moved into it one by one, each atomically, ``config.json`` last,
       after the weight files of an earlier save that this one does not write (stale shards) are removed. Nothing
       else in it is touched.
+    * A save that runs out of disk space raises a :class:`~hf_snapvit.errors.DiskFullError` once its staging folder
+      is removed, saying that the previous checkpoint is untouched and how much space is free.
 
     Raises:
         CheckpointError: ``save_directory`` exists and is not a folder.
+        DiskFullError: the disk (or quota) filled up; ``save_directory`` is as it was.
     """
     target = Path(os.path.abspath(save_directory))
     if os.path.lexists(target) and not target.is_dir():
@@ -112,25 +176,29 @@ def atomic_directory(save_directory: str | os.PathLike) -> Iterator[Path]:
             f"Cannot save a checkpoint to {str(target)!r}: it is a file (or a broken link), not a folder. Choose a folder path (it is "
             "created if missing), or remove the file."
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _clean_stale(target.parent, target.name, target)
-    if target.is_dir() and (target.is_symlink() or _holds_working_directory(target) or not _is_checkpoint(target)):
-        with _into_existing(target) as staging:
+    kept = (f"The previous checkpoint in {str(target)!r} is untouched" if target.is_dir() and _is_checkpoint(target)
+            else f"The files already in {str(target)!r} are untouched" if target.is_dir()
+            else f"Nothing was written to {str(target)!r}")
+    with disk_full_reported(target, f"{kept}, and the partial save was removed."):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _clean_stale(target.parent, target.name, target)
+        if target.is_dir() and (target.is_symlink() or _holds_working_directory(target) or not _is_checkpoint(target)):
+            with _into_existing(target) as staging:
+                yield staging
+            return
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
+        try:
             yield staging
-        return
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
-    try:
-        yield staging
-        _umask_modes(staging)
-        os.chmod(staging, stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o777 & ~_umask())
-        if target.exists():
-            _carry_over(target, staging)
-            _swap(staging, target)
-        else:
-            os.rename(staging, target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+            _umask_modes(staging)
+            os.chmod(staging, stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o777 & ~_umask())
+            if target.exists():
+                _carry_over(target, staging)
+                _swap(staging, target)
+            else:
+                os.rename(staging, target)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
 
 
 def _umask() -> int:
@@ -242,13 +310,16 @@ def _into_existing(target: Path) -> Iterator[Path]:
         _umask_modes(staging)
         staged = {item.name: item for item in staging.iterdir()}
         config = staged.pop("config.json", None)
-        for item in staged.values():
-            _replace(item, target / item.name)
-        for stale in target.iterdir():  # the weights of an earlier, differently sharded save
-            if _WEIGHTS.fullmatch(stale.name) and stale.name not in staged and not stale.is_dir():
-                stale.unlink()
-        if config is not None:
-            _replace(config, target / config.name)
+        # Renames need next to no space, but a folder that grows may need a block: then say what is mixed.
+        with disk_full_reported(target, f"Some of the new files may already be in {str(target)!r} next to the old "
+                                "ones (a folder that is not a checkpoint is updated file by file); save again."):
+            for item in staged.values():
+                _replace(item, target / item.name)
+            for stale in target.iterdir():  # the weights of an earlier, differently sharded save
+                if _WEIGHTS.fullmatch(stale.name) and stale.name not in staged and not stale.is_dir():
+                    stale.unlink()
+            if config is not None:
+                _replace(config, target / config.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

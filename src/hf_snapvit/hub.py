@@ -27,6 +27,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from ._version import __version__
 from .cards.source import describe_checkpoint, pipeline_tag_for
 from .errors import HubUploadError, ModelCardError
+from .files import disk_full_reported
 from .cards.elastic import CARD_TAGS, GENERATED_MARKER, HEATMAP_FILENAME, write_model_card
 from .ranking import ElasticRanking
 from .saving import save_elastic
@@ -156,6 +157,14 @@ def _card_uploads(folder: Path, tmp: Path, model_card: bool | ModelCard | str, b
         uploads["README.md"] = card_file
 
 
+def _staging_reported(tmp: str, repo_id: str) -> Any:
+    """Around the local staging of an upload (the model's files, the card): a full disk there raises a
+    :class:`~hf_snapvit.errors.DiskFullError` saying that nothing was uploaded and where to stage instead."""
+    return disk_full_reported(tmp, f"Nothing was uploaded to {repo_id!r}, and the temporary copy is removed.",
+                              "Free some space there, or set TMPDIR to a folder on a disk with room (or save the "
+                              "checkpoint into a folder on such a disk and push that folder).")
+
+
 def _commit(uploads: dict[str, Path], repo_id: str, *, token: str, private: bool | None, revision: str | None,
             create_pr: bool, message: str, description: str | None) -> CommitInfo:
     """Create the repository if needed (and the branch ``revision``), then commit ``uploads`` in one commit."""
@@ -223,15 +232,15 @@ def push_to_hub(
     token = resolve_token(token)
     _check_repo_id(repo_id)
     with tempfile.TemporaryDirectory(prefix="hf_snapvit-push-") as tmp:
-        folder = _staged_folder(folder_or_model, image_processor, Path(tmp), max_shard_size)
-        _check_checkpoint(folder)
-        sliced = describe_checkpoint(folder).layout is not None
-        uploads = {p.relative_to(folder).as_posix(): p for p in _files(folder)}
-        _card_uploads(folder, Path(tmp), model_card, base_model, uploads, evaluations=evaluations,
-                      sparsities=sparsities, repo_id=repo_id, model_name=model_name, license=license,
-                      datasets=datasets, eval_dataset=eval_dataset, eval_split=eval_split,
-                      base_model_description=base_model_description)
-        kind = "sliced" if sliced else "elastic"
+        with _staging_reported(tmp, repo_id):  # the upload starts only once everything is staged
+            folder = _staged_folder(folder_or_model, image_processor, Path(tmp), max_shard_size)
+            _check_checkpoint(folder)
+            kind = "sliced" if describe_checkpoint(folder).layout is not None else "elastic"
+            uploads = {p.relative_to(folder).as_posix(): p for p in _files(folder)}
+            _card_uploads(folder, Path(tmp), model_card, base_model, uploads, evaluations=evaluations,
+                          sparsities=sparsities, repo_id=repo_id, model_name=model_name, license=license,
+                          datasets=datasets, eval_dataset=eval_dataset, eval_split=eval_split,
+                          base_model_description=base_model_description)
         return _commit(uploads, repo_id, token=token, private=private, revision=revision, create_pr=create_pr,
                        message=commit_message or f"Upload {kind} checkpoint with hf_snapvit",
                        description=commit_description)
