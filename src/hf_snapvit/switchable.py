@@ -6,7 +6,8 @@ the elastic checkpoint, in rank order, as an instance of its switchable twin ``h
 :mod:`hf_snapvit.sliced`). The twin adds :meth:`~SwitchableModelMixin.set_budget`, the
 :meth:`~SwitchableModelMixin.budget` context manager, :attr:`~SwitchableModelMixin.elastic_budget` and saving at the
 current size or whole. Each size is a prefix of every projection (:mod:`hf_snapvit.switching`), so a switch changes a
-few integers per block and no weight.
+few integers per block and no weight. Calling the model (``model(...)``) and switching it go through the model's
+:class:`~hf_snapvit.switching.SwitchGate`, so a switch from another thread waits for the forward passes under way.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import types
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
@@ -30,8 +33,8 @@ from .recovery.config import warn_if_untrained
 from .remote_code import stock_class
 from .sliced import finish_sliced, twin_class, twin_lookup
 from .slicing import slice_head_tables_
-from .switching import (PrefixLinear, SwitchBlock, capacity, make_switchable_, remove_head_prefixes_, set_widths_,
-                        switch_blocks)
+from .switching import (PrefixLinear, SwitchBlock, SwitchGate, capacity, make_switchable_, remove_head_prefixes_,
+                        set_widths_, switch_blocks)
 
 
 @dataclass(frozen=True)
@@ -79,22 +82,58 @@ class _SwitchState:
     blocks: list[SwitchBlock]
     tables: list[LatencyTable] = field(default_factory=list)
     resolved: dict[tuple[Any, ...], KeepCounts] = field(default_factory=dict)
+    gate: SwitchGate = field(default_factory=SwitchGate, compare=False, repr=False)
 
     def resolve(self, multiple: int, **budget: Any) -> KeepCounts:
         """``ranking.keep_counts`` of one budget, remembered: a server switching among a few sizes resolves each
         once, and a switch then costs only the width changes."""
         key = (multiple, *sorted((k, v) for k, v in budget.items() if v is not None))
-        if key not in self.resolved:
+        counts = self.resolved.get(key)  # one lookup: another thread may clear the cache between two
+        if counts is None:
             if len(self.resolved) >= 4096:  # a stream of ever-new latency targets must not grow without bound
                 self.resolved.clear()
-            self.resolved[key] = self.ranking.keep_counts(**budget, width_multiple=multiple)
-        return self.resolved[key]
+            counts = self.resolved[key] = self.ranking.keep_counts(**budget, width_multiple=multiple)
+        return counts
+
+
+def _gated_call(model: "SwitchableModelMixin", *args: Any, **kwargs: Any) -> Any:
+    """``model(...)`` as a forward pass of the model's gate: a switch from another thread waits until it ends."""
+    gate = model._switch_state().gate
+    gate.enter_forward()
+    try:
+        return super(SwitchableModelMixin, model).__call__(*args, **kwargs)
+    finally:
+        gate.exit_forward()
+
+
+# torch.compile runs this one frame eagerly and compiles the frames it calls (the stock forward): the lock stays out
+# of the graph, with no graph break (fullgraph=True works).
+_gated_call = torch.compiler.disable(_gated_call, recursive=False)
+# New in torch 2.6 or 2.7; the disable wrappers of older versions did not refuse exports either.
+_exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+
+
+class _GatedCall:
+    """``__call__`` of switchable models: :func:`_gated_call`, bound to the model.
+
+    A descriptor rather than a method because torch.export refuses to call a function that ``torch.compiler.disable``
+    wraps; an export traces the plain ``nn.Module.__call__`` instead (it runs in one thread, and the exported graph
+    has fixed widths anyway). A model without a ranking (a twin built by hand) has no gate, and is called plainly.
+    """
+
+    def __get__(self, model: Any, owner: type | None = None) -> Callable[..., Any] | "_GatedCall":
+        if model is None:
+            return self
+        if _exporting() or "_elastic_switch" not in model.__dict__:
+            return super(SwitchableModelMixin, model).__call__
+        return types.MethodType(_gated_call, model)
 
 
 class SwitchableModelMixin:
     """What a switchable class adds to its stock transformers class (see the module docstring)."""
 
     _elastic_switch: _SwitchState
+    __call__ = _GatedCall()
 
     @classmethod
     def is_custom_code(cls) -> bool:
@@ -146,12 +185,16 @@ class SwitchableModelMixin:
         Resolution, floors and width alignment are those of ``ElasticViTModel.from_pretrained``
         (``width_multiple``: ``None`` = the default, 64 for ViT-S/B/L; ``1`` = exact widths).
 
+        The switch waits for forward passes that other threads are running (and for another thread's
+        ``with model.budget(...)`` block); forward passes that start meanwhile wait for the switch.
+
         Returns:
             The new :attr:`elastic_budget`.
 
         Raises:
-            BudgetError: the budget is not a finite number, is out of range (the message gives the range), or no
-                latency table matches this device, dtype and batch size.
+            BudgetError: the budget is not a finite number, is out of range (the message gives the range), no
+                latency table matches this device, dtype and batch size, or this is called from inside a forward
+                pass of this model (a hook).
         """
         state = self._switch_state()
         requested = {k: v for k, v in (("sparsity", sparsity), ("target_params", target_params),
@@ -167,8 +210,7 @@ class SwitchableModelMixin:
         if latency_ms is None:
             counts = state.resolve(multiple, sparsity=sparsity, target_params=target_params,
                                    target_gflops=target_gflops)
-            self._apply_budget(ElasticBudget.of(counts, multiple, requested))
-            return state.current
+            return self._apply_budget(ElasticBudget.of(counts, multiple, requested))
         if latency_ms <= 0:
             raise BudgetError(f"latency_ms={latency_ms!r} must be positive (milliseconds per forward pass).")
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
@@ -180,8 +222,7 @@ class SwitchableModelMixin:
                              batch_size)
         counts = self._fitting_size(table, latency_ms, multiple)
         requested["batch_size"] = table.batch_size
-        self._apply_budget(ElasticBudget.of(counts, multiple, requested, table.latency_at(counts.sparsity)))
-        return state.current
+        return self._apply_budget(ElasticBudget.of(counts, multiple, requested, table.latency_at(counts.sparsity)))
 
     def _fitting_size(self, table: LatencyTable, latency_ms: float, multiple: int) -> KeepCounts:
         """The largest size whose predicted latency is at most ``latency_ms``. A budget resolves to the size
@@ -196,30 +237,40 @@ class SwitchableModelMixin:
             counts = state.resolve(multiple, sparsity=sparsity)
         return counts
 
-    def _apply_budget(self, budget: ElasticBudget) -> None:
+    def _apply_budget(self, budget: ElasticBudget) -> ElasticBudget:
         state = self._switch_state()
         held_heads, held_neurons = state.shape.dense_heads, state.shape.dense_neurons
         if any(h > c for h, c in zip(budget.heads, held_heads)) or any(
                 f > c for f, c in zip(budget.neurons, held_neurons)):
             raise BudgetError(f"The budget needs {list(budget.heads)} heads and {list(budget.neurons)} neurons per "
                               f"block, more than this model holds ({held_heads}, {held_neurons}).")
-        set_widths_(get_spec(self), state.blocks, budget.heads, budget.neurons)
-        state.current = budget
+        with state.gate.switch():
+            set_widths_(get_spec(self), state.blocks, budget.heads, budget.neurons)
+            state.current = budget
         warn_if_untrained(self.config, budget.sparsity)
+        return budget
 
     @contextlib.contextmanager
     def budget(self, sparsity: float | None = None, **kwargs: Any) -> Iterator[ElasticBudget]:
         """``with model.budget(sparsity=0.5): ...``: a temporary size (any :meth:`set_budget` arguments); the size
-        before is restored on exit, also after an exception."""
-        previous = self.elastic_budget
-        try:
-            yield self.set_budget(sparsity, **kwargs)
-        finally:
-            self._apply_budget(previous)
+        before is restored on exit, also after an exception. The block keeps its size: other threads' switches wait
+        until it ends (their forward passes run at this size meanwhile)."""
+        with self._switch_state().gate.hold():
+            previous = self.elastic_budget
+            current = self.set_budget(sparsity, **kwargs)
+            try:
+                yield current
+            finally:
+                self._apply_budget(previous)
 
     def to_sliced(self) -> PreTrainedModel:
         """A standalone, physically sliced copy at the current size: what ``from_pretrained(path, sparsity=...)``
-        returns for this budget. Only the kept prefixes are copied; the switchable model is not changed."""
+        returns for this budget. Only the kept prefixes are copied; the switchable model is not changed (another
+        thread's switch waits until the copy is made)."""
+        with self._switch_state().gate.hold():
+            return self._sliced_copy()
+
+    def _sliced_copy(self) -> PreTrainedModel:
         memo: dict[int, Any] = {id(self.__dict__["_elastic_switch"]): None}
         for module in self.modules():
             if isinstance(module, PrefixLinear):
@@ -248,8 +299,9 @@ class SwitchableModelMixin:
         its card and loading module), or ``whole=True``: the elastic checkpoint (every unit in rank order, the
         ranking in ``config.json``) with the latency tables as ``elastic_latency.json``. At full size both are the
         elastic checkpoint. Other arguments are transformers' ``save_pretrained``'s."""
-        if not whole and self.elastic_budget.sparsity > 0:
-            return self.to_sliced().save_pretrained(save_directory, *args, **kwargs)
+        sliced = self._sliced_unless(whole)
+        if sliced is not None:
+            return sliced.save_pretrained(save_directory, *args, **kwargs)
         if not kwargs.get("is_main_process", True) or kwargs.get("push_to_hub"):
             return super().save_pretrained(save_directory, *args, **kwargs)
         with atomic_directory(save_directory) as staging:
@@ -261,9 +313,16 @@ class SwitchableModelMixin:
     def push_to_hub(self, repo_id: str, *args: Any, whole: bool = False, **kwargs: Any) -> Any:
         """transformers' ``push_to_hub`` of what :meth:`save_pretrained` saves: the current size (``whole=False``),
         or the elastic checkpoint."""
-        if not whole and self.elastic_budget.sparsity > 0:
-            return self.to_sliced().push_to_hub(repo_id, *args, **kwargs)
+        sliced = self._sliced_unless(whole)
+        if sliced is not None:
+            return sliced.push_to_hub(repo_id, *args, **kwargs)
         return super().push_to_hub(repo_id, *args, **kwargs)
+
+    def _sliced_unless(self, whole: bool) -> PreTrainedModel | None:
+        """What a save at the current size writes: the sliced copy, or ``None`` for the elastic checkpoint (asked for,
+        or at full size). The size is read and copied in one hold, so another thread cannot switch in between."""
+        with self._switch_state().gate.hold():
+            return None if whole or self.elastic_budget.sparsity == 0 else self._sliced_copy()
 
 
 def switchable_class(stock: type) -> type:

@@ -8,13 +8,16 @@ column prefixes are strided, which matrix products take without a copy). Switchi
 integers per block and never copies, allocates or frees a weight. Parameters keep their full shape, so
 ``state_dict`` stays the dense checkpoint and gradients reach exactly the active prefix. A per-head table (BEiT's
 relative position bias) is stored in rank order too: its module still builds every head's bias, and a
-:class:`HeadPrefix` hook passes on the first heads' only.
+:class:`HeadPrefix` hook passes on the first heads' only. A :class:`SwitchGate` keeps switches and forward passes of
+different threads apart, so that no forward pass computes some blocks at one size and the rest at another.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn as nn
@@ -23,7 +26,7 @@ from transformers import PreTrainedModel
 
 from .architectures import (ArchitectureSpec, get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim,
                             head_tables, num_heads)
-from .errors import UnsupportedArchitectureError
+from .errors import BudgetError, UnsupportedArchitectureError
 from .slicing import set_head_count_
 
 
@@ -148,3 +151,93 @@ def set_widths_(spec: ArchitectureSpec, blocks: Sequence[SwitchBlock], heads: Se
         for _, hook in block.tables:
             hook.heads = int(h)
         set_head_count_(block.attention, spec, int(h), block.head_width)
+
+
+class SwitchGate:
+    """Keeps the forward passes and the switches of one switchable model apart, across threads.
+
+    * Forward passes (:meth:`enter_forward`, :meth:`exit_forward`) of any number of threads run side by side.
+    * A switch (:meth:`switch`) waits until no forward pass runs, and forward passes that start meanwhile wait for
+      it: otherwise a steady stream of requests would keep a switch waiting for ever.
+    * :meth:`hold` keeps the size for one thread (a ``with model.budget(...)`` block, ``to_sliced``): switches of
+      other threads wait until it ends; that thread may switch (nested budgets), and forward passes go on.
+    * A switch from inside a forward pass of the same thread (a hook) raises: waiting for itself would never end,
+      and not waiting would leave the blocks not yet run at the new size.
+
+    A copy or an unpickled model gets a fresh gate: locks cannot be pickled, and a copy shares no modules.
+    """
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._running = 0  # forward passes in progress, in all threads
+        self._switching = False
+        self._holder: int | None = None
+        self._holds = 0
+        self._local = threading.local()  # this thread's nesting depth of forward passes
+
+    def __reduce__(self) -> tuple:
+        return (type(self), ())
+
+    def _depth(self) -> int:
+        return getattr(self._local, "depth", 0)
+
+    def enter_forward(self) -> None:
+        """Start a forward pass; waits while a switch is under way or waiting. Pair with :meth:`exit_forward`.
+        (Plain methods, not a context manager: torch.compile would try to trace a generator's frame.)"""
+        depth = self._depth()
+        if depth == 0:  # a nested call of a thread already inside must not wait behind a switch that waits for it
+            with self._condition:
+                while self._switching:
+                    self._condition.wait()
+                self._running += 1
+        self._local.depth = depth + 1
+
+    def exit_forward(self) -> None:
+        """End the forward pass :meth:`enter_forward` started."""
+        self._local.depth = depth = self._depth() - 1
+        if depth == 0:
+            with self._condition:
+                self._running -= 1
+                self._condition.notify_all()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Keep the size for this thread: other threads' switches wait until the block ends."""
+        if self._depth():  # inside a forward pass no switch can happen anyway, and waiting here could deadlock
+            yield
+            return
+        me = threading.get_ident()
+        with self._condition:
+            while self._holder not in (None, me):
+                self._condition.wait()
+            self._holder, self._holds = me, self._holds + 1
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._holds -= 1
+                if self._holds == 0:
+                    self._holder = None
+                    self._condition.notify_all()
+
+    @contextlib.contextmanager
+    def switch(self) -> Iterator[None]:
+        """Around a change of widths: alone, with no forward pass running.
+
+        Raises:
+            BudgetError: called from inside a forward pass of this model in the same thread.
+        """
+        if self._depth():
+            raise BudgetError("set_budget (or budget()) was called during a forward pass of this model, from a hook "
+                              "or from the forward itself; the blocks still to run would compute at the new size. "
+                              "Switch between forward passes.")
+        with self.hold():
+            with self._condition:
+                self._switching = True
+                try:
+                    while self._running:
+                        self._condition.wait()
+                    yield  # the widths change here, with the condition's lock held: forwards cannot start
+                finally:
+                    self._switching = False
+                    self._condition.notify_all()
