@@ -24,6 +24,7 @@ from PIL import Image
 from .data import ImageSource, find_image_column, read_valid_rows, to_rgb
 from .distributed import process_state, raise_if_failed_anywhere
 from .errors import DataError
+from .streams import Decoder, ResilientStream, first_valid, from_sequence, reservoir
 from .views import check_pixel_values
 
 
@@ -39,9 +40,10 @@ def sample_images(
     """Draw up to ``num_samples`` images (and their labels), uniformly and deterministically for a given ``seed``.
 
     Returns RGB PIL images, or a tensor slice when ``data`` is a tensor of pixel values, and the labels of
-    ``label_column`` for datasets (``None`` otherwise). Fewer images are returned only when the source has fewer; an
-    empty source raises. A corrupt image of a ``datasets.Dataset`` is skipped and replaced (see
-    :func:`~hf_snapvit.data.read_valid_rows`); pixel tensors are checked with
+    ``label_column`` for datasets (``None`` otherwise). Fewer images are returned when the source has fewer, and
+    with a warning when an error cut the draw short; an empty source raises. A corrupt image is skipped, logged and
+    replaced (see :func:`~hf_snapvit.data.read_valid_rows` and :mod:`hf_snapvit.streams`), and a stream that fails
+    with a network error is reopened and read on where it failed; pixel tensors are checked with
     :func:`~hf_snapvit.views.check_pixel_values` (the patch size too, given ``model``).
     """
     rng = np.random.default_rng(seed)
@@ -63,13 +65,19 @@ def sample_images(
     elif datasets is not None and isinstance(data, datasets.IterableDataset):
         column = image_column or find_image_column(list(data.features or {}) or data.column_names or [],
                                                    data.features)
-        stream = list(seeded_stream(data, num_samples, seed))
-        images = [to_rgb(example[column]) for example in stream]
-        labels = None if label_column is None else torch.tensor([example[label_column] for example in stream])
+        raw, decode = undecoded(seeded_stream(data, num_samples, seed, take=False), column)
+        decoder, stream = Decoder(decode, "calibration stream"), ResilientStream(raw, "calibration stream")
+        images, examples = first_valid(stream, num_samples, decoder, lambda example: example[column])
+        decoder.report(num_samples, len(images), stream)
+        labels = None if label_column is None else torch.tensor([example[label_column] for example in examples])
     elif isinstance(data, Sequence):
-        images, labels = [to_rgb(data[i]) for i in rng.permutation(len(data))[:num_samples]], None
+        decoder = Decoder(to_rgb, "calibration data")
+        images, labels = from_sequence(data, rng.permutation(len(data)), num_samples, decoder), None
+        decoder.report(num_samples, len(images))
     elif isinstance(data, Iterable):
-        images, labels = _reservoir(data, num_samples, rng), None
+        decoder, stream = Decoder(to_rgb, "calibration stream"), ResilientStream(data, "calibration stream")
+        images, labels = reservoir(stream, num_samples, rng, decoder), None
+        decoder.report(num_samples, len(images), stream)
     else:
         raise DataError(
             f"Unsupported calibration data of type {type(data).__name__}: give PIL images, a datasets (Iterable)Dataset "
@@ -102,12 +110,14 @@ def _refuse_unsupported(data: Any) -> None:
         )
 
 
-def seeded_stream(data: Any, num_samples: int, seed: int) -> Any:
-    """The seeded sample of a streaming ``IterableDataset``: a shuffle buffer, then the first ``num_samples``.
+def seeded_stream(data: Any, num_samples: int, seed: int, *, take: bool = True) -> Any:
+    """The seeded sample of a streaming ``IterableDataset``: a shuffle buffer, then the first ``num_samples``
+    (``take=False``: the whole shuffled stream, for a reader that replaces a corrupt image by the next one).
 
     Every process of a multi-process run rebuilds this same stream (see :mod:`hf_snapvit.distributed`).
     """
-    return data.shuffle(seed=seed, buffer_size=max(1000, num_samples)).take(num_samples)
+    shuffled = data.shuffle(seed=seed, buffer_size=max(1000, num_samples))
+    return shuffled.take(num_samples) if take else shuffled
 
 
 def _labels(dataset: Any, label_column: str | None) -> torch.Tensor | None:
@@ -120,17 +130,18 @@ def _labels(dataset: Any, label_column: str | None) -> torch.Tensor | None:
     return torch.tensor(dataset[label_column])
 
 
-def _reservoir(stream: Iterable[Any], k: int, rng: np.random.Generator) -> list[Image.Image]:
-    """Uniform sample of ``k`` items of a stream of unknown length, holding only ``k`` in memory."""
-    sample: list[Image.Image] = []
-    for i, item in enumerate(stream):
-        if i < k:
-            sample.append(to_rgb(item))
-        else:
-            j = int(rng.integers(0, i + 1))
-            if j < k:
-                sample[j] = to_rgb(item)
-    return sample
+def undecoded(stream: Any, column: str) -> tuple[Any, Any]:
+    """``stream`` with its image column left undecoded, and the function that decodes one value to RGB.
+
+    Decoding is the expensive part of reading and where a corrupt image fails: done by the caller, it happens only
+    for the images used, and one bad image is skipped instead of ending the stream."""
+    import datasets
+
+    feature = (stream.features or {}).get(column)
+    if not (isinstance(feature, datasets.Image) and feature.decode):
+        return stream, to_rgb
+    raw = stream.cast_column(column, datasets.Image(mode=feature.mode, decode=False))
+    return raw, lambda value: to_rgb(feature.decode_example(value))
 
 
 @dataclass
@@ -231,13 +242,9 @@ def stream_steps(
     Returns:
         ``(index of the step's first image, RGB images, labels or None)`` per step, in order.
     """
-    import datasets
     from datasets.distributed import split_dataset_by_node
 
-    feature = (stream.features or {}).get(column)
-    decode = isinstance(feature, datasets.Image) and feature.decode
-    if decode:  # decoding is the expensive part of reading; skip it for the other processes' images
-        stream = stream.cast_column(column, datasets.Image(mode=feature.mode, decode=False))
+    stream, decode = undecoded(stream, column)  # the other processes' images are never decoded
     mine = split_dataset_by_node(stream.batch(step_size), rank=rank, world_size=world_size, strategy="examples")
     steps = []
     for j, batch in enumerate(mine):
@@ -245,7 +252,7 @@ def stream_steps(
             raise DataError(
                 f"label_column={label_column!r} is not among the dataset's columns {sorted(batch)}."
             )
-        images = [to_rgb(feature.decode_example(x) if decode else x) for x in batch[column]]
+        images = [decode(x) for x in batch[column]]
         labels = None if label_column is None else torch.tensor(batch[label_column])
         steps.append(((rank + j * world_size) * step_size, images, labels))
     return steps

@@ -14,6 +14,7 @@ Under ``accelerate launch`` the gradient steps and each generation's candidates 
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
@@ -33,12 +34,13 @@ from ..ranking import ElasticRanking, Floors, RankingMode
 from ..scoring import ScoreConfig, gradient_scores
 from ..validation import is_real, require_choice, require_int
 from ..views import MultiCropConfig, load_processor, processor_inputs
-from ..xnes import XNES
+from ..xnes import XNES, XNESResult
+from .search_state import CHECKPOINT_SETTINGS, SearchCheckpoint, search_key
 
 PRESETS = ("default", "fast", "paper")
 # Settings that do not define a preset: a run keeps its preset's name whatever its seed, floors or mode.
 _NOT_PRESET_SETTINGS = ("seed", "min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset", "mode",
-                        "precision", "fitness_batch_size")
+                        "precision", "fitness_batch_size", *CHECKPOINT_SETTINGS)
 # Images per search forward when none is given: a GPU needs large batches to stay busy (a ViT-B/16 forward under bf16
 # autocast on an H100: 8000 images/s at 256, 6400 at 64; benchmarks/results/ranking_time_*); a CPU gains nothing.
 FITNESS_BATCH_SIZE = {"cpu": 64, "accelerator": 256}
@@ -74,6 +76,13 @@ class SnapViTConfig:
             ``"fp32"`` (TF32 products on CUDA) or ``"auto"``: accelerate's ``--mixed_precision`` when one is
             configured, else bf16 on CUDA and float32 elsewhere, so CPU rankings are exact float32
             (:func:`hf_snapvit.distributed.resolve_precision`). The provenance records what ran.
+        checkpoint_every: Save the search state every this many xNES generations (and once the gradient scores are
+            computed, and at the end) to ``output_dir``; ``None``: never. A run killed part-way and started again
+            with the same settings, data and model resumes from it and returns the ranking an uninterrupted run
+            returns (:mod:`hf_snapvit.methods.search_state`). Neither option changes the ranking, so neither is
+            recorded in its provenance.
+        output_dir: Folder of the search state; a run finding a state there resumes from it (and refuses one of
+            a search with other settings).
     """
 
     num_gradient_images: int = 1000
@@ -94,6 +103,8 @@ class SnapViTConfig:
     fitness_batch_size: int | None = None
     seed: int = 0
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    checkpoint_every: int | None = None
+    output_dir: str | None = None
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -124,9 +135,21 @@ class SnapViTConfig:
             value = getattr(self, name)
             if not is_real(value) or not 0 <= value < 1:
                 raise ConfigError(f"{owner}({name}={value!r}): {name} must be a fraction in [0, 1).")
+        self._check_checkpointing(owner)
         if not isinstance(self.scores, ScoreConfig):
             raise ConfigError(f"{owner}(scores={self.scores!r}): scores must be a ScoreConfig, e.g. "
                               "ScoreConfig(definition='obd').")
+
+    def _check_checkpointing(self, owner: str) -> None:
+        require_int(owner, "checkpoint_every", self.checkpoint_every, 1, optional=True)
+        if self.output_dir is not None:
+            if not isinstance(self.output_dir, (str, os.PathLike)) or not os.fspath(self.output_dir):
+                raise ConfigError(f"{owner}(output_dir={self.output_dir!r}): give the folder to keep the search "
+                                  "state in, as a str or path, e.g. output_dir='snapvit-search'.")
+            object.__setattr__(self, "output_dir", os.fspath(self.output_dir))
+        elif self.checkpoint_every is not None:
+            raise ConfigError(f"{owner}(checkpoint_every={self.checkpoint_every!r}) needs output_dir=FOLDER to save "
+                              "the search state in, e.g. output_dir='snapvit-search'.")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "SnapViTConfig":
@@ -173,6 +196,7 @@ class SnapViTPruner:
     * ``history_``: one record per search generation, with the best factors found so far (``best_factors``);
     * ``timings_``: the wall time of each phase;
     * ``initial_factors_``: the factors the search starts from;
+    * ``resumed_from_``: the generation a saved search state was resumed at (``None``: not resumed);
     * :meth:`ranking_from_factors` re-ranks with any factors, e.g. those of an earlier generation, without
       recomputing the scores.
     """
@@ -182,6 +206,7 @@ class SnapViTPruner:
         self.history_: list[dict[str, Any]] = []
         self.timings_: dict[str, float] = {}
         self.initial_factors_: np.ndarray | None = None
+        self.resumed_from_: int | None = None
         self._unit_scores: tuple[np.ndarray, np.ndarray, ModelShape] | None = None
 
     def ranking_from_factors(self, factors: Any, *, mode: RankingMode | None = None) -> ElasticRanking:
@@ -263,60 +288,45 @@ class SnapViTPruner:
         if processor is None and not hasattr(fitness_images, "shape"):
             processor = load_processor(model, purpose="preprocess the calibration images")
         fitness_pixels = processor_inputs(fitness_images, processor)
+        fitness_batch_size = self.fitness_batch_size(next(model.parameters()).device)
+        settings = {**config.to_dict(), "fitness_batch_size": fitness_batch_size}  # what runs
+        # The key digests the pixels and weights: computed only for a run that saves or resumes.
+        key = {} if config.output_dir is None else search_key({**settings, "precision": precision}, calibration,
+                                                               model, fitness_pixels)
+        checkpoint = SearchCheckpoint(config.output_dir, config.checkpoint_every, key)
+        saved = checkpoint.load()
+        self.resumed_from_ = None if saved is None else saved["search"].generations
         timings["data"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        head_scores, neuron_scores = gradient_scores(model, gradient_images, processor, config.scores,
-                                                     seed=config.seed, show_progress=show_progress,
-                                                     precision=precision)
+        if saved is None:
+            head_scores, neuron_scores = gradient_scores(model, gradient_images, processor, config.scores,
+                                                         seed=config.seed, show_progress=show_progress,
+                                                         precision=precision)
+        else:  # the scores of the killed run: the gradient phase is the same computation
+            head_scores, neuron_scores = saved["head_scores"], saved["neuron_scores"]
         timings["gradients"] = time.perf_counter() - start
 
         shape = model_shape(model)
         # Scores are means over a unit's weights; times the unit's cost they become totals, so the global mode's
         # per-parameter normalisation compares heads and neurons on the mean saliency of their weights.
         self._unit_scores = (head_scores * shape.params_per_head, neuron_scores * shape.params_per_neuron, shape)
-        L, H = shape.num_layers, shape.num_heads
-        ranking_for = self.ranking_from_factors
-
-        fitness_batch_size = self.fitness_batch_size(next(model.parameters()).device)
         start = time.perf_counter()
         fitness = EmbeddingFitness(model, fitness_pixels, sparsities=config.fitness_sparsities,
                                    pca_components=config.pca_components, batch_size=fitness_batch_size,
                                    precision=precision)
-        block = np.linspace(config.init_mean[0], config.init_mean[1], L)
-        mean = np.concatenate([block, np.repeat(block, H)])
-        self.initial_factors_ = mean.copy()
-        covariance = None
-        if config.covariance == "cka":
-            from ..cka import cka_covariance
-
-            covariance = cka_covariance(model, fitness.pixel_values)
-        search = XNES(mean, covariance=covariance, sigma=config.sigma, population_size=config.population_size,
-                      seed=config.seed)
-        total = config.max_generations
-        if config.max_evaluations is not None:
-            by_evaluations = -(-config.max_evaluations // search.population_size)
-            total = by_evaluations if total is None else min(total, by_evaluations)
-        best_factors: list[list[float]] = []
-        with tqdm(total=total, desc="xNES search", unit="gen", disable=not show_progress) as bar:
-            def progress(record: dict[str, Any]) -> None:
-                best_factors.append(search.result.best_x.tolist())
-                bar.update(1)
-                bar.set_postfix(best_loss=f"{record['best_fitness']:.4f}")
-
-            result = search.optimize(lambda X: fitness.batch_loss(ranking_for, X),
-                                     max_generations=config.max_generations,
-                                     max_evaluations=config.max_evaluations, callback=progress)
+        result = self._search(model, fitness, checkpoint, saved, (head_scores, neuron_scores), show_progress)
         timings["search"] = time.perf_counter() - start
         timings["search_forward"] = fitness.forward_seconds
-        self.history_ = [dict(record, best_factors=x) for record, x in zip(result.history, best_factors)]
         self.timings_ = timings
         # A zero-generation budget means no search: the starting factors.
-        best = ranking_for(mean if result.best_x is None else result.best_x)
+        best = self.ranking_from_factors(self.initial_factors_ if result.best_x is None else result.best_x)
         provenance = {
             "method": "snapvit",
             "preset": config.preset_name(),
-            "settings": {**config.to_dict(), "fitness_batch_size": fitness_batch_size},  # what ran
+            # Where and how often the state was saved does not change the ranking, and a local path must not be
+            # published in config.json: the checkpointing options stay out.
+            "settings": {k: v for k, v in settings.items() if k not in CHECKPOINT_SETTINGS},
             "seed": config.seed,
             "calibration_data": calibration,
             "base_model": public_name(getattr(model.config, "_name_or_path", None) or None),
@@ -324,3 +334,44 @@ class SnapViTPruner:
                        "generations": result.generations},
         }
         return replace(best, provenance=provenance)
+
+    def _search(self, model: PreTrainedModel, fitness: EmbeddingFitness, checkpoint: SearchCheckpoint,
+                saved: dict[str, Any] | None, scores: tuple[np.ndarray, np.ndarray],
+                show_progress: bool) -> XNESResult:
+        """The xNES search from the starting factors, or from the saved state of a killed run; sets ``history_``."""
+        config = self.config
+        shape = self._unit_scores[2]
+        block = np.linspace(config.init_mean[0], config.init_mean[1], shape.num_layers)
+        self.initial_factors_ = np.concatenate([block, np.repeat(block, shape.num_heads)])
+        if saved is not None:
+            search, best_factors = saved["search"], saved["best_factors"]
+        else:
+            covariance = None
+            if config.covariance == "cka":
+                from ..cka import cka_covariance
+
+                covariance = cka_covariance(model, fitness.pixel_values)
+            search = XNES(self.initial_factors_, covariance=covariance, sigma=config.sigma,
+                          population_size=config.population_size, seed=config.seed)
+            best_factors = []
+            checkpoint.save(*scores, search, best_factors)  # the gradient phase is never redone
+        total = config.max_generations
+        if config.max_evaluations is not None:
+            by_evaluations = -(-config.max_evaluations // search.population_size)
+            total = by_evaluations if total is None else min(total, by_evaluations)
+        with tqdm(total=total, initial=search.generations, desc="xNES search", unit="gen",
+                  disable=not show_progress) as bar:
+            def progress(record: dict[str, Any]) -> None:
+                best_factors.append(search.result.best_x.tolist())
+                if checkpoint.due(search):
+                    checkpoint.save(*scores, search, best_factors)
+                bar.update(1)
+                bar.set_postfix(best_loss=f"{record['best_fitness']:.4f}")
+
+            result = search.optimize(lambda X: fitness.batch_loss(self.ranking_from_factors, X),
+                                     max_generations=config.max_generations,
+                                     max_evaluations=config.max_evaluations, callback=progress)
+        if checkpoint.is_new(search):
+            checkpoint.save(*scores, search, best_factors)  # the end: a finished search is not run again
+        self.history_ = [dict(record, best_factors=x) for record, x in zip(result.history, best_factors)]
+        return result

@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from ..distributed import process_state, reduce_sum
 from ..errors import RecoveryError
-from ..files import atomic_file
+from ..files import atomic_file, remove_torn_writes
 from ..views import MultiCropConfig, Normalizer, image_tensor, multi_crops
 from .config import RecoveryConfig
 
@@ -134,6 +134,7 @@ class TrainingState:
         state = process_state()
         if self.path is not None and state.is_main_process:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            remove_torn_writes(self.path)  # a run killed mid-write left them
             payload = {"step": step, "key": self.config.training_key(), "model": model.state_dict(),
                        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                        "losses": list(losses), "torch_rng": torch.get_rng_state()}
