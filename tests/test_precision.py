@@ -97,7 +97,9 @@ def test_the_search_objective_in_bf16_is_close_to_float32():
     from hf_snapvit.fitness import EmbeddingFitness
 
     model = CASE["vit"].build()
-    pixels = PROCESSOR(images=images(8), return_tensors="pt")["pixel_values"]
+    # Twice as many images as PCA components: with as many, the PCA basis is fitted to the very images it projects,
+    # and bf16's rounding moved one loss by a tenth of the candidates' spread on an AMX CPU (under 1 % with 16).
+    pixels = PROCESSOR(images=images(16), return_tensors="pt")["pixel_values"]
     candidates = [hs.rank(model, method="random", seed=s) for s in range(4)] + [hs.rank(model, method="magnitude")]
     losses = {}
     for precision in ("no", "bf16"):
@@ -105,7 +107,8 @@ def test_the_search_objective_in_bf16_is_close_to_float32():
                                    precision=precision)
         losses[precision] = np.array([fitness.loss(r) for r in candidates])
     assert not np.array_equal(losses["no"], losses["bf16"])
-    assert np.abs(losses["no"] - losses["bf16"]).max() < 0.1 * np.ptp(losses["no"])
+    assert np.abs(losses["no"] - losses["bf16"]).max() < 0.05 * np.ptp(losses["no"])
+    assert np.array_equal(np.argsort(losses["no"]), np.argsort(losses["bf16"]))  # the search would choose alike
 
 
 def test_rank_and_the_cli_take_the_precision(capsys):
