@@ -54,6 +54,9 @@ def same_weights(a, b):
     (dict(hidden_weight=0, embedding_weight=0, logits_weight=0), "nothing to distil"),
     (dict(checkpoint_every=5), "output_dir"), (dict(mixed_precision="fp16"), "mixed_precision"),
     (dict(num_images=0), "num_images"), (dict(steps=True), "steps"),
+    (dict(elastic_range=(-0.1, 0.5)), "elastic_range"), (dict(elastic_range=(0.0, 1.5)), "elastic_range"),
+    (dict(elastic_range=(float("nan"), 0.5)), "elastic_range"), (dict(elastic_range=0.3), "elastic_range"),
+    (dict(elastic_range=(0.1, 0.2, 0.3)), "elastic_range"), (dict(elastic_range=("0", "0.5")), "elastic_range"),
 ])
 def test_bad_settings_raise_naming_the_value(kwargs, words):
     with pytest.raises(RecoveryError, match=words):
@@ -248,6 +251,28 @@ def test_elastic_recovery_improves_every_size_and_stays_one_elastic_checkpoint(e
     assert stored["elastic_recovery"]["elastic"] is True
     assert stored["elastic_ranking"]["provenance"]["weights_fingerprint"] != \
         json.loads((elastic_dir / "config.json").read_text())["elastic_ranking"]["provenance"]["weights_fingerprint"]
+
+
+def test_an_elastically_recovered_checkpoint_is_masked_equal_sliced_equal_switched_at_every_size(elastic_dir,
+                                                                                                 tmp_path):
+    dense = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir)
+    config = RecoveryConfig(**FAST, lr=1e-2, num_images=None, held_out_images=0, elastic=True,
+                            elastic_range=(0.0, 0.5))
+    trained, _ = recover(dense, None, pixels(16), config, show_progress=False)
+    assert not same_weights(trained, dense)  # the test compares recovered weights, not the original ones
+    ranking = hf_snapvit.ElasticRanking.from_dict(trained.config.elastic_ranking)
+    hf_snapvit.save_elastic(trained, ranking, tmp_path / "recovered", model_card=False)
+    switched = hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / "recovered", switchable=True)
+    inputs = {"pixel_values": pixels(3, seed=7)}
+    spec = get_spec(trained)
+    for sparsity in (0.0, 0.15, 0.3, 0.45, 0.5):
+        loaded = hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / "recovered", sparsity=sparsity)
+        counts = ranking.keep_counts(sparsity)
+        with prefix_view(trained.eval(), spec, counts.heads, counts.neurons):
+            masked = output_of(trained, inputs)
+        switched.set_budget(sparsity=sparsity)
+        assert torch.allclose(output_of(loaded, inputs), masked, atol=1e-5), sparsity
+        assert torch.allclose(output_of(switched, inputs), masked, atol=1e-5), sparsity
 
 
 def test_cli_export_recover(elastic_dir, tmp_path, capsys):
