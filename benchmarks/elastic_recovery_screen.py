@@ -15,6 +15,13 @@ images at 0, 30 and 50 %:
 * ``elastic-no-hidden``: no block-output term (the embedding and logits terms only);
 * ``elastic-weighted``: each view's loss weighted by its sparsity over the step's mean sparsity: the unsliced view
   counts nothing, the smallest model most (the opposite direction from ``elastic-balanced``);
+* ``elastic-cascade``: in-place distillation down the sandwich: the step's views in size order, each one distilled
+  half from the dense teacher and half from the next larger view of the same step (its outputs detached), so that a
+  small view learns from a nearer teacher;
+* ``elastic-stratified``: the smallest model plus one view drawn in each half of the range (no unsliced view), so
+  that every step covers the low and the high half;
+* ``elastic-progressive``: progressive shrinking: the range's top grows from 0.2 to its end over the first half of
+  the steps (the views are the range's ends plus one drawn between, as in the default);
 * ``elastic-switchable``: every LayerNorm and every attention / FFN output bias gets a private copy per anchor
   sparsity 0, 0.1, ..., 0.6 (a view uses its nearest anchor's), as switchable batch norm does for slimmable
   networks. It tests whether the shared weights lack capacity; such a model is not an elastic checkpoint the loader
@@ -46,6 +53,7 @@ import hf_snapvit
 import hf_snapvit.recovery as recovery
 from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec
 from hf_snapvit.ranking import ElasticRanking
+from hf_snapvit.recovery.forward import Outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recovery_vit_tiny  # noqa: E402  (benchmarks/ is not a package)
@@ -54,7 +62,8 @@ from correction_vit_tiny import evaluate  # noqa: E402
 RANKING = Path(__file__).parent / "results" / "defaults_vit_tiny" / "rankings" / "obd-global-sigma0.5-g3.json"
 REFERENCES = ("recovery@0.3", "recovery@0.5")
 ELASTIC = ("elastic", "elastic-balanced", "elastic-samples2", "elastic-from0.1", "elastic-0.3to0.5", "elastic-lr6e-4",
-           "elastic-lr1e-4", "elastic-no-hidden", "elastic-switchable", "elastic-weighted")
+           "elastic-lr1e-4", "elastic-no-hidden", "elastic-switchable", "elastic-weighted", "elastic-cascade",
+           "elastic-stratified", "elastic-progressive")
 ANCHORS = tuple(round(0.1 * i, 1) for i in range(7))
 
 
@@ -73,7 +82,19 @@ def settings(name: str, steps: int, batch_size: int) -> hf_snapvit.RecoveryConfi
 
 
 @contextlib.contextmanager
-def balanced_views() -> Iterator[None]:
+def _patched(**replacements: Any) -> Iterator[None]:
+    """Within the block, the recovery module's attributes named in ``replacements`` are replaced; restored after."""
+    plain = {name: getattr(recovery, name) for name in replacements}
+    for name, value in replacements.items():
+        setattr(recovery, name, value)
+    try:
+        yield
+    finally:
+        for name, value in plain.items():
+            setattr(recovery, name, value)
+
+
+def balanced_views() -> contextlib.AbstractContextManager:
     """Scale each sliced view's per-image losses so that their batch mean is 3 (about a mid-range view's loss)."""
     plain = recovery.per_image_loss
 
@@ -82,15 +103,10 @@ def balanced_views() -> Iterator[None]:
         mean = loss.mean().detach()
         return loss * (3.0 / mean) if mean > 1e-2 else loss
 
-    recovery.per_image_loss = scaled
-    try:
-        yield
-    finally:
-        recovery.per_image_loss = plain
+    return _patched(per_image_loss=scaled)
 
 
-@contextlib.contextmanager
-def sparsity_weighted_views() -> Iterator[None]:
+def sparsity_weighted_views() -> contextlib.AbstractContextManager:
     """Scale each view's per-image losses by its sparsity over the mean sparsity of the step's views."""
     plain_loss, plain_views = recovery.per_image_loss, recovery._step_views
     weights: list[float] = []
@@ -104,11 +120,45 @@ def sparsity_weighted_views() -> Iterator[None]:
     def weighted(student, teacher, config):
         return plain_loss(student, teacher, config) * weights.pop(0)
 
-    recovery.per_image_loss, recovery._step_views = weighted, views
-    try:
-        yield
-    finally:
-        recovery.per_image_loss, recovery._step_views = plain_loss, plain_views
+    return _patched(per_image_loss=weighted, _step_views=views)
+
+
+def cascade_views() -> contextlib.AbstractContextManager:
+    """Views in size order; each after the first is distilled half from the teacher, half from the view before."""
+    plain_loss, plain_views = recovery.per_image_loss, recovery._step_views
+    larger: list[Any] = []
+
+    def views(*args):
+        larger.clear()
+        return sorted(plain_views(*args), key=lambda view: view[0])
+
+    def cascaded(student, teacher, config):
+        loss = plain_loss(student, teacher, config)
+        if larger:
+            loss = 0.5 * loss + 0.5 * plain_loss(student, larger[0], config)
+        larger[:] = [Outputs([h.detach() for h in student.hidden], student.embedding.detach(),
+                             None if student.logits is None else student.logits.detach())]
+        return loss
+
+    return _patched(per_image_loss=cascaded, _step_views=views)
+
+
+def drawn_views(kind: str) -> contextlib.AbstractContextManager:
+    """``stratified``: the range's top plus one view drawn in each half; ``progressive``: a top that grows from 0.2
+    to the range's end over the first half of the steps."""
+
+    def views(chosen, config, step):
+        (low, ranking), (high, _) = chosen
+        rng = np.random.default_rng([config.seed, 3, step])
+        if kind == "stratified":
+            middle = (low + high) / 2
+            drawn = [rng.uniform(low, middle), rng.uniform(middle, high), high]
+        else:
+            top = min(high, 0.2 + (high - 0.2) * step / max(1, config.steps // 2))
+            drawn = [low, top, rng.uniform(low, top)]
+        return [(float(s), ranking.keep_counts(float(s))) for s in drawn]
+
+    return _patched(_step_views=views)
 
 
 def _per_anchor(parameter: nn.Parameter) -> nn.ParameterDict:
@@ -189,8 +239,10 @@ def run_variant(name: str, model_dir: str, calibration: Any, val: dict, bank: di
         return {str(sparsity): evaluate(model, val, bank, k)["top1"]}
     dense = load(model_dir).eval()
     parts = SwitchableParts(dense) if name == "elastic-switchable" else None
-    context = balanced_views() if name == "elastic-balanced" else sparsity_weighted_views() \
-        if name == "elastic-weighted" else parts.training() if parts else contextlib.nullcontext()
+    patches = {"elastic-balanced": balanced_views, "elastic-weighted": sparsity_weighted_views,
+               "elastic-cascade": cascade_views, "elastic-stratified": lambda: drawn_views("stratified"),
+               "elastic-progressive": lambda: drawn_views("progressive")}
+    context = parts.training() if parts else patches.get(name, contextlib.nullcontext)()
     with context:
         trained, _ = hf_snapvit.recover(dense, None, calibration, config, show_progress=False)
     ranking = ElasticRanking.from_dict(trained.config.elastic_ranking)

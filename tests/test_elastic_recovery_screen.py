@@ -80,3 +80,48 @@ def test_sparsity_weighting_scales_each_view_by_its_sparsity_over_the_steps_mean
     finally:
         recovery.per_image_loss, recovery._step_views = plain_loss, plain_views
     assert seen == pytest.approx([0.0, 2.0, 1.0])  # mean sparsity 0.3
+
+
+class _Ranking:
+    def keep_counts(self, sparsity):
+        return sparsity
+
+
+def test_stratified_views_cover_each_half_and_the_top(screen):
+    config = hf_snapvit.RecoveryConfig(elastic=True, steps=40, seed=0)
+    plain = recovery._step_views
+    with screen.drawn_views("stratified"):
+        for step in range(20):
+            (a, _), (b, _), (c, _) = recovery._step_views([(0.0, _Ranking()), (0.6, _Ranking())], config, step)
+            assert 0.0 <= a <= 0.3 <= b <= 0.6 and c == 0.6
+    assert recovery._step_views is plain
+
+
+def test_progressive_views_grow_the_top_over_the_first_half(screen):
+    config = hf_snapvit.RecoveryConfig(elastic=True, steps=40, seed=0)
+    with screen.drawn_views("progressive"):
+        tops = [recovery._step_views([(0.0, _Ranking()), (0.6, _Ranking())], config, step) for step in range(40)]
+    assert tops[0][1][0] == pytest.approx(0.2) and tops[10][1][0] == pytest.approx(0.4)
+    assert all(views[1][0] == pytest.approx(0.6) for views in tops[20:])
+    assert all(0.0 <= views[2][0] <= views[1][0] for views in tops)
+
+
+def test_cascade_distils_each_view_half_from_the_view_before(screen):
+    from hf_snapvit.recovery.forward import Outputs
+
+    def outputs(value):
+        return Outputs([torch.full((1, 2, 2), value)], torch.full((1, 2), value), None)
+
+    config = hf_snapvit.RecoveryConfig(logits_weight=0.0)
+    teacher = outputs(1.0)
+    plain_views = recovery._step_views
+    recovery._step_views = lambda *args: [(0.6, None), (0.0, None), (0.3, None)]
+    try:
+        with screen.cascade_views():
+            order = [s for s, _ in recovery._step_views()]
+            losses = [float(recovery.per_image_loss(outputs(v), teacher, config)[0]) for v in (1.0, 3.0, 5.0)]
+    finally:
+        recovery._step_views = plain_views
+    assert order == [0.0, 0.3, 0.6]
+    # relative errors: 0 against the teacher for the first; then (4/1 + 4/1) and (16/1 + 4/9) per term, halved
+    assert losses == pytest.approx([0.0, 0.5 * 8 + 0.5 * 8, 0.5 * 32 + 0.5 * (2 * 4 / 9)])
