@@ -43,6 +43,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-bank", type=int, default=2000, help="train images in the k-NN memory bank")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = all)")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+                        help="SnapViTConfig.precision of the SnapViT search forwards")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "rank_vit_tiny.json")
     return parser.parse_args()
 
@@ -61,7 +63,8 @@ def features_and_logits(model, pixels: torch.Tensor, batch: int = 100):
 
 def snapvit_ranking(model, calibration, processor, args: argparse.Namespace):
     """SnapViT with ``--preset``/``--mode``/``--score-definition``: (ranking, phase timings, search history)."""
-    config = hf_snapvit.SnapViTConfig.preset(args.preset, seed=args.seed, **({"mode": args.mode} if args.mode else {}))
+    config = hf_snapvit.SnapViTConfig.preset(args.preset, seed=args.seed, precision=args.precision,
+                                             **({"mode": args.mode} if args.mode else {}))
     if args.score_definition:
         config = dataclasses.replace(config, scores=dataclasses.replace(config.scores,
                                                                         definition=args.score_definition))

@@ -26,12 +26,28 @@ def no_accelerator(monkeypatch):
     return monkeypatch
 
 
-def test_auto_is_float32_on_the_cpu_and_follows_accelerate_when_configured(no_accelerator):
-    assert resolve_precision("auto", CPU) == "no"
-    assert resolve_precision("fp32", CPU) == "no"
-    assert resolve_precision("bf16", CPU) == "bf16"
+def test_auto_is_bf16_on_a_cpu_with_bf16_units_else_float32_and_follows_accelerate(no_accelerator):
+    import hf_snapvit.distributed as distributed
+
+    for native, auto in ((False, "no"), (True, "bf16")):
+        no_accelerator.setattr(distributed, "native_bf16_cpu", lambda native=native: native)
+        assert resolve_precision("auto", CPU) == auto
+        assert resolve_precision("fp32", CPU) == "no"
+        assert resolve_precision("bf16", CPU) == "bf16"
     no_accelerator.setenv("ACCELERATE_MIXED_PRECISION", "fp16")  # what `accelerate launch --mixed_precision fp16` sets
     assert resolve_precision("auto", CPU) == "fp16"
+
+
+def test_native_bf16_cpu_reads_the_cpus_bf16_units(monkeypatch):
+    import hf_snapvit.distributed as distributed
+
+    for amx, avx512 in ((False, False), (True, False), (False, True)):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda avx512=avx512: avx512, raising=False)
+        assert distributed.native_bf16_cpu() == (amx or avx512)
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    assert not distributed.native_bf16_cpu()  # a torch without the probes runs float32
 
 
 @pytest.mark.parametrize("asked, configured", [("fp32", "bf16"), ("bf16", "fp16"), ("fp32", "fp16")])

@@ -51,12 +51,17 @@ def test_same_seed_same_ranking_bit_for_bit():
     assert not np.array_equal(a.neuron_scores, c.neuron_scores)
 
 
+def forward_precision(ranking) -> str:
+    """The autocast precision the search ran in ("auto" is bf16 on a CPU with bf16 matrix units)."""
+    return {"fp32": "no", "bf16": "bf16"}[ranking.provenance["precision"]]
+
+
 def test_best_candidate_fitness_is_reproduced_by_the_returned_ranking():
     model = CASE["vit"].build()
     pruner, ranking = fit(model, seed=1)
     split = split_calibration(images(12), 3, 6, seed=1)
     fitness = EmbeddingFitness(model, PROCESSOR(images=split.fitness, return_tensors="pt")["pixel_values"],
-                               sparsities=(0.1, 0.3), pca_components=8)
+                               sparsities=(0.1, 0.3), pca_components=8, precision=forward_precision(ranking))
     assert fitness.loss(ranking) == pytest.approx(ranking.provenance["search"]["best_loss"], abs=1e-6)
     assert ranking.provenance["search"]["best_loss"] == min(h["best_fitness"] for h in pruner.history_)
 
@@ -69,7 +74,7 @@ def test_each_generations_best_factors_rebuild_its_ranking():
     assert np.array_equal(last.neuron_scores, ranking.neuron_scores)
     split = split_calibration(images(12), 3, 6, seed=1)
     fitness = EmbeddingFitness(model, PROCESSOR(images=split.fitness, return_tensors="pt")["pixel_values"],
-                               sparsities=(0.1, 0.3), pca_components=8)
+                               sparsities=(0.1, 0.3), pca_components=8, precision=forward_precision(ranking))
     for record in pruner.history_:  # the best-so-far factors reproduce the best-so-far loss at every generation
         assert fitness.loss(pruner.ranking_from_factors(record["best_factors"])) == pytest.approx(
             record["best_fitness"], abs=1e-6)

@@ -18,7 +18,8 @@ Every process runs the same program on the same inputs; three places split the w
 
 Mixed precision comes from the accelerate configuration (``accelerate launch --mixed_precision bf16`` or the config
 file, or an ``Accelerator`` created before ranking) or from the ranking's own ``precision`` setting
-(:func:`resolve_precision`: ``"auto"`` is bf16 on CUDA, float32 elsewhere) and applies to forward passes through
+(:func:`resolve_precision`: ``"auto"`` is bf16 on CUDA and on CPUs that multiply bf16 in hardware, float32
+elsewhere) and applies to forward passes through
 ``torch.autocast``; scores are still accumulated in float64.
 
 Without a launcher there is one process and every function here reduces to the single-process computation.
@@ -103,7 +104,8 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     """The autocast precision (accelerate's names: ``"no"``, ``"bf16"``, ...) of a ranking that asks for ``precision``.
 
     ``"auto"`` follows accelerate's mixed precision when one is configured (``--mixed_precision``, the config file or
-    an ``Accelerator``), else runs bf16 on CUDA devices that support it and float32 elsewhere. ``"fp32"`` and
+    an ``Accelerator``), else runs bf16 on CUDA devices that support it and on CPUs that multiply bf16 matrices in
+    hardware (:func:`native_bf16_cpu`), and float32 elsewhere. ``"fp32"`` and
     ``"bf16"`` are explicit and must agree with a configured mixed precision: two different answers to "which
     precision" are an error, not a silent override.
 
@@ -118,7 +120,8 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         if configured != "no":
             return configured
-        return "bf16" if device.type == "cuda" and bf16_supported(device) else "no"
+        fast = bf16_supported(device) if device.type == "cuda" else device.type == "cpu" and native_bf16_cpu()
+        return "bf16" if fast else "no"
     wanted = "no" if precision == "fp32" else "bf16"
     if configured != "no" and configured != wanted:
         raise ConfigError(f"precision={precision!r} conflicts with accelerate's mixed precision {configured!r} "
@@ -141,13 +144,30 @@ def bf16_supported(device: torch.device) -> bool:
         return False
 
 
+def native_bf16_cpu() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (AMX or AVX512-BF16 instructions, which oneDNN uses).
+
+    There a SnapViT ranking's forward passes run in bf16 by default: on an Intel Xeon with AMX the ``fast`` preset
+    ranks the shared ViT-Tiny in 108 s instead of 194 s at the same accuracy (``docs/results.md``). Elsewhere bf16
+    is emulated and no faster, so ``"auto"`` keeps float32 there.
+    """
+    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        check = getattr(torch.cpu, probe, None)  # private probes of torch.cpu: a torch without them answers "no"
+        try:
+            if check is not None and check():
+                return True
+        except RuntimeError:
+            pass
+    return False
+
+
 @contextlib.contextmanager
 def tf32_matmuls(device: torch.device, precision: str) -> Iterator[None]:
     """Allow TF32 float32 matrix products on a CUDA ``device`` while a float32 (``precision == "no"``) ranking runs.
 
     TF32 keeps float32's range with a 10-bit mantissa in the products (a dense ViT-B/16 forward: 206 ms in float32,
     61 ms with TF32 on an H100, ``/work/shared/docs/gpu-device.md``); the global setting is restored afterwards.
-    Elsewhere (CPU) nothing changes, so CPU rankings stay exact float32.
+    Elsewhere (CPU) nothing changes, so float32 CPU rankings stay exact float32.
     """
     if device.type != "cuda" or precision != "no":
         yield
@@ -280,6 +300,7 @@ __all__ = [
     "process_state",
     "raise_if_failed_anywhere",
     "reduce_sum",
+    "native_bf16_cpu",
     "resolve_precision",
     "tf32_matmuls",
 ]

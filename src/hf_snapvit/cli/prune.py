@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ranking mode (default: the preset's for snapvit, global otherwise)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the image draw, crops and search (default: 0)")
     parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
-                        help="SnapViT forward passes: auto = bf16 on CUDA, float32 elsewhere, or accelerate's "
+                        help="SnapViT forward passes: auto = bf16 on CUDA and on CPUs with bf16 matrix units (AMX, "
+                             "AVX512-BF16), float32 elsewhere, or accelerate's "
                              "--mixed_precision when it sets one; fp32 uses TF32 products on CUDA (default: auto)")
     add_data_arguments(parser, required=False, labels=True)
     hub = parser.add_argument_group("hub")

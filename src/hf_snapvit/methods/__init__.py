@@ -86,7 +86,7 @@ def rank(
             :class:`~hf_snapvit.ranking.Floors`).
         label_column: The label column of ``data`` for label-based methods (``taylor-ce``).
         show_progress: Show progress bars for long phases.
-        precision: SnapViT's forward precision, ``"auto"`` (bf16 on CUDA, float32 elsewhere, or accelerate's
+        precision: SnapViT's forward precision, ``"auto"`` (bf16 on CUDA and on CPUs with bf16 matrix units, else float32, or accelerate's
             ``--mixed_precision``), ``"fp32"`` or ``"bf16"`` (see :class:`SnapViTConfig`).
 
     Example:

@@ -74,7 +74,7 @@ class SnapViTConfig:
         seed: Seeds the image draw, the crops and the search.
         precision: Forward passes in ``"bf16"`` (autocast; scores, PCA and similarities stay float32/float64),
             ``"fp32"`` (TF32 products on CUDA) or ``"auto"``: accelerate's ``--mixed_precision`` when one is
-            configured, else bf16 on CUDA and float32 elsewhere, so CPU rankings are exact float32
+            configured, else bf16 on CUDA and on CPUs with bf16 matrix units (AMX, AVX512-BF16), float32 elsewhere
             (:func:`hf_snapvit.distributed.resolve_precision`). The provenance records what ran.
         checkpoint_every: Save the search state every this many xNES generations (and once the gradient scores are
             computed, and at the end) to ``output_dir``; ``None``: never. A run killed part-way and started again
