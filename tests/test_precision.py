@@ -127,6 +127,21 @@ def test_the_search_objective_in_bf16_is_close_to_float32():
     assert np.array_equal(np.argsort(losses["no"]), np.argsort(losses["bf16"]))  # the search would choose alike
 
 
+def test_the_bf16_search_runs_on_a_bf16_copy_and_leaves_the_model_as_it_was():
+    from hf_snapvit.fitness import EmbeddingFitness
+
+    model = CASE["vit"].build()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    pixels = PROCESSOR(images=images(16), return_tensors="pt")["pixel_values"]
+    fitness = EmbeddingFitness(model, pixels, sparsities=(0.3,), pca_components=8, precision="bf16")
+    assert fitness.work.dtype == fitness.model.dtype == fitness.pixel_values.dtype == torch.bfloat16
+    assert 0 < fitness.loss(hs.rank(model, method="magnitude")) < 1
+    assert all(v.dtype == torch.float32 and torch.equal(v, before[k]) for k, v in model.state_dict().items()
+               if v.is_floating_point())
+    plain = EmbeddingFitness(model, pixels, sparsities=(0.3,), pca_components=8, precision="no")
+    assert plain.model is model and plain.work.dtype == torch.float32
+
+
 def test_rank_and_the_cli_take_the_precision(capsys):
     from hf_snapvit.cli import build_parser
 

@@ -72,7 +72,8 @@ class SnapViTConfig:
         fitness_batch_size: Images per forward pass in the search; ``None``: 256 on an accelerator, 64 on a CPU. It
             changes the speed only (the results up to float rounding); the provenance records what ran.
         seed: Seeds the image draw, the crops and the search.
-        precision: Forward passes in ``"bf16"`` (autocast; scores, PCA and similarities stay float32/float64),
+        precision: Forward passes in ``"bf16"`` (autocast for the gradients, a bf16 copy of the weights for the
+            search; scores, PCA and similarities stay float32/float64),
             ``"fp32"`` (TF32 products on CUDA) or ``"auto"``: accelerate's ``--mixed_precision`` when one is
             configured, else bf16 on CUDA and on CPUs with bf16 matrix units (AMX, AVX512-BF16), float32 elsewhere
             (:func:`hf_snapvit.distributed.resolve_precision`). The provenance records what ran.
