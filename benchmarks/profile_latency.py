@@ -1,0 +1,283 @@
+"""Where a forward pass spends its time, dense against sliced: torch.profiler time grouped by kind of work.
+
+For each shape (random weights, as in ``bench_gpu_latency.py``: only the widths matter for speed), the dense model
+and one sliced copy per sparsity are timed side by side (``hf_snapvit.benchmark.measure_latency``, median wall time
+per forward) and then profiled for ``--steps`` forwards. The profiled time is grouped by :func:`kind_of` into gemm,
+attention, norm, elementwise, copies and other (work done inside a gemm, attention or norm op counts as that op's:
+:func:`attributed_kind`):
+
+* on CUDA, the time of every device kernel (and memcpy/memset); ``gaps_ms`` = wall − kernel time is the time the
+  GPU sits idle in a forward: kernel launch gaps and host (Python, dispatcher) overhead;
+* on a CPU, the self CPU time of every op; ``gaps_ms`` = wall − op time is the time outside the ops (Python, freeing
+  tensors). The profiler's own cost inflates op times, so on a busy machine it can come out negative;
+  ``profiled_gaps_ms`` takes the wall time of the profiled forwards themselves instead.
+
+Each kind's sliced/dense time ratio stands next to the GFLOP ratio of the kept widths, so what does not shrink with
+pruning shows directly.
+
+    python benchmarks/profile_latency.py --device cuda --shapes vit-b16 --precision bf16 --batch-sizes 1 32 256
+    python benchmarks/profile_latency.py --device cpu --shapes vit-ti16 vit-s16 --batch-sizes 1 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+import bench_gpu_latency  # noqa: E402
+import hf_snapvit  # noqa: E402
+from hf_snapvit.benchmark import dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
+from hf_snapvit.files import write_text_atomic  # noqa: E402
+from hf_snapvit.latency_table import synchronize  # noqa: E402
+
+KINDS = ("gemm", "attention", "norm", "elementwise", "copies", "other")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# First match wins, so the order matters: fused attention kernels carry "cutlass" or "gemm" in their names, layer
+# norm kernels "vectorized", dtype casts run in "elementwise_kernel<... direct_copy ...>", and aten::transpose is a
+# view while a kernel named "transpose" really moves data.
+_PATTERNS = (
+    ("attention", r"scaled_dot_product|flash|fmha|efficient_attention|attention|sdpa|softmax"),
+    ("norm", r"layer_?norm|group_?norm|batch_?norm|rms_?norm"),
+    # Views and allocations launch no kernel; on a CPU their time is dispatcher overhead.
+    ("other", r"^aten::(view|_unsafe_view|_reshape_alias|reshape|t|transpose|permute|expand|as_strided_?|slice|select"
+              r"|narrow|flatten|unsqueeze|squeeze|split|chunk|unbind|detach|alias|empty|empty_like|empty_strided"
+              r"|resize_|resolve_conj|resolve_neg|dropout|lift_fresh)$"),
+    ("copies", r"copy|memcpy|memset|^aten::(to|cat|stack|clone|contiguous)$|catarray|transpose|nchw|nhwc"),
+    ("gemm", r"gemm|gemv|cutlass|xmma|nvjet|cublas|splitk|conv|^aten::(mm|bmm|baddbmm|addmm|addmv|matmul|linear"
+             r"|_addmm_activation)$"),
+    ("elementwise", r"elementwise|gelu|relu|silu|tanh|sigmoid|activation|add|mul|div|sub|pow|sqrt|exp|erf|neg|fill"
+                    r"|where|clamp|functor"),
+)
+_RULES = tuple((kind, re.compile(pattern, re.IGNORECASE)) for kind, pattern in _PATTERNS)
+_OWNERS = ("gemm", "attention", "norm")  # kinds whose ops own the copies and views they run inside
+TOP = 4  # names kept per kind and row, to check the grouping on a new GPU
+
+
+def kind_of(name: str) -> str:
+    """The kind of work a profiler event (an aten op or a device kernel) does, by its name: one of :data:`KINDS`."""
+    for kind, pattern in _RULES:
+        if pattern.search(name):
+            return kind
+    return "other"
+
+
+def attributed_kind(name: str, ancestors: list[str]) -> str:
+    """The kind an event's time counts as: the kind of its closest ancestor op (innermost first) that is a gemm,
+    attention or norm op, else :func:`kind_of` its own name. The copies, views and pointwise work an op does for
+    itself (on a CPU ``aten::addmm`` copies the bias into its output) belong to that op."""
+    own = kind_of(name)
+    if own in _OWNERS:
+        return own
+    return next((kind for kind in map(kind_of, ancestors) if kind in _OWNERS), own)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--precision`` defaults to bf16 on CUDA and fp32 elsewhere."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=["vit-b16"], choices=sorted(bench_gpu_latency.SHAPES))
+    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.5],
+                        help="sliced sizes profiled next to the dense model (fractions of parameters removed)")
+    parser.add_argument("--width-multiple", type=int, default=64,
+                        help="kept FFN widths are multiples of this (64: the fastest on the H100, gpu_latency JSON)")
+    parser.add_argument("--precision", choices=sorted(DTYPES), default=None,
+                        help="weights and inputs cast to this (default: bf16 on cuda, fp32 on cpu)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32, 256])
+    parser.add_argument("--warmup", type=int, default=3, help="untimed forwards per model and batch size")
+    parser.add_argument("--steps", type=int, default=10, help="profiled forwards per model and batch size")
+    parser.add_argument("--repeats", type=int, default=20,
+                        help="timed forwards per model and batch size, outside the profiler (median reported)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default=None,
+                        help="JSON file (default: benchmarks/results/profile_latency_<device name>.json)")
+    args = parser.parse_args(argv)
+    if args.precision is None:
+        args.precision = "bf16" if torch.device(args.device).type == "cuda" else "fp32"
+    return args
+
+
+def profile_forwards(model: torch.nn.Module, inputs: dict[str, torch.Tensor], steps: int, warmup: int,
+                     device: torch.device) -> dict[str, Any]:
+    """Per-forward profiled time of ``steps`` forwards, grouped by kind, with the top names of each kind."""
+    on_gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    # inference_mode as in measure_latency, so the profiled ops are the ones whose wall time was measured.
+    with torch.inference_mode():
+        for _ in range(warmup):
+            model(**inputs)
+        synchronize(device)
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            for _ in range(steps):
+                model(**inputs)
+            synchronize(device)
+            # The profiled forwards' own wall time: the same forwards as the kinds, the profiler's cost included.
+            profiled_wall_ms = (time.perf_counter() - start) * 1e3 / steps
+    grouped = group_events(prof.events(), on_gpu, steps)
+    return {**grouped, "profiled_wall_ms": profiled_wall_ms, "profiled_gaps_ms": profiled_wall_ms - grouped["busy_ms"]}
+
+
+def _link(event: Any) -> int:
+    """The correlation id of the op that launched a kernel or runtime call; 0 for an op itself."""
+    return getattr(event, "linked_correlation_id", 0) or 0
+
+
+def _ancestors(event: Any) -> list[str]:
+    """The names of ``event`` (a profiler op, or None) and of the ops that called it, innermost first."""
+    names = []
+    while event is not None:
+        names.append(event.name)
+        event = event.cpu_parent
+    return names
+
+
+def group_events(events: list[Any], on_gpu: bool, steps: int) -> dict[str, Any]:
+    """Per-forward time by kind of the profiler's ``events`` (``steps`` forwards): device kernels on a GPU, each
+    op's self CPU time on a CPU, with the names that took the most time in each kind."""
+    cpu = torch.autograd.DeviceType.CPU
+    ops = [e for e in events if e.device_type == cpu and not e.is_async]
+    if on_gpu:
+        # A kernel counts whole. Its linked correlation id names the op that launched it (CUDA runtime calls carry
+        # ids of their own, which may collide, so only the ops the runtime calls link to are looked up).
+        launchers = {e.id: e for e in ops if not _link(e)}
+        items = [(e.name, e.time_range.elapsed_us(), _ancestors(launchers.get(_link(e)) if _link(e) else None))
+                 for e in events if e.device_type != cpu and not e.is_async]
+    else:  # an op's time less its children's, so each microsecond counts once
+        items = [(e.name, e.self_cpu_time_total, _ancestors(e.cpu_parent)) for e in ops]
+    by_name: dict[tuple[str, str], float] = defaultdict(float)
+    for name, us, ancestors in items:
+        by_name[attributed_kind(name, ancestors), name] += us
+    kinds: dict[str, dict[str, Any]] = {kind: {"ms": 0.0, "top": []} for kind in KINDS}
+    for (kind, name), us in sorted(by_name.items(), key=lambda item: -item[1]):
+        kinds[kind]["ms"] += us / 1e3 / steps
+        if len(kinds[kind]["top"]) < TOP:
+            kinds[kind]["top"].append([name[:160], us / 1e3 / steps])
+    busy_ms = sum(k["ms"] for k in kinds.values())
+    return {"kinds": kinds, "busy_ms": busy_ms, "host_op_ms": sum(e.self_cpu_time_total for e in ops) / 1e3 / steps,
+            "events_per_forward": len(items) / steps}
+
+
+def profile_shape(shape: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[float]]:
+    """Rows (one per sparsity and batch size, dense first) for one shape, and the sparsities beyond its floors."""
+    device = torch.device(args.device)
+    model = bench_gpu_latency.build(shape, args.seed)
+    ranking = hf_snapvit.rank(model, method="magnitude", seed=args.seed, show_progress=False)
+    limit = ranking.max_sparsity_for(args.width_multiple)
+    sparsities = [0.0] + [s for s in args.sparsities if 0 < s <= limit]
+    dense_counts = ranking.keep_counts(0.0, width_multiple=args.width_multiple)
+    models, counts = {}, {}
+    for sparsity in sparsities:
+        # The dense model is cast in place first, so the sliced copies are cut from it on the device.
+        sliced = model if sparsity == 0 else sliced_copy(model, ranking, sparsity, width_multiple=args.width_multiple)
+        models[f"{sparsity:g}"] = sliced.to(device=device, dtype=DTYPES[args.precision]).eval()
+        counts[f"{sparsity:g}"] = ranking.keep_counts(sparsity, width_multiple=args.width_multiple)
+    wall = measure_latency(models, args.batch_sizes, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+    rows = []
+    for batch in args.batch_sizes:
+        for name, sliced in models.items():
+            inputs = {k: v.to(device, dtype=DTYPES[args.precision] if v.is_floating_point() else v.dtype)
+                      for k, v in dummy_inputs(sliced, batch, seed=args.seed).items()}
+            profiled = profile_forwards(sliced, inputs, args.steps, args.warmup, device)
+            kept = counts[name]
+            wall_ms = wall[name][str(batch)]["median_ms"]
+            rows.append({"shape": shape, "precision": args.precision, "width_multiple": args.width_multiple,
+                         "sparsity": float(name), "realised_sparsity": kept.sparsity, "batch_size": batch,
+                         "gflops": kept.gflops, "gflop_ratio": kept.gflops / dense_counts.gflops,
+                         "heads_ratio": sum(kept.heads) / sum(dense_counts.heads),
+                         "neurons_ratio": sum(kept.neurons) / sum(dense_counts.neurons),
+                         "wall_ms": wall_ms, **profiled, "gaps_ms": wall_ms - profiled["busy_ms"]})
+    del models
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows, [s for s in args.sparsities if s > limit]
+
+
+def add_shares_and_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each kind's share of the profiled time, and every time's ratio to the dense row of its shape and batch."""
+    dense = {(r["shape"], r["batch_size"]): r for r in rows if r["sparsity"] == 0}
+    for row in rows:
+        base = dense[row["shape"], row["batch_size"]]
+        for kind, entry in row["kinds"].items():
+            entry["share"] = entry["ms"] / row["busy_ms"] if row["busy_ms"] > 0 else 0.0
+            reference = base["kinds"][kind]["ms"]
+            entry["ratio_to_dense"] = entry["ms"] / reference if reference > 0 else None
+        row["gap_share_of_wall"] = row["gaps_ms"] / row["wall_ms"]
+        for key in ("wall_ms", "busy_ms", "gaps_ms", "host_op_ms"):
+            # A CPU's gaps can come out negative (profiler cost); a ratio of them would mean nothing.
+            usable = base[key] > 0 and row[key] >= 0
+            row[key.replace("_ms", "_ratio_to_dense")] = row[key] / base[key] if usable else None
+
+
+def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A readable table: ms per forward for each kind, the sliced/dense ratio in brackets on sliced rows."""
+    columns = ["wall", *KINDS, "gaps"]
+    lines = [f"{'shape':<8} {'batch':>5} {'sparsity':>8} {'GFLOP x':>7} " + " ".join(f"{c:>16}" for c in columns)]
+    for row in rows:
+        cells = []
+        for column in columns:
+            ms = row["kinds"][column]["ms"] if column in KINDS else row[f"{column}_ms"]
+            ratio = row["kinds"][column]["ratio_to_dense"] if column in KINDS else row[f"{column}_ratio_to_dense"]
+            cells.append(f"{ms:9.3f}" + (f" ({ratio:4.2f})" if row["sparsity"] and ratio is not None else " " * 7))
+        lines.append(f"{row['shape']:<8} {row['batch_size']:>5} {row['sparsity']:>8.3f} {row['gflop_ratio']:>7.2f} "
+                     + " ".join(f"{c:>16}" for c in cells))
+    return lines
+
+
+def timing_notes(on_gpu: bool) -> dict[str, str]:
+    """What each time in a row measures, stored in the JSON next to the rows."""
+    return {
+        "wall_ms": "median wall time of one forward, outside the profiler, dense and sliced interleaved",
+        "kinds": "CUDA kernel and memcpy time per forward" if on_gpu else "CPU self time of the ops per forward",
+        "busy_ms": "the sum of the kinds",
+        "host_op_ms": "CPU self time of every op and runtime call",
+        "gaps_ms": ("wall - kernel time: launch gaps and host overhead while the GPU idles" if on_gpu
+                    else "wall - op self time: Python and module overhead outside the ops"),
+        "profiled_gaps_ms": "profiled_wall_ms - busy_ms: the gaps within the profiled forwards themselves",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Profile every shape, write the JSON report and print the table."""
+    args = parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    skipped: dict[str, list[float]] = {}
+    for shape in args.shapes:
+        shape_rows, skipped[shape] = profile_shape(shape, args)
+        rows += shape_rows
+    add_shares_and_ratios(rows)
+    hardware = hardware_info(device=args.device)
+    name = (hardware.get("gpu_name") or args.device).lower().replace(" ", "-")
+    output = (Path(args.output) if args.output
+              else bench_gpu_latency.ROOT / "benchmarks" / "results" / f"profile_latency_{name}.json")
+    on_gpu = torch.device(args.device).type == "cuda"
+    command = ["python", "benchmarks/profile_latency.py", *(argv if argv is not None else sys.argv[1:])]
+    report = {
+        "command": " ".join(command),
+        "hardware": hardware, "settings": {k: v for k, v in vars(args).items() if k != "output"},
+        "timing": timing_notes(on_gpu),
+        "skipped_sparsities": skipped, "rows": rows,
+    }
+    write_text_atomic(output, json.dumps(report, indent=1) + "\n")
+    print(f"ms per forward ({report['timing']['kinds']}; gaps = {report['timing']['gaps_ms']}); "
+          "(x.xx) = sliced/dense")
+    print("\n".join(table_lines(rows)))
+    print(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
