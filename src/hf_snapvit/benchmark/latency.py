@@ -8,6 +8,7 @@ sliced one into that same rotation, next to the theoretical GFLOP ratio.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import statistics
@@ -112,6 +113,24 @@ def sliced_copy(model: PreTrainedModel, ranking: ElasticRanking, sparsity: float
     return slice_model_(copy.deepcopy(model), ranking.keep_indices(counts)).eval()
 
 
+def compiled_graph_room(graphs: int) -> contextlib.AbstractContextManager[None]:
+    """Let dynamo keep ``graphs`` more graphs per function for the duration, and fail rather than run eagerly past
+    that.
+
+    All transformers models enter their forward through one shared wrapper function, and dynamo keeps at most
+    ``recompile_limit`` (8) graphs per function: every further model or batch size then runs eagerly, with only a
+    logged warning, so a comparison of compiled models would time some of them uncompiled.
+    """
+    config = torch._dynamo.config
+    # Older torch versions call these cache_size_limit and fail_on_cache_limit_hit.
+    limit, fail = (("recompile_limit", "fail_on_recompile_limit_hit") if hasattr(config, "recompile_limit")
+                   else ("cache_size_limit", "fail_on_cache_limit_hit"))
+    settings: dict[str, Any] = {limit: getattr(config, limit) + graphs}
+    if hasattr(config, fail):
+        settings[fail] = True
+    return config.patch(**settings)
+
+
 def latency_vs_sparsity(
     model: PreTrainedModel,
     ranking: ElasticRanking,
@@ -123,7 +142,7 @@ def latency_vs_sparsity(
     seed: int = 0,
     show_progress: bool = True,
     width_multiple: int | None = None,
-    compile: bool = False,
+    compile: bool | Mapping[str, Any] = False,
 ) -> dict[str, Any]:
     """Latency and throughput of sliced copies of ``model`` against the dense model, all measured interleaved.
 
@@ -137,7 +156,10 @@ def latency_vs_sparsity(
         seed: Seed of the random input pixels.
         show_progress: Show a progress bar.
         width_multiple: Kept FFN widths are multiples of this (see :meth:`~hf_snapvit.ElasticRanking.keep_counts`).
-        compile: Time each model through ``torch.compile`` (its compilation happens in the warm-up passes).
+        compile: Time each model through ``torch.compile``: ``True`` with its default settings, or a mapping of its
+            keyword arguments (``{"mode": "reduce-overhead"}``), the same for every model. Shapes are static
+            (``dynamic=False`` unless the mapping says otherwise): one graph per model and batch size, as a server
+            with fixed batch sizes runs. Compilation happens in the warm-up passes (at least one is needed).
 
     Returns:
         ``{"dense": {...}, "rows": [...]}``; each row has the sparsity, parameters, GFLOPs, per-block widths, the
@@ -157,9 +179,15 @@ def latency_vs_sparsity(
         key = f"{sparsity:g}"
         models[key] = sliced_copy(model, ranking, sparsity, width_multiple)
         counts[key] = ranking.keep_counts(sparsity, width_multiple=width_multiple)
-    timed = {name: torch.compile(m) for name, m in models.items()} if compile else models
-    timings = measure_latency(timed, batch_sizes, repeats=repeats, warmup=warmup, seed=seed,
-                              show_progress=show_progress)
+    room: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    timed = models
+    if isinstance(compile, Mapping) or compile:
+        options = {"dynamic": False, **(compile if isinstance(compile, Mapping) else {})}
+        timed = {name: torch.compile(m, **options) for name, m in models.items()}
+        room = compiled_graph_room(len(models) * len(batch_sizes))
+    with room:
+        timings = measure_latency(timed, batch_sizes, repeats=repeats, warmup=warmup, seed=seed,
+                                  show_progress=show_progress)
     dense_gflops = estimate_gflops(model)
 
     def describe(name: str, sparsity: float) -> dict[str, Any]:
