@@ -134,7 +134,8 @@ def test_the_bf16_search_runs_on_a_bf16_copy_and_leaves_the_model_as_it_was():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     pixels = PROCESSOR(images=images(16), return_tensors="pt")["pixel_values"]
     fitness = EmbeddingFitness(model, pixels, sparsities=(0.3,), pca_components=8, precision="bf16")
-    assert fitness.work.dtype == fitness.model.dtype == fitness.pixel_values.dtype == torch.bfloat16
+    assert fitness.work.dtype == fitness.model.dtype == fitness._inputs.dtype == torch.bfloat16
+    assert fitness.pixel_values.dtype == torch.float32  # as given: the CKA covariance reads them with the model
     assert 0 < fitness.loss(hs.rank(model, method="magnitude")) < 1
     assert all(v.dtype == torch.float32 and torch.equal(v, before[k]) for k, v in model.state_dict().items()
                if v.is_floating_point())

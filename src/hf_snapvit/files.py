@@ -43,6 +43,8 @@ def public_name(name_or_path: str | os.PathLike | None) -> str | None:
     return name or Path(text).resolve().name or text
 
 
+# errno values of a full disk or quota, and how writers that wrap the OS error in their own exception spell them
+# (safetensors raises SafetensorError("... No space left on device (os error 28)"), not an OSError).
 _FULL = tuple(code for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if code is not None)
 _FULL_TEXT = tuple(os.strerror(code) for code in _FULL) + tuple(f"(os error {code})" for code in _FULL)
 

@@ -72,7 +72,10 @@ class EmbeddingFitness:
         self.width_multiple = width_multiple
         self.spec = get_spec(model)
         self.device = next(model.parameters()).device
-        self.pixel_values = pixel_values.to(self.device, self.model.dtype)
+        self.pixel_values = pixel_values.to(self.device)
+        # In the weights' dtype once (the same tensor in float32); pixel_values stays as given for other readers
+        # (the CKA covariance runs the caller's float32 model on it).
+        self._inputs = self.pixel_values.to(self.model.dtype)
         self.sparsities = tuple(sparsities)
         self.batch_size = batch_size
         self._clock = _ForwardClock(self.device)
@@ -102,8 +105,8 @@ class EmbeddingFitness:
         chunks = []
         cast = contextlib.nullcontext() if self.precision == "bf16" else autocast(self.device, precision=self.precision)
         with self._clock, cast:
-            for i in range(0, len(self.pixel_values), self.batch_size):
-                batch = {"pixel_values": self.pixel_values[i:i + self.batch_size]}
+            for i in range(0, len(self._inputs), self.batch_size):
+                batch = {"pixel_values": self._inputs[i:i + self.batch_size]}
                 chunks.append(image_embedding(model, batch, self.spec).float())
         return torch.cat(chunks)
 

@@ -75,7 +75,3 @@ def _saved_in(folder: str) -> str:
         return (f"It holds checkpoints one level down, in {', '.join(map(repr, below))}: pass that folder, or "
                 f"subfolder={below[0]!r}")
     return _SAVED_BY
-
-
-# errno values of a full disk or quota, and how writers that wrap the OS error in their own exception spell them
-# (safetensors raises SafetensorError("... No space left on device (os error 28)"), not an OSError).
