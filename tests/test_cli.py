@@ -19,6 +19,8 @@ from huggingface_hub import CommitInfo, HfApi, RepoUrl
 from PIL import Image
 
 import hf_snapvit
+from hf_snapvit.correction.prefix import applies_at
+from hf_snapvit.correction.prefix_file import PrefixFile
 from hf_snapvit.budget import backbone_parameters, estimate_gflops, layer_widths
 from hf_snapvit.cli import COMMANDS, main
 
@@ -193,6 +195,24 @@ def test_prune_snapvit_on_a_parquet_file(model_dir, data_file, tmp_path, capsys)
     assert provenance["calibration_data"]["num_gradient"] == 8  # the 8 images read, not the preset's 128
     small = hf_snapvit.ElasticViTModel.from_pretrained(output, sparsity=0.2)
     assert backbone_parameters(small) < result["dense_params"]
+
+
+def test_prune_with_prefix_correction_stores_it_and_loads_corrected_where_it_helped(model_dir, data_file, tmp_path,
+                                                                                     capsys):
+    output = tmp_path / "corrected"
+    code, out, err = run(capsys, "prune", "--model", model_dir, "--data", data_file, "--method", "magnitude",
+                         "--num-samples", "16", "--prefix-correction", "--output", output, "--json", "-q")
+    assert code == 0, err
+    result = json.loads(out)
+    record = PrefixFile(output / "prefix_correction.safetensors").record
+    assert result["prefix_correction"] == [s["requested"] for s in record["sizes"] if s["kept"]]
+    for sparsity in (0.1, 0.3):
+        loaded = hf_snapvit.ElasticViTModel.from_pretrained(output, sparsity=sparsity)
+        corrected = getattr(loaded.config, "elastic_correction", None) is not None
+        assert corrected == applies_at(record, loaded.config.elastic_layout["sparsity"])
+    code, out, err = run(capsys, "prune", "--model", model_dir, "--method", "magnitude", "--prefix-correction",
+                         "--output", tmp_path / "no-data")
+    assert_one_line_error(code, err, "--prefix-correction", "--data")
 
 
 def test_prune_taylor_ce_reads_the_label_column(model_dir, data_file, tmp_path, capsys):

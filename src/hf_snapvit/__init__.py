@@ -31,7 +31,7 @@ from .modeling import ElasticViTModel
 from .budget import KeepCounts
 from .ranking import ElasticRanking, Floors
 from .recovery import RecoveryConfig, recover
-from .saving import save_elastic
+from .saving import add_prefix_correction, save_elastic
 from .scoring import ScoreConfig
 from .switchable import ElasticBudget
 from .views import MultiCropConfig
@@ -75,6 +75,7 @@ __all__ = [
     "register_method",
     "register_task_model",
     "save_elastic",
+    "add_prefix_correction",
     "supported_model_types",
 ]
 

@@ -330,3 +330,32 @@ def _order_error(source: Any, model: PreTrainedModel, block: int, kind: str) -> 
         "checkpoint of another tower. Rank the model with the tower it has now (ranking = hf_snapvit.rank(model)) "
         "and save it with hf_snapvit.save_elastic(model, ranking, folder), or put back the tower the ranking was "
         "made on.")
+
+
+def stored_widths(layout: Any, dense_shape: Any) -> tuple[list[int], list[int]]:
+    """``(heads, neurons)`` per block as stored: the dense widths, or a sliced checkpoint's layout, checked: a list of
+    one integer per block, each between 1 and the dense width."""
+    if layout is None:
+        return dense_shape.dense_heads, dense_shape.dense_neurons
+    fix = "The checkpoint is corrupt: re-export it with save_pretrained of a model ElasticViTModel loaded."
+    if not isinstance(layout, dict):
+        raise RankingFormatError(f"config.elastic_layout must be a JSON object, got {type(layout).__name__}. {fix}")
+    widths = []
+    for key, dense in (("num_heads", dense_shape.num_heads), ("intermediate_size", dense_shape.intermediate_size)):
+        if key not in layout:
+            raise RankingFormatError(f"config.elastic_layout has no {key!r}. {fix}")
+        values, L = layout[key], dense_shape.num_layers
+        if not isinstance(values, list) or len(values) != L:
+            found = f"has {len(values)} entries" if isinstance(values, list) else "is not a list"
+            raise RankingFormatError(f"config.elastic_layout.{key}={values!r} {found}: expected a list of {L} "
+                                     f"integers, one per block ({L} blocks). {fix}")
+        for block, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= dense:
+                kind = "an integer " if isinstance(value, bool) or not isinstance(value, int) else ""
+                raise RankingFormatError(f"config.elastic_layout.{key}[{block}]={value!r} must be {kind}between 1 "
+                                         f"and {dense} (the dense model's width). {fix}")
+        widths.append(list(values))
+    multiple = layout.get("width_multiple")
+    if multiple is not None and (isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1):
+        raise RankingFormatError(f"config.elastic_layout.width_multiple={multiple!r} must be an integer >= 1. {fix}")
+    return widths[0], widths[1]

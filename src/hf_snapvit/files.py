@@ -138,7 +138,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 # Files that make up the weights and config of a checkpoint; a save replaces all of them together.
-_CHECKPOINT_FILES = ("config.json", SAFE_WEIGHTS_INDEX_NAME, "pytorch_model.bin.index.json")
+_CHECKPOINT_FILES = ("config.json", SAFE_WEIGHTS_INDEX_NAME, "pytorch_model.bin.index.json",
+                     "prefix_correction.safetensors")  # factors of the weights they are saved with
 
 
 # Weight files by the names transformers gives them (a single file, its shards and their index).

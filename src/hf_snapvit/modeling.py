@@ -15,8 +15,10 @@ from transformers import PreTrainedModel
 from .architectures import get_spec
 from .budget import layer_widths, model_shape, resolve_width_multiple, skeleton
 from .checkpoint import (HUB_KWARGS, CheckpointReader, check_ranking, elastic_entries, load_sliced_state_dict,
-                         read_config)
+                         read_config, stored_widths)
 from .correction import CorrectionConfig, correct_model_
+from .correction.prefix import correct_widths_
+from .correction.prefix_file import prefix_file_for
 from .errors import BudgetError, CheckpointError, ConfigError, CorrectionError, RankingFormatError, RecoveryError
 from .ranking import ElasticRanking, KeepCounts
 from .recovery import RecoveryConfig, recover_, warn_if_untrained
@@ -54,6 +56,7 @@ class ElasticViTModel:
         recovery_data: Any = None, recovery: RecoveryConfig | None = None,
         processor: Any = None,
         switchable: bool = False,
+        prefix_correction: bool | None = None,
         **kwargs: Any,
     ) -> PreTrainedModel:
         """Load an elastic checkpoint at a budget, reading only the weights that budget keeps.
@@ -67,28 +70,26 @@ class ElasticViTModel:
             width_multiple: Kept FFN widths are multiples of this, so GPU kernels stay fast (bf16/fp16 GEMMs slow down
                 several-fold at unaligned widths); ``None``: 64 for ViT-S/B/L (smaller for narrow FFNs, see
                 :func:`hf_snapvit.budget.resolve_width_multiple`); ``1``: exact widths.
-            correction_data: Unlabelled calibration images (PIL list, ``datasets`` Dataset or ``[N, C, H, W]`` pixel
-                tensor). When given, the dense weights are loaded, the removed heads' and neurons' contribution is
-                compensated into the kept weights (SparseGPT-style, :mod:`hf_snapvit.correction`), and the model is
-                then sliced. Needs the dense elastic checkpoint.
+            correction_data: Unlabelled calibration images (PIL list, ``datasets`` Dataset or pixel tensor): the removed
+                units' contribution is compensated into the kept weights (:mod:`hf_snapvit.correction`) for this size.
             correction: :class:`~hf_snapvit.correction.CorrectionConfig` for the correction (defaults if ``None``).
             recovery_data, recovery: Images (as ``correction_data``, or a stream) and a ``RecoveryConfig``: the
                 model is distilled from the dense one (:func:`hf_snapvit.recover`, after any correction).
             processor: Image processor for the images of either; by default the checkpoint's own.
             switchable: Load every unit; the model then changes size in place (``model.set_budget(...)``, see
                 :mod:`hf_snapvit.switchable`), starting at the budget given here, else at full size.
+            prefix_correction: The checkpoint's correction for every size (:func:`hf_snapvit.add_prefix_correction`):
+                ``None`` applies it where it helps, unless images are given to fit; ``True`` requires it; ``False``.
             **kwargs: ``revision``, ``token``, ``cache_dir``, ``force_download``, ``local_files_only``, ``subfolder``
                 and ``proxies`` go to the Hub; ``dtype`` (or ``torch_dtype``), ``attn_implementation`` and
                 ``device_map`` (one device, or ``"auto"``: the accelerator if there is one, else the CPU) shape the
                 model; anything else overrides config attributes, as in transformers.
 
         Returns:
-            The stock transformers model, sliced, in eval mode: an instance of its sliced twin in
-            :mod:`hf_snapvit.sliced`. Its ``config.elastic_layout`` records the per-block widths, so
-            ``save_pretrained`` writes a checkpoint this method reloads without the dense weights, with a model card
-            and the code that lets ``AutoModel*.from_pretrained(path, trust_remote_code=True)`` load it without
-            hf_snapvit (:mod:`hf_snapvit.remote_code`). A corrected (recovered) model also records
-            ``config.elastic_correction`` (``elastic_recovery``); both reload at their saved size only.
+            The stock transformers model, sliced, in eval mode (its twin in :mod:`hf_snapvit.sliced`);
+            ``config.elastic_layout`` records its widths, so ``save_pretrained`` writes a checkpoint this method (or
+            transformers with ``trust_remote_code=True``) reloads. A corrected (recovered) model records
+            ``config.elastic_correction`` (``elastic_recovery``) and reloads at its saved size only.
 
         Example: ``ElasticViTModel.from_pretrained("my-org/vit-elastic", sparsity=0.3)``.
         """
@@ -110,23 +111,26 @@ class ElasticViTModel:
         reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
         check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader,
                       sliced=layout is not None, resized=resized)
-        stored = _stored_widths(layout, dense_shape)
+        stored = stored_widths(layout, dense_shape)
         counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
                                            target_gflops, width_multiple, corrected=_fitted_to_size(config))
+        prefix = prefix_file_for(pretrained_model_name_or_path, prefix_correction, hub_kwargs, fitting, layout)
         if switchable:
             return _load_switchable(model, pretrained_model_name_or_path, ranking, dense_shape, reader, device,
-                                    hub_kwargs, (sparsity, target_params, target_gflops, width_multiple))
+                                    hub_kwargs, (sparsity, target_params, target_gflops, width_multiple), prefix)
         _load_sized(model, counts, stored, reader, device, fitting, processor,
-                    lambda images, given: _processor_for(images, given, pretrained_model_name_or_path, hub_kwargs))
+                    lambda images, given: _processor_for(images, given, pretrained_model_name_or_path, hub_kwargs),
+                    prefix)
         model.config._name_or_path = str(pretrained_model_name_or_path)
         return finish_sliced(model, counts, multiple, dense_shape)
 
 
 def _load_sized(model: PreTrainedModel, counts: KeepCounts, stored: tuple[list[int], list[int]],
                 reader: CheckpointReader, device: Any, fitting: tuple[tuple[Any, Any], tuple[Any, Any]],
-                processor: Any, processor_for: Any) -> None:
+                processor: Any, processor_for: Any, prefix: Any) -> None:
     """Fill the skeleton with the units ``counts`` keeps; with correction or recovery data, load what the checkpoint
-    holds (both start from the dense weights), then correct and/or recover it down to ``counts``."""
+    holds (both start from the dense weights), then correct and/or recover it down to ``counts``; else apply the
+    checkpoint's ``prefix`` correction where it helps."""
     (correction_data, _), (recovery_data, _) = fitting
     warn_if_untrained(model.config, counts.sparsity)
     keep = prefixes(counts.heads, counts.neurons)
@@ -137,6 +141,8 @@ def _load_sized(model: PreTrainedModel, counts: KeepCounts, stored: tuple[list[i
     if fit:
         images = correction_data if correction_data is not None else recovery_data
         _fit(model, keep, *fitting, processor_for(images, processor))
+    elif prefix is not None and prefix.applies_at(counts.sparsity) and correct_widths_(model, prefix):
+        model.config.elastic_correction = prefix.record
 
 
 def _check_switchable(switchable: Any, layout: dict | None, fitting: bool) -> None:
@@ -153,7 +159,7 @@ def _check_switchable(switchable: Any, layout: dict | None, fitting: bool) -> No
 
 def _load_switchable(model: PreTrainedModel, source: str | os.PathLike, ranking: ElasticRanking, dense_shape: Any,
                      reader: CheckpointReader, device: Any, hub_kwargs: dict[str, Any],
-                     budget: tuple[Any, Any, Any, Any]) -> PreTrainedModel:
+                     budget: tuple[Any, Any, Any, Any], prefix: Any = None) -> PreTrainedModel:
     """Fill the dense skeleton with every unit, make it switchable, and switch it to ``budget`` (sparsity,
     target_params, target_gflops, width_multiple) if one is given."""
     dense = (dense_shape.dense_heads, dense_shape.dense_neurons)
@@ -161,7 +167,7 @@ def _load_switchable(model: PreTrainedModel, source: str | os.PathLike, ranking:
     if device is not None:
         model.to(device)
     model.config._name_or_path = str(source)
-    as_switchable(model, ranking, dense_shape, load_latency_tables(source, **hub_kwargs))
+    as_switchable(model, ranking, dense_shape, load_latency_tables(source, **hub_kwargs), correction=prefix)
     sparsity, target_params, target_gflops, width_multiple = budget
     if any(v is not None for v in (sparsity, target_params, target_gflops)):
         model.set_budget(sparsity, target_params=target_params, target_gflops=target_gflops,
@@ -267,35 +273,6 @@ def _fit(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], corr
         slice_model_(model, keep)
     if recovery_data is not None:
         recover_(model, teacher, recovery_data, recovery, processor=processor)
-
-
-def _stored_widths(layout: Any, dense_shape: Any) -> tuple[list[int], list[int]]:
-    """``(heads, neurons)`` per block as stored: the dense widths, or a sliced checkpoint's layout, checked: a list of
-    one integer per block, each between 1 and the dense width."""
-    if layout is None:
-        return dense_shape.dense_heads, dense_shape.dense_neurons
-    fix = "The checkpoint is corrupt: re-export it with save_pretrained of a model ElasticViTModel loaded."
-    if not isinstance(layout, dict):
-        raise RankingFormatError(f"config.elastic_layout must be a JSON object, got {type(layout).__name__}. {fix}")
-    widths = []
-    for key, dense in (("num_heads", dense_shape.num_heads), ("intermediate_size", dense_shape.intermediate_size)):
-        if key not in layout:
-            raise RankingFormatError(f"config.elastic_layout has no {key!r}. {fix}")
-        values, L = layout[key], dense_shape.num_layers
-        if not isinstance(values, list) or len(values) != L:
-            found = f"has {len(values)} entries" if isinstance(values, list) else "is not a list"
-            raise RankingFormatError(f"config.elastic_layout.{key}={values!r} {found}: expected a list of {L} "
-                                     f"integers, one per block ({L} blocks). {fix}")
-        for block, value in enumerate(values):
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= dense:
-                kind = "an integer " if isinstance(value, bool) or not isinstance(value, int) else ""
-                raise RankingFormatError(f"config.elastic_layout.{key}[{block}]={value!r} must be {kind}between 1 "
-                                         f"and {dense} (the dense model's width). {fix}")
-        widths.append(list(values))
-    multiple = layout.get("width_multiple")
-    if multiple is not None and (isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1):
-        raise RankingFormatError(f"config.elastic_layout.width_multiple={multiple!r} must be an integer >= 1. {fix}")
-    return widths[0], widths[1]
 
 
 def _resolve_budget(ranking: ElasticRanking | None, dense_shape: Any, layout: dict | None,

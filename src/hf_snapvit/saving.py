@@ -19,6 +19,10 @@ from transformers import PreTrainedModel
 
 from .budget import model_shape
 from .errors import CheckpointError
+from .correction import CorrectionConfig
+from .correction.prefix import PrefixCorrection
+from .correction.prefix_file import write_prefix_file
+from .correction.prefix_sizes import check_sizes
 from .files import atomic_directory, public_name
 from .fingerprint import fingerprint_of
 from .cards.elastic import GENERATED_MARKER, write_model_card
@@ -118,3 +122,54 @@ def _shadow_copy(model: PreTrainedModel) -> PreTrainedModel:
     clone = shadow(model)
     clone.config = copy.deepcopy(model.config)
     return clone
+
+
+def add_prefix_correction(
+    folder: str | os.PathLike,
+    images: Any,
+    processor: Any = None,
+    config: CorrectionConfig | None = None,
+    *,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Fit the correction for every size of a local elastic checkpoint and store it beside its weights
+    (``prefix_correction.safetensors``, :mod:`hf_snapvit.correction.prefix_file`).
+
+    From then on ``ElasticViTModel.from_pretrained(folder, sparsity=s)`` (and a switchable model at every size)
+    compensates the removed heads' and neurons' contribution into the kept output-projection weights: the per-size
+    least-squares correction of :mod:`hf_snapvit.correction` (dense propagation), without images at load time, at the
+    sizes where held-out images say it helps. At full size the model is unchanged. A later save of the checkpoint's
+    weights drops the file.
+
+    Args:
+        folder: A local dense elastic checkpoint (from :func:`save_elastic`).
+        images: Unlabelled calibration images (PIL list, ``datasets`` Dataset or ``[N, C, H, W]`` pixels).
+        processor: Their image processor; by default the checkpoint's own.
+        config: Damping, ``num_samples``, batch size and seed. With ``guard`` (the default) a quarter of the images
+            is held out and decides at which sizes the correction applies
+            (:mod:`hf_snapvit.correction.prefix_sizes`); ``guard=False`` applies it at every size.
+        show_progress: Show progress bars.
+
+    Returns:
+        The record stored in the file's metadata (and in ``config.elastic_correction`` of the models it corrects).
+    """
+    from .modeling import ElasticViTModel
+    from .views import load_processor
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{str(folder)!r} is not a local checkpoint folder (no config.json); save the elastic "
+                              "checkpoint with hf_snapvit.save_elastic first, or download it.")
+    model = ElasticViTModel.from_pretrained(folder, prefix_correction=False)
+    if getattr(model.config, "elastic_layout", None) or getattr(model.config, "elastic_ranking", None) is None:
+        raise CheckpointError(f"{str(folder)!r} is not a dense elastic checkpoint; add the prefix correction to the "
+                              "checkpoint save_elastic wrote (every unit, in rank order).")
+    if processor is None and not isinstance(images, (torch.Tensor, Mapping)):
+        processor = load_processor(folder, purpose="preprocess the calibration images")
+    correction = PrefixCorrection.fit(model, images, processor, config, show_progress=show_progress)
+    if correction.config.guard:
+        check_sizes(correction, model, ElasticRanking.from_dict(model.config.elastic_ranking),
+                    show_progress=show_progress)
+    record = correction.record()
+    write_prefix_file(folder, correction.factors, record)
+    return record

@@ -92,6 +92,10 @@ def slice_neurons_(layer: nn.Module, spec: ArchitectureSpec, keep: IndexLike, so
     _take(get_projection(mlp, variant.out_proj), index, 1, get_projection(source_mlp, variant.out_proj))
 
 
+#: A block's two column-pruned projections (attention output, FFN output), by the names corrections give them.
+OUTPUT_KINDS = ("attention_output", "ffn_output")
+
+
 def prefixes(heads: Sequence[int], neurons: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
     """``keep`` for :func:`slice_model_` that keeps the first ``heads[l]`` heads and ``neurons[l]`` neurons of each
     block: what every budget keeps of a model in rank order."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import shutil
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -33,8 +34,9 @@ from .recovery.config import warn_if_untrained
 from .remote_code import stock_class
 from .sliced import finish_sliced, twin_class, twin_lookup
 from .slicing import slice_head_tables_
-from .switching import (PrefixLinear, SwitchBlock, SwitchGate, capacity, make_switchable_, remove_head_prefixes_,
-                        set_widths_, switch_blocks)
+from .correction.prefix_file import PREFIX_FILE
+from .switching import (PrefixLinear, SwitchBlock, SwitchGate, capacity, install_corrections_, make_switchable_,
+                        remove_head_prefixes_, set_widths_, switch_blocks)
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class _SwitchState:
     blocks: list[SwitchBlock]
     tables: list[LatencyTable] = field(default_factory=list)
     resolved: dict[tuple[Any, ...], KeepCounts] = field(default_factory=dict)
+    correction: Any = None  # the checkpoint's prefix correction, applied at every size but the full one
     gate: SwitchGate = field(default_factory=SwitchGate, compare=False, repr=False)
 
     def resolve(self, multiple: int, **budget: Any) -> KeepCounts:
@@ -246,6 +249,9 @@ class SwitchableModelMixin:
                               f"block, more than this model holds ({held_heads}, {held_neurons}).")
         with state.gate.switch():
             set_widths_(get_spec(self), state.blocks, budget.heads, budget.neurons)
+            if state.correction is not None:
+                install_corrections_(state.blocks, state.correction if state.correction.applies_at(budget.sparsity)
+                                     else None)
             state.current = budget
         warn_if_untrained(self.config, budget.sparsity)
         return budget
@@ -272,11 +278,16 @@ class SwitchableModelMixin:
 
     def _sliced_copy(self) -> PreTrainedModel:
         memo: dict[int, Any] = {id(self.__dict__["_elastic_switch"]): None}
+        corrected = False
         for module in self.modules():
             if isinstance(module, PrefixLinear):
                 rows, cols = module.out_features, module.in_features
-                memo[id(module.weight)] = nn.Parameter(module.weight.detach()[:rows, :cols].clone(),
-                                                       requires_grad=module.weight.requires_grad)
+                fitted = module._buffers.get("corrected")
+                weight = fitted if fitted is not None else module.weight.detach()[:rows, :cols]
+                memo[id(module.weight)] = nn.Parameter(weight.clone(), requires_grad=module.weight.requires_grad)
+                if module._buffers.get("corrected") is not None:
+                    memo[id(module._buffers["corrected"])] = None
+                    corrected = True
                 if module.bias is not None:
                     memo[id(module.bias)] = nn.Parameter(module.bias.detach()[:rows].clone(),
                                                          requires_grad=module.bias.requires_grad)
@@ -285,12 +296,15 @@ class SwitchableModelMixin:
         for module in sliced.modules():
             if isinstance(module, PrefixLinear):
                 module.__class__ = nn.Linear
+                module._buffers.pop("corrected", None)
         remove_head_prefixes_(sliced)
         state = self._switch_state()
         spec = get_spec(sliced)
         for layer, heads in zip(get_layers(sliced, spec), state.current.heads):
             slice_head_tables_(layer, spec, range(heads))
         sliced.__class__ = stock_class(type(self))
+        if corrected:
+            sliced.config.elastic_correction = state.correction.record
         return finish_sliced(sliced, state.current.counts(), state.current.width_multiple, state.shape)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, whole: bool = False,
@@ -308,6 +322,8 @@ class SwitchableModelMixin:
             super().save_pretrained(staging, *args, **kwargs)
             if self._switch_state().tables:
                 write_latency_file(self._switch_state().tables, staging, merge=False)
+            if self._switch_state().correction is not None:  # the factors of the weights just written
+                shutil.copyfile(self._switch_state().correction.path, staging / PREFIX_FILE)
         return None
 
     def push_to_hub(self, repo_id: str, *args: Any, whole: bool = False, **kwargs: Any) -> Any:
@@ -335,9 +351,10 @@ def switchable_class(stock: type) -> type:
 
 
 def as_switchable(model: PreTrainedModel, ranking: ElasticRanking, shape: ModelShape,
-                  tables: list[LatencyTable] | None = None) -> PreTrainedModel:
+                  tables: list[LatencyTable] | None = None, correction: Any = None) -> PreTrainedModel:
     """Make a dense ``model`` (every unit loaded, in the rank order of ``ranking``) switchable, in place, at full
-    size. Only module classes change."""
+    size. Only module classes change. ``correction``: a prefix correction (the checkpoint's
+    :class:`~hf_snapvit.correction.prefix_file.PrefixFile`) that every smaller size then computes with."""
     held = capacity(switch_blocks(model))
     if held != (shape.dense_heads, shape.dense_neurons):
         raise ConfigError(f"A switchable model needs every unit of the dense model; this one holds {held}.")
@@ -347,7 +364,8 @@ def as_switchable(model: PreTrainedModel, ranking: ElasticRanking, shape: ModelS
     except TypeError as error:
         raise ConfigError(f"{error} Switchable models are built from transformers' own classes.") from None
     dense = ranking.keep_counts(0.0, width_multiple=1)
-    model.__dict__["_elastic_switch"] = _SwitchState(ranking, shape, ElasticBudget.of(dense, None, {}), blocks)
+    model.__dict__["_elastic_switch"] = _SwitchState(ranking, shape, ElasticBudget.of(dense, None, {}), blocks,
+                                                     correction=correction)
     for table in tables or []:
         model.add_latency_table(table)
     return model

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.nn as nn
@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 from .architectures import (ArchitectureSpec, get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim,
                             head_tables, num_heads)
 from .errors import BudgetError, UnsupportedArchitectureError
-from .slicing import set_head_count_
+from .slicing import OUTPUT_KINDS, set_head_count_
 
 
 class PrefixLinear(nn.Linear):
@@ -40,6 +40,9 @@ class PrefixLinear(nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Linear's own argument name)
         weight, bias = self.weight, self.bias
+        corrected = self._buffers.get("corrected")
+        if corrected is not None and corrected.shape[1] == self.in_features:
+            return F.linear(input, corrected, bias)  # an output projection's weight corrected for this size
         if self.out_features != weight.shape[0]:
             weight = weight[: self.out_features]
             bias = None if bias is None else bias[: self.out_features]
@@ -126,6 +129,9 @@ def make_switchable_(model: PreTrainedModel) -> list[SwitchBlock]:
     for block in blocks:
         for linear in (*block.qkv, block.o_proj, *block.ffn_in, block.ffn_out):
             linear.__class__ = PrefixLinear
+        for linear in (block.o_proj, block.ffn_out):  # what a prefix correction replaces at reduced sizes
+            if "corrected" not in linear._buffers:
+                linear.register_buffer("corrected", None, persistent=False)
         for module, hook in block.tables:
             module.register_forward_hook(hook)
     return blocks
@@ -151,6 +157,19 @@ def set_widths_(spec: ArchitectureSpec, blocks: Sequence[SwitchBlock], heads: Se
         for _, hook in block.tables:
             hook.heads = int(h)
         set_head_count_(block.attention, spec, int(h), block.head_width)
+
+
+def install_corrections_(blocks: Sequence[SwitchBlock], source: Any) -> None:
+    """Give every output projection that computes with fewer columns than it holds the corrected weight of its
+    current width from ``source`` (a prefix correction, see :func:`hf_snapvit.correction.prefix.correct_widths_`);
+    at full width, or with ``source`` ``None``, it computes with its own weight again."""
+    for index, block in enumerate(blocks):
+        for kind, linear in zip(OUTPUT_KINDS, (block.o_proj, block.ffn_out)):
+            if source is None or linear.in_features == linear.weight.shape[1]:
+                linear.corrected = None
+            else:
+                new = source.weight(index, kind, linear.in_features, linear.weight)
+                linear.corrected = new.to(dtype=linear.weight.dtype, device=linear.weight.device)
 
 
 class SwitchGate:

@@ -114,6 +114,11 @@ def _results(config: Mapping[str, Any]) -> list[str]:
     correction = config.get("elastic_correction")
     if not isinstance(correction, Mapping):
         return []
+    if correction.get("method") == "prefix":
+        return ["## Weight correction",
+                "The removed units' contribution was compensated into the kept weights by the elastic checkpoint's "
+                f"prefix correction, fitted once for every size on {correction.get('num_images')} calibration images "
+                "(`config.json[\"elastic_correction\"]`)."]
     return ["## Weight correction",
             f"The removed units' contribution was compensated into the kept weights from "
             f"{correction.get('num_images')} calibration images: mean reconstruction error "

@@ -33,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SnapViT forward passes: auto = bf16 on CUDA and on CPUs with bf16 matrix units (AMX, "
                              "AVX512-BF16), float32 elsewhere, or accelerate's "
                              "--mixed_precision when it sets one; fp32 uses TF32 products on CUDA (default: auto)")
+    parser.add_argument("--prefix-correction", action="store_true",
+                        help="also fit the weight correction for every size on the --data images and store it beside "
+                             "the weights (prefix_correction.safetensors; applied at load where held-out images say "
+                             "it helps, see docs/correction.md)")
     add_data_arguments(parser, required=False, labels=True)
     hub = parser.add_argument_group("hub")
     hub.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="also upload the checkpoint to this repo")
@@ -68,7 +72,9 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     from ..distributed import process_state
     from ..methods import rank
 
-    needs_data = _reads_images(args.method)
+    needs_data = _reads_images(args.method) or args.prefix_correction
+    if args.prefix_correction and not args.data:
+        raise ConfigError("--prefix-correction fits on calibration images: pass --data ID_OR_PATH.")
     if needs_data and not args.data:
         raise ConfigError(f"--method {args.method} ranks with calibration images: pass --data ID_OR_PATH.")
     if not needs_data and args.data:
@@ -95,13 +101,19 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         label_column = args.label_column if _reads_labels(args.method) else None
         data = load_data(args, args.num_samples or _images_needed(args.method, args.preset),
                          label_column=label_column, show_progress=show)
-    ranking = rank(model, method=args.method, data=data, preset=args.preset, processor=processor, mode=args.mode,
-                   seed=args.seed, label_column=label_column or "label", show_progress=show,
-                   precision=args.precision)
+    ranking = rank(model, method=args.method, data=data if _reads_images(args.method) else None,
+                   preset=args.preset, processor=processor, mode=args.mode, seed=args.seed,
+                   label_column=label_column or "label", show_progress=show, precision=args.precision)
     if not state.is_main_process:  # every process ranks (the work is split); one writes
         return None
 
     stored = save_elastic(model, ranking, output, image_processor=processor)
+    correction = None
+    if args.prefix_correction:
+        from ..saving import add_prefix_correction
+
+        record = add_prefix_correction(output, data, processor, show_progress=show)
+        correction = [s["requested"] for s in record.get("sizes", []) if s["kept"]]
     dense = stored.keep_counts(sparsity=0.0)
     result: dict[str, Any] = {
         "output": str(output.resolve()),
@@ -117,6 +129,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "dense_gflops": float(dense.gflops),
         "max_sparsity": float(stored.max_sparsity),
         "pushed": None,
+        "prefix_correction": correction,
     }
     if args.push_to_hub:
         from ..hub import push_to_hub
@@ -139,6 +152,9 @@ def render(r: dict[str, Any]) -> str:
          f"loads at any sparsity from 0 to {r['max_sparsity']:.4f}"),
         f"load:  hf_snapvit.ElasticViTModel.from_pretrained({r['output']!r}, sparsity=0.3)",
     ]
+    if r.get("prefix_correction") is not None:
+        helped = ", ".join(f"{s:g}" for s in r["prefix_correction"]) or "none"
+        lines.append(f"prefix correction stored; it helped on held-out images at sparsities: {helped}")
     if r.get("pushed"):
         lines.append(f"pushed: {r['pushed']}")
     return "\n".join(lines)

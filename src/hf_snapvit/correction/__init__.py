@@ -51,29 +51,11 @@ from ..slicing import slice_model_
 
 from .config import CorrectionConfig, CorrectionSummary, LayerCorrection
 from .guard import final_outputs, guard_block, guard_model, split_held_out
-from .inputs import BlockInputs, capture_first_block_inputs, halve, model_inputs_of
+from .inputs import BlockInputs, HessianHook, capture_first_block_inputs, halve, model_inputs_of
 from .solve import compensate_removed_columns, damping_value, reconstruction_error, reconstruction_errors
 
 
-class _HessianHook:
-    """Accumulates ``Σ xxᵀ`` (float32) over every token a linear layer sees."""
-
-    def __init__(self, linear: nn.Linear) -> None:
-        self.sum = torch.zeros(linear.in_features, linear.in_features, dtype=torch.float32,
-                               device=linear.weight.device)
-        self.count = 0
-        self.handle = linear.register_forward_hook(self)
-
-    def __call__(self, module, args, output) -> None:
-        x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
-        self.sum.addmm_(x.T, x)
-        self.count += x.shape[0]
-
-    def hessian(self) -> torch.Tensor:
-        return self.sum / max(self.count, 1)
-
-
-def _solve_linear(linear: nn.Linear, hook: _HessianHook, columns: np.ndarray, config: CorrectionConfig,
+def _solve_linear(linear: nn.Linear, hook: HessianHook, columns: np.ndarray, config: CorrectionConfig,
                   name: str, block: int, kind: str) -> tuple[LayerCorrection, torch.Tensor, torch.Tensor]:
     """The corrected and the merely dropped weight of one linear layer, and their errors on its fitting inputs."""
     H = hook.hessian()
@@ -90,9 +72,9 @@ def _solve_linear(linear: nn.Linear, hook: _HessianHook, columns: np.ndarray, co
 
 
 def _fit_pass(layer: nn.Module, targets: list, fit: list[BlockInputs], keep_outputs: bool
-              ) -> tuple[list[_HessianHook], list[torch.Tensor]]:
+              ) -> tuple[list[HessianHook], list[torch.Tensor]]:
     """Run the (still dense) block on the fitting inputs, accumulating its two layers' Hessians."""
-    hooks = [_HessianHook(linear) for _, linear, _ in targets]
+    hooks = [HessianHook(linear) for _, linear, _ in targets]
     outputs = []
     try:
         for item in fit:

@@ -43,6 +43,24 @@ class BlockInputs:
         return out[0] if isinstance(out, (tuple, list)) else out
 
 
+class HessianHook:
+    """Accumulates ``Σ xxᵀ`` (float32) over every token a linear layer sees."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        self.sum = torch.zeros(linear.in_features, linear.in_features, dtype=torch.float32,
+                               device=linear.weight.device)
+        self.count = 0
+        self.handle = linear.register_forward_hook(self)
+
+    def __call__(self, module, args, output) -> None:
+        x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+        self.sum.addmm_(x.T, x)
+        self.count += x.shape[0]
+
+    def hessian(self) -> torch.Tensor:
+        return self.sum / max(self.count, 1)
+
+
 def capture_first_block_inputs(model: nn.Module, spec, batches: Sequence[Any], processor: Any,
                                 show_progress: bool) -> list[BlockInputs]:
     first = get_layers(model, spec)[0]

@@ -33,6 +33,31 @@ def _solve_dtype(device: torch.device) -> torch.dtype:
     return torch.float64 if device.type in ("cpu", "cuda") else torch.float32
 
 
+def damped_cholesky(hessian: torch.Tensor, config: CorrectionConfig, shape: tuple[int, ...]
+                    ) -> tuple[torch.Tensor, float]:
+    """``(L, λ)``: the lower Cholesky factor (float64 on CPU and CUDA) of ``hessian + λI``, λ from ``config`` and
+    grown tenfold while the factorisation fails; ``shape`` is the layer's, for the error message."""
+    H = hessian.to(dtype=_solve_dtype(hessian.device)).clone()
+    diagonal = torch.diagonal(H)
+    # An input that is zero on every calibration token carries no information; giving it a unit diagonal keeps H
+    # invertible and, since its off-diagonal entries are zero, decouples it: its column is left as it was.
+    dead = diagonal == 0
+    damping = damping_value(diagonal, config)
+    diagonal[dead] = 1.0
+    eye = torch.eye(H.shape[0], dtype=H.dtype, device=H.device)
+    for attempt in range(_MAX_DAMPING_RETRIES + 1):
+        L, info = torch.linalg.cholesky_ex(H + damping * eye)
+        if int(info) == 0 or attempt == _MAX_DAMPING_RETRIES:
+            break
+        damping *= 10.0
+    if int(info) != 0:
+        raise CorrectionError(
+            f"The Hessian of a {shape} layer could not be factorised even with damping {damping:.3g}; "
+            "its calibration inputs are degenerate (check the images), or raise CorrectionConfig.damping_fraction."
+        )
+    return L, damping
+
+
 def compensate_removed_columns(
     weight: torch.Tensor,
     hessian: torch.Tensor,
@@ -60,15 +85,6 @@ def compensate_removed_columns(
     if removed.numel() == 0:
         return weight.clone(), 0.0
     kept = torch.nonzero(is_kept).flatten()
-    dtype = _solve_dtype(weight.device)
-    H = hessian.to(device=weight.device, dtype=dtype).clone()
-    diagonal = torch.diagonal(H)
-    # An input that is zero on every calibration token carries no information; giving it a unit diagonal keeps H
-    # invertible and, since its off-diagonal entries are zero, decouples it: its column is left as it was.
-    dead = diagonal == 0
-    damping = damping_value(diagonal, config)
-    diagonal[dead] = 1.0
-
     # Removed columns first: then every removed column's error is compensated into every kept column, and the
     # sequential OBS updates amount to the least-squares fit of the kept columns.
     order = torch.cat([removed, kept])
@@ -76,19 +92,9 @@ def compensate_removed_columns(
     # reversal and JHJ = LLᵀ, U = J L⁻¹ J: one Cholesky and one triangular inverse, without forming H⁻¹ (whose float64
     # cholesky_inverse is also very slow on some CPU builds).
     reverse = order.flip(0)
-    H = H[reverse][:, reverse]
-    eye = torch.eye(in_features, dtype=dtype, device=H.device)
-    for attempt in range(_MAX_DAMPING_RETRIES + 1):
-        L, info = torch.linalg.cholesky_ex(H + damping * eye)
-        if int(info) == 0 or attempt == _MAX_DAMPING_RETRIES:
-            break
-        damping *= 10.0
-    if int(info) != 0:
-        raise CorrectionError(
-            f"The Hessian of a {tuple(weight.shape)} layer could not be factorised even with damping {damping:.3g}; "
-            "its calibration inputs are degenerate (check the images), or raise CorrectionConfig.damping_fraction."
-        )
-
+    L, damping = damped_cholesky(hessian.to(weight.device)[reverse][:, reverse], config, tuple(weight.shape))
+    dtype = L.dtype
+    eye = torch.eye(in_features, dtype=dtype, device=L.device)
     U = torch.linalg.solve_triangular(L, eye, upper=False).flip(0, 1)
     W = weight.detach().to(dtype)[:, order].clone()
     num_removed = removed.numel()

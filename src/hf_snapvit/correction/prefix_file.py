@@ -1,0 +1,175 @@
+"""The prefix correction of an elastic checkpoint on disk: ``prefix_correction.safetensors`` beside its weights.
+
+Per block and projection (``{block}.{kind}.…``, ``kind`` in :data:`~hf_snapvit.correction.prefix.KINDS`):
+
+* ``lower``: the Cholesky factor ``L`` of the damped Hessian, its lower triangle packed row by row (float32). The
+  rows of a prefix come first, so the factor of the first ``k`` columns is the first ``k(k+1)/2`` values: a load
+  reads only what its size keeps, as it does for the weights.
+* ``projected``: ``(WL)ᵀ``, ``[in, out]``; a prefix is its first ``k`` rows.
+* ``column0``: the layer's first input column (the one every size keeps) when the factors were made. The loader
+  compares it with the checkpoint's own: factors made for other weights (trained or replaced since) are refused.
+
+The file's metadata holds the record (settings, images, tokens, damping). A save of the checkpoint's weights
+(``save_elastic``, ``save_pretrained``) replaces the file with the checkpoint, like its weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save
+
+from ..errors import CheckpointError, CorrectionError
+from ..files import atomic_file
+from .prefix import KINDS, PrefixFactors, applies_at
+
+PREFIX_FILE = "prefix_correction.safetensors"
+FORMAT_VERSION = 1
+# Relative distance of a layer's first column from the one the factors were made with: a bf16 re-save moves it by
+# about 0.4 %, training by a few percent or more.
+COLUMN_TOLERANCE = 0.01
+REFIT = ("re-create it with hf_snapvit.add_prefix_correction(folder, images), or load with "
+         "prefix_correction=False")
+
+
+def pack_lower(L: torch.Tensor) -> torch.Tensor:
+    """The lower triangle of a square ``L``, row by row (a prefix of rows is a prefix of the result)."""
+    rows, cols = torch.tril_indices(L.shape[0], L.shape[0], device=L.device)
+    return L[rows, cols]
+
+
+def unpack_lower(packed: torch.Tensor, size: int) -> torch.Tensor:
+    """The ``[size, size]`` lower-triangular matrix whose packed rows start ``packed``."""
+    rows, cols = torch.tril_indices(size, size, device=packed.device)
+    L = packed.new_zeros(size, size)
+    L[rows, cols] = packed[: size * (size + 1) // 2]
+    return L
+
+
+def write_prefix_file(folder: str | os.PathLike, factors: list[tuple[PrefixFactors, ...]],
+                      record: dict[str, Any]) -> Path:
+    """Write the factors (columns in the stored, rank order) and ``record`` to ``folder/prefix_correction.safetensors``
+    atomically."""
+    tensors = {}
+    for block, pair in enumerate(factors):
+        for kind, f in zip(KINDS, pair):
+            if not torch.equal(f.order, torch.arange(len(f.order))):
+                raise CheckpointError("Only the factors of a model whose units are stored in rank order (an elastic "
+                                      "checkpoint) can be saved; fit them on the loaded elastic checkpoint.")
+            tensors[f"{block}.{kind}.lower"] = pack_lower(f.L).contiguous()
+            tensors[f"{block}.{kind}.projected"] = f.WL.T.contiguous()
+            tensors[f"{block}.{kind}.column0"] = f.column0.float().contiguous()
+    path = Path(folder) / PREFIX_FILE
+    metadata = {"format_version": str(FORMAT_VERSION), "record": json.dumps(record)}
+    with atomic_file(path, "wb") as handle:
+        handle.write(save(tensors, metadata=metadata))
+    return path
+
+
+class PrefixFile:
+    """Reads the prefix correction of one checkpoint, checking every tensor it hands out."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = str(path)
+        try:
+            self._handle = safe_open(self.path, "pt")
+            metadata = self._handle.metadata() or {}
+        except Exception as error:  # safetensors raises its own error types, and OSError
+            raise CheckpointError(f"{self.path!r} is not a readable safetensors file ({error}); {REFIT}.") from None
+        version = metadata.get("format_version")
+        if version != str(FORMAT_VERSION):
+            raise CheckpointError(f"{self.path!r} has format_version {version!r}; this hf_snapvit reads version "
+                                  f"{FORMAT_VERSION}. Upgrade hf_snapvit, or {REFIT}.")
+        try:
+            self.record = json.loads(metadata.get("record", ""))
+        except json.JSONDecodeError:
+            raise CheckpointError(f"{self.path!r} has no readable record in its metadata; {REFIT}.") from None
+        self._keys = set(self._handle.keys())
+
+    def __deepcopy__(self, memo: dict) -> "PrefixFile":
+        return self  # read-only: a copied model shares it
+
+    def __reduce__(self) -> tuple:
+        return PrefixFile, (self.path,)
+
+    def _tensor(self, name: str, shape: tuple[int, ...], rows: int | None = None) -> torch.Tensor:
+        if name not in self._keys:
+            raise CheckpointError(f"{self.path!r} has no tensor {name!r}: it was made for another model; {REFIT}.")
+        view = self._handle.get_slice(name)
+        if tuple(view.get_shape()) != shape or view.get_dtype() not in ("F32", "F64"):
+            raise CheckpointError(f"{self.path!r}: {name} is {view.get_dtype()} {tuple(view.get_shape())}, expected "
+                                  f"float32 {shape}: it was made for another model; {REFIT}.")
+        values = (view[:rows] if rows is not None else view[:]).double()
+        if not torch.isfinite(values).all():
+            raise CheckpointError(f"{self.path!r}: {name} holds NaN or infinite values; {REFIT}.")
+        return values
+
+    def weight(self, block: int, kind: str, kept: int, dense: torch.Tensor) -> torch.Tensor:
+        """``[out, kept]`` float64: the corrected first ``kept`` columns of the layer whose full weight (or any prefix
+        of it: only column 0 is read) is ``dense``, after checking the factors against it."""
+        out, size = dense.shape[0], self.width(block, kind)
+        column0 = self._tensor(f"{block}.{kind}.column0", (out,))
+        given = dense[:, 0].detach().double().cpu()
+        if float((given - column0).norm()) > COLUMN_TOLERANCE * max(float(column0.norm()), 1e-12):
+            raise CheckpointError(f"{self.path!r} was made for other weights (block {block}, {kind}: the first column "
+                                  "differs from the checkpoint's); the weights were trained or replaced since. "
+                                  f"{REFIT[0].upper()}{REFIT[1:]}.")
+        if not 1 <= kept <= size:
+            raise CheckpointError(f"Block {block} {kind}: {kept} columns kept, but the factors cover 1 to {size}.")
+        L = unpack_lower(self._tensor(f"{block}.{kind}.lower", (size * (size + 1) // 2,), kept * (kept + 1) // 2),
+                         kept)
+        if not bool((torch.diagonal(L) > 0).all()):
+            raise CheckpointError(f"{self.path!r}: the factor of block {block} {kind} is not positive definite; {REFIT}.")
+        projected = self._tensor(f"{block}.{kind}.projected", (size, out), kept)
+        return torch.linalg.solve_triangular(L.T, projected, upper=True).T
+
+    def applies_at(self, sparsity: float) -> bool:
+        """Whether a model of this sparsity is corrected (:func:`~hf_snapvit.correction.prefix.applies_at`)."""
+        return applies_at(self.record, sparsity)
+
+    def width(self, block: int, kind: str) -> int:
+        """The number of input columns the factors of a block's projection cover (its dense width)."""
+        name = f"{block}.{kind}.projected"
+        if name not in self._keys:
+            raise CheckpointError(f"{self.path!r} has no tensor {name!r}: it was made for another model; {REFIT}.")
+        return int(self._handle.get_slice(name).get_shape()[0])
+
+
+def find_prefix_file(path_or_repo_id: str | os.PathLike, **hub_kwargs: Any) -> PrefixFile | None:
+    """The checkpoint's prefix correction, or ``None`` if it has none (or the Hub cannot be reached)."""
+    from transformers.utils import cached_file
+
+    path = cached_file(path_or_repo_id, PREFIX_FILE, _raise_exceptions_for_missing_entries=False,
+                       _raise_exceptions_for_connection_errors=False,
+                       **{k: v for k, v in hub_kwargs.items() if v is not None})
+    return PrefixFile(path) if path else None
+
+
+def prefix_file_for(source: str | os.PathLike, wanted: bool | None, hub_kwargs: dict[str, Any],
+                    fitting: tuple[tuple[Any, Any], ...], layout: Any) -> PrefixFile | None:
+    """The prefix correction a load applies: the checkpoint's (``wanted`` ``None`` or ``True``), unless the caller
+    fits the weights itself (``fitting``: the ``(data, config)`` pairs of correction and recovery), the checkpoint is
+    sliced (``layout``), or it was turned off."""
+    sliced, fitting = bool(layout), any(data is not None for data, _ in fitting)
+    if wanted is not None and not isinstance(wanted, bool):
+        raise CorrectionError(f"prefix_correction={wanted!r} must be True, False or None.")
+    if wanted is False or (wanted is None and (fitting or sliced)):
+        return None
+    if fitting:
+        raise CorrectionError("prefix_correction=True and correction_data/recovery_data both fit the weights; pass "
+                              "one of them (correction_data corrects this one size with its own images).")
+    found = None if sliced else find_prefix_file(source, **hub_kwargs)
+    if found is None and wanted:
+        where = "is sliced (its weights are already final)" if sliced else f"has no {PREFIX_FILE}"
+        raise CorrectionError(f"prefix_correction=True, but {str(source)!r} {where}. Create the file with "
+                              "hf_snapvit.add_prefix_correction(folder, images) on the dense elastic checkpoint, or "
+                              "load with prefix_correction=None.")
+    return found
+
+
+__all__ = ["prefix_file_for", "PREFIX_FILE", "PrefixFile", "find_prefix_file", "pack_lower", "unpack_lower", "write_prefix_file"]

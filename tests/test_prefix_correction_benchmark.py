@@ -1,0 +1,47 @@
+"""benchmarks/prefix_correction_vit_tiny.py and prefix_correction_switch_time.py on the shared ViT-Tiny with a few
+images: the plain rows are the uncorrected slices, the checked rows are corrected exactly where the stored size check
+says, and the JSON holds what the tables are made from."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_snapvit.correction.prefix import applies_at
+
+from helpers import SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, load_benchmark, requires_shared
+
+ACCURACY = load_benchmark("prefix_correction_vit_tiny")
+SWITCH = load_benchmark("prefix_correction_switch_time")
+
+
+@pytest.mark.slow  # two elastic checkpoints of the shared ViT-Tiny, a size check and a few evaluations
+@requires_shared(SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION)
+def test_the_benchmark_loads_corrected_sizes_exactly_where_the_check_applies_them(tmp_path):
+    output = tmp_path / "result.json"
+    ACCURACY.main(["--num-calibration", "16", "--num-val", "40", "--num-bank", "40", "--sparsities", "0.2", "0.5",
+                   "--variants", "plain", "checked", "--output", str(output)])
+    result = json.loads(output.read_text())
+    rows = {(r["variant"], r["sparsity"]): r for r in result["rows"]}
+    assert set(rows) == {(v, s) for v in ("plain", "checked") for s in (0.2, 0.5)}
+    assert not any(rows[("plain", s)]["corrected"] for s in (0.2, 0.5))
+    record = result["records"]["checked"]
+    assert record["method"] == "prefix" and record["num_images"] == 16 and record["sizes"]
+    for sparsity in (0.2, 0.5):
+        row, plain = rows[("checked", sparsity)], rows[("plain", sparsity)]
+        if not row["corrected"]:  # the plain slice, so the same scores
+            assert (row["top1"], row["knn_top1"]) == (plain["top1"], plain["knn_top1"])
+    applied = [applies_at(record, s["sparsity"]) for s in record["sizes"]]
+    assert applied == [s["kept"] for s in record["sizes"]]  # at a checked size, its own verdict
+
+
+@pytest.mark.slow
+@requires_shared(SHARED_MODEL, SHARED_TRAIN)
+def test_the_switch_timing_compares_plain_and_corrected_switches(tmp_path):
+    output = tmp_path / "switch.json"
+    SWITCH.main(["--num-calibration", "8", "--sparsities", "0.3", "--repeats", "2", "--output", str(output)])
+    result = json.loads(output.read_text())
+    assert [r["sparsity"] for r in result["rows"]] == [0.3]
+    assert result["rows"][0]["plain_seconds"] > 0 and result["rows"][0]["corrected_seconds"] > 0
+    assert 0.5 < result["file_bytes"]["prefix_correction.safetensors"] / result["file_bytes"]["model.safetensors"] < 2
