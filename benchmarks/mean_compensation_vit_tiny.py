@@ -95,34 +95,52 @@ def compensated(model: nn.Module, ranking: ElasticRanking, sparsity: float,
     return model
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def zero_training_arguments(doc: str, output: str, sparsities: list[float], num_calibration: int
+                            ) -> argparse.ArgumentParser:
+    """The options the zero-training screens share: model, data, ranking, sizes and image counts, output."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--model", default=str(SHARED / "models" / "vit-tiny-tinyimagenet"))
     parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200"))
     parser.add_argument("--ranking", type=Path, default=RANKING)
-    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.3, 0.5])
-    parser.add_argument("--num-calibration", type=int, default=256)
+    parser.add_argument("--sparsities", type=float, nargs="+", default=sparsities)
+    parser.add_argument("--num-calibration", type=int, default=num_calibration)
     parser.add_argument("--num-val", type=int, default=1000)
     parser.add_argument("--num-bank", type=int, default=1000)
-    parser.add_argument("--output", type=Path,
-                        default=Path(__file__).parent / "results" / "mean_compensation_vit_tiny.json")
-    args = parser.parse_args(argv)
+    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / output)
+    return parser
+
+
+def zero_training_setup(args: argparse.Namespace) -> dict:
+    """The model, its ranking and the images of a zero-training screen: validation images and the k-NN bank (seeds 0
+    and 1, as every ViT-Tiny table; none when their count is 0), and calibration images from the train split that are
+    not in the bank (seed 7)."""
     transformers.utils.logging.set_verbosity_error()
     model = AutoModelForImageClassification.from_pretrained(args.model).eval()
     processor = AutoImageProcessor.from_pretrained(args.model)
-    ranking = stored_ranking(args.ranking, model)
-    val, val_labels = pixels_and_labels(args.data, "validation", args.num_val, 0, processor)
-    bank, bank_labels = pixels_and_labels(args.data, "train", args.num_bank, 1, processor)
-    calibration, _ = pixels_and_labels(args.data, "train", args.num_calibration, 7, processor)  # not the bank
+    val = pixels_and_labels(args.data, "validation", args.num_val, 0, processor) if args.num_val else None
+    bank = pixels_and_labels(args.data, "train", args.num_bank, 1, processor) if args.num_bank else None
+    calibration, _ = pixels_and_labels(args.data, "train", args.num_calibration, 7, processor)
+    return {"model": model, "ranking": stored_ranking(args.ranking, model), "val": val, "bank": bank,
+            "calibration": calibration}
+
+
+def scores(model: nn.Module, val: tuple, bank: tuple) -> dict[str, float]:
+    """Top-1 with the model's head and k-NN top-1 on the validation images."""
+    features, logits = features_and_logits(model, val[0])
+    bank_features, _ = features_and_logits(model, bank[0])
+    return {"top1": top1_accuracy(logits, val[1]), "knn_top1": knn_accuracy(bank_features, bank[1], features, val[1])}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = zero_training_arguments(__doc__, "mean_compensation_vit_tiny.json", [0.1, 0.3, 0.5], 256).parse_args(argv)
+    setup = zero_training_setup(args)
+    model, ranking, calibration = setup["model"], setup["ranking"], setup["calibration"]
     means = input_means(model, calibration)
     rows = []
     for sparsity in args.sparsities:
         for variant, base in (("plain", model), ("mean-compensated", compensated(model, ranking, sparsity, means))):
             sliced = sliced_copy(base, ranking, sparsity)
-            features, logits = features_and_logits(sliced, val)
-            bank_features, _ = features_and_logits(sliced, bank)
-            rows.append({"sparsity": sparsity, "variant": variant, "top1": top1_accuracy(logits, val_labels),
-                         "knn_top1": knn_accuracy(bank_features, bank_labels, features, val_labels)})
+            rows.append({"sparsity": sparsity, "variant": variant, **scores(sliced, setup["val"], setup["bank"])})
             print(rows[-1], flush=True)
     results = {"hardware": hardware_info(), "ranking": args.ranking.name, "num_calibration": args.num_calibration,
                "num_val": args.num_val, "num_bank": args.num_bank, "rows": rows}
