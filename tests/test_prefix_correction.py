@@ -349,3 +349,21 @@ def test_a_classifiers_embeddings_read_in_its_forward_equal_image_embedding(case
     outputs = outputs_of(model, get_spec(model), [inputs])
     assert set(outputs) == {"logits_kl", "embedding_mse"}
     torch.testing.assert_close(outputs["embedding_mse"][0], image_embedding(model, inputs), rtol=1e-6, atol=1e-6)
+
+
+def test_the_elastic_card_says_where_the_stored_correction_applies(tmp_path):
+    from hf_snapvit.cards.elastic import make_model_card
+    from hf_snapvit.cards.results import percent
+
+    case = FAST["vit-cls"]
+    folder = tmp_path / "elastic"
+    model = case.build().eval()
+    hs.save_elastic(model, hs.rank(model, method="random", seed=2), folder)
+    assert "Weight correction for every size" not in str(make_model_card(folder))
+    record = hs.add_prefix_correction(folder, {"pixel_values": case.inputs(40, 6)["pixel_values"]},
+                                      show_progress=False, config=CorrectionConfig(num_samples=None, batch_size=8))
+    card = str(make_model_card(folder))
+    assert "## Weight correction for every size" in card and "on 40 unlabelled images" in card
+    assert f"A check on {record['num_held_out_images']} held-out images" in card
+    helped = [s for s in record["sizes"] if s["kept"]]
+    assert helped and all(percent(s['sparsity']) in card for s in helped)

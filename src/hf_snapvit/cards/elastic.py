@@ -31,8 +31,9 @@ from .results import (
     model_index,
     parse_evaluations,
 )
-from .sections import (heatmap_caption, hub_id, provenance_lines, recovery_section, size_table, summary,
-                       table_intro, usage)
+from ..correction.prefix_file import PREFIX_FILE, PrefixFile
+from .sections import (correction_section, heatmap_caption, hub_id, provenance_lines, recovery_section, size_table,
+                       summary, table_intro, usage)
 from .source import CheckpointDescription, describe_checkpoint, pipeline_tag_for
 from ..errors import ModelCardError
 from ..extras import has_extra, install_hint
@@ -210,9 +211,18 @@ def _render(
         usage_notes=usage_notes,
         provenance=provenance_lines(ranking, base_text),
         recovery=recovery_section(described.recovery),
+        correction=correction_section(_prefix_record(source) if layout is None else None),
         citation=CITATION,
     )
     return card, ranking, grid if draw_heatmap else []
+
+
+def _prefix_record(source: Any) -> dict[str, Any] | None:
+    """The record of the prefix correction beside a checkpoint folder's weights, if there is one."""
+    if not isinstance(source, (str, os.PathLike)) or not Path(source).is_dir():
+        return None
+    path = Path(source) / PREFIX_FILE
+    return PrefixFile(path).record if path.is_file() else None
 
 
 def write_model_card(

@@ -269,3 +269,22 @@ def recovery_section(record: Mapping[str, Any] | None) -> str | None:
     elif held.get("skipped"):
         text += ["", f"No held-out check was made ({held['skipped']})."]
     return "\n".join(text)
+
+
+def correction_section(record: Mapping[str, Any] | None) -> str | None:
+    """The card's account of a stored prefix correction (``prefix_correction.safetensors``): where it applies and on
+    how many images it was fitted; ``None`` if there is none."""
+    if not isinstance(record, Mapping):
+        return None
+    sizes = record.get("sizes")
+    text = [f"`prefix_correction.safetensors` holds a least-squares weight correction fitted once, on "
+            f"{record.get('num_images')} unlabelled images, for every size of this checkpoint: `from_pretrained` "
+            "compensates the removed heads' and neurons' contribution into the kept output-projection weights of "
+            "the size it loads, without images (`prefix_correction=False` loads the plain slice)."]
+    if sizes:
+        helped = [percent(s["sparsity"]) for s in sizes if s.get("kept")]
+        text.append(f"A check on {record.get('num_held_out_images')} held-out images found it helps at "
+                    f"{', '.join(helped) if helped else 'no checked size'}; other sizes load uncorrected.")
+    else:
+        text.append("It is applied at every size (no held-out check was made).")
+    return " ".join(text)
