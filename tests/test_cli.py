@@ -210,6 +210,11 @@ def test_prune_with_prefix_correction_stores_it_and_loads_corrected_where_it_hel
         loaded = hf_snapvit.ElasticViTModel.from_pretrained(output, sparsity=sparsity)
         corrected = getattr(loaded.config, "elastic_correction", None) is not None
         assert corrected == applies_at(record, loaded.config.elastic_layout["sparsity"])
+    code, out, err = run(capsys, "inspect", output, "--json")
+    assert code == 0, err
+    assert json.loads(out)["prefix_correction"] == record
+    code, out, err = run(capsys, "inspect", output)
+    assert code == 0 and "prefix correction: 16 images; applies at" in out
     code, out, err = run(capsys, "prune", "--model", model_dir, "--method", "magnitude", "--prefix-correction",
                          "--output", tmp_path / "no-data")
     assert_one_line_error(code, err, "--prefix-correction", "--data")

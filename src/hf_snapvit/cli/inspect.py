@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "layout": layout,
         "correction": getattr(config, "elastic_correction", None),
         "recovery": getattr(config, "elastic_recovery", None),
+        "prefix_correction": None if layout else _prefix_record(args.checkpoint),
         "ranking": None,
         "grid": [],
         "plot": None,
@@ -56,6 +57,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         plot_allocation(ranking, args.plot, sparsities=sparsities, width_multiple=args.width_multiple)
         result["plot"] = public_name(args.plot)
     return result
+
+
+def _prefix_record(checkpoint: str) -> dict[str, Any] | None:
+    """The record of the checkpoint's prefix correction (``prefix_correction.safetensors``), if it has one."""
+    from ..correction.prefix_file import find_prefix_file
+
+    found = find_prefix_file(checkpoint)
+    return found.record if found is not None else None
 
 
 def _ranking_summary(ranking: Any, format_version: Any, width_multiple: int | None) -> dict[str, Any]:
@@ -113,6 +122,11 @@ def render(r: dict[str, Any]) -> str:
                      f"neurons {widths(lay.get('intermediate_size', []))}")
     if r.get("correction"):
         lines.append(f"corrected:    with {r['correction'].get('num_images')} images")
+    if r.get("prefix_correction"):
+        sizes = r["prefix_correction"].get("sizes")
+        where = ("every size" if sizes is None else
+                 ", ".join(f"{s['sparsity']:.3f}" for s in sizes if s["kept"]) or "no checked size")
+        lines.append(f"prefix correction: {r['prefix_correction'].get('num_images')} images; applies at {where}")
     if r.get("recovery"):
         rec = r["recovery"]
         kind = "elastic (every size)" if rec.get("elastic") else "at this size"
