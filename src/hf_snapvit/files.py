@@ -138,8 +138,10 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 # Files that make up the weights and config of a checkpoint; a save replaces all of them together.
+#: The prefix correction beside an elastic checkpoint's weights (:mod:`hf_snapvit.correction.prefix_file`).
+PREFIX_FILE = "prefix_correction.safetensors"
 _CHECKPOINT_FILES = ("config.json", SAFE_WEIGHTS_INDEX_NAME, "pytorch_model.bin.index.json",
-                     "prefix_correction.safetensors")  # factors of the weights they are saved with
+                     PREFIX_FILE)  # factors of the weights they are saved with
 
 
 # Weight files by the names transformers gives them (a single file, its shards and their index).

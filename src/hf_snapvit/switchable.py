@@ -285,8 +285,8 @@ class SwitchableModelMixin:
                 fitted = module._buffers.get("corrected")
                 weight = fitted if fitted is not None else module.weight.detach()[:rows, :cols]
                 memo[id(module.weight)] = nn.Parameter(weight.clone(), requires_grad=module.weight.requires_grad)
-                if module._buffers.get("corrected") is not None:
-                    memo[id(module._buffers["corrected"])] = None
+                if fitted is not None:
+                    memo[id(fitted)] = None
                     corrected = True
                 if module.bias is not None:
                     memo[id(module.bias)] = nn.Parameter(module.bias.detach()[:rows].clone(),

@@ -31,7 +31,7 @@ from .results import (
     model_index,
     parse_evaluations,
 )
-from ..correction.prefix_file import PREFIX_FILE, PrefixFile
+from ..correction.prefix_file import find_prefix_file
 from .sections import (correction_section, heatmap_caption, hub_id, provenance_lines, recovery_section, size_table,
                        summary, table_intro, usage)
 from .source import CheckpointDescription, describe_checkpoint, pipeline_tag_for
@@ -221,8 +221,8 @@ def _prefix_record(source: Any) -> dict[str, Any] | None:
     """The record of the prefix correction beside a checkpoint folder's weights, if there is one."""
     if not isinstance(source, (str, os.PathLike)) or not Path(source).is_dir():
         return None
-    path = Path(source) / PREFIX_FILE
-    return PrefixFile(path).record if path.is_file() else None
+    found = find_prefix_file(source)
+    return found.record if found is not None else None
 
 
 def write_model_card(

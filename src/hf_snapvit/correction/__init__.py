@@ -47,11 +47,12 @@ from transformers import PreTrainedModel
 from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
 from ..calibration import calibration_batches
 from ..errors import CorrectionError
-from ..slicing import slice_model_
+from ..slicing import OUTPUT_KINDS, slice_model_
 
 from .config import CorrectionConfig, CorrectionSummary, LayerCorrection
 from .guard import final_outputs, guard_block, guard_model, split_held_out
-from .inputs import BlockInputs, HessianHook, capture_first_block_inputs, halve, model_inputs_of
+from .inputs import (BlockInputs, HessianHook, capture_first_block_inputs, halve, model_inputs_of, output_columns,
+                     output_projections)
 from .solve import compensate_removed_columns, damping_value, reconstruction_error, reconstruction_errors
 
 
@@ -106,14 +107,7 @@ def _calibration_inputs(model: nn.Module, spec, images_or_pixels: Any, processor
 
 
 def _layer_targets(layer: nn.Module, spec, heads: np.ndarray, neurons: np.ndarray):
-    attention = get_attention(layer, spec)
-    hd = head_dim(attention, spec)
-    columns = (np.asarray(heads, dtype=np.int64)[:, None] * hd + np.arange(hd)).reshape(-1)
-    mlp, variant = get_mlp(layer, spec)
-    return [
-        ("attention_output", get_projection(attention, spec.o_proj), columns),
-        ("ffn_output", get_projection(mlp, variant.out_proj), np.asarray(neurons, dtype=np.int64)),
-    ]
+    return list(zip(OUTPUT_KINDS, output_projections(layer, spec), output_columns(layer, spec, (heads, neurons))))
 
 
 def _check_keep(model: nn.Module, spec, keep: Sequence[tuple[Any, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:

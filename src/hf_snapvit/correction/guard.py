@@ -125,6 +125,14 @@ def _check_whole_model(model: nn.Module, spec, held_batches: Sequence[Any], proc
     return {**record, "held_out_error_uncorrected": float(plain.mean()), "standard_error": error, "kept": keep}
 
 
+def held_out_count(config: CorrectionConfig, num_batches: int) -> int:
+    """How many of ``num_batches`` calibration batches the guard holds out: ``held_out_fraction`` of them, at least
+    one and at most all but one (none without the guard)."""
+    if not config.guard:
+        return 0
+    return min(num_batches - 1, max(1, round(config.held_out_fraction * num_batches)))
+
+
 def split_held_out(inputs: list[BlockInputs], config: CorrectionConfig, num_images: int
                    ) -> tuple[list[BlockInputs], list[BlockInputs], list[BlockInputs]]:
     """``(fit, held-out through the dense model, held-out through the pruned model)``; both held-out lists are empty
@@ -136,7 +144,7 @@ def split_held_out(inputs: list[BlockInputs], config: CorrectionConfig, num_imag
             f"guard=True holds out part of the calibration images, so it needs at least 2; got {num_images}. Give more "
             "images, or set CorrectionConfig(guard=False)."
         )
-    num_held = min(len(inputs) - 1, max(1, round(config.held_out_fraction * len(inputs))))
+    num_held = held_out_count(config, len(inputs))
     held = inputs[len(inputs) - num_held:]
     pruned = [BlockInputs(item.hidden, item.args, item.kwargs, item.hidden_in_kwargs) for item in held]
     return inputs[:len(inputs) - num_held], held, pruned

@@ -1,16 +1,18 @@
 """What a block sees: calibration batches as model inputs, and the first block's captured inputs, which the
-correction then runs through the network one block at a time."""
+correction then runs through the network one block at a time; and the two layers of a block it corrects, with their
+input columns."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 import torch.nn as nn
 from huggingface_hub.utils import tqdm
 
-from ..architectures import get_layers
+from ..architectures import get_attention, get_layers, get_mlp, get_projection, head_dim
 from ..embedding import image_embedding
 from ..errors import CorrectionError
 from ..views import model_inputs, processor_inputs
@@ -59,6 +61,23 @@ class HessianHook:
 
     def hessian(self) -> torch.Tensor:
         return self.sum / max(self.count, 1)
+
+
+def output_projections(layer: nn.Module, spec) -> tuple[nn.Linear, nn.Linear]:
+    """A block's attention and FFN output projections (the layers whose input columns pruning removes)."""
+    mlp, variant = get_mlp(layer, spec)
+    return get_projection(get_attention(layer, spec), spec.o_proj), get_projection(mlp, variant.out_proj)
+
+
+def output_columns(layer: nn.Module, spec, units: tuple[Any, Any] | None) -> list[np.ndarray]:
+    """The input columns of the two output projections that a block's ``(heads, neurons)`` occupy, in that order
+    (each head its ``head_dim`` columns); ``None``: every unit, in stored order."""
+    width = head_dim(get_attention(layer, spec), spec)
+    attention, ffn = output_projections(layer, spec)
+    if units is None:
+        units = (np.arange(attention.in_features // width), np.arange(ffn.in_features))
+    heads, neurons = (np.asarray(u, dtype=np.int64) for u in units)
+    return [(heads[:, None] * width + np.arange(width)).reshape(-1), neurons]
 
 
 def capture_first_block_inputs(model: nn.Module, spec, batches: Sequence[Any], processor: Any,

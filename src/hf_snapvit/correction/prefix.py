@@ -27,12 +27,14 @@ import torch.nn as nn
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
+from ..architectures import get_attention, get_layers, get_spec, head_dim
 from ..calibration import calibration_batches
 from ..errors import CorrectionError
 from ..slicing import OUTPUT_KINDS
 from .config import CorrectionConfig
-from .inputs import HessianHook, capture_first_block_inputs, halve, model_inputs_of
+from .guard import held_out_count
+from .inputs import (HessianHook, capture_first_block_inputs, halve, model_inputs_of, output_columns,
+                     output_projections)
 from .solve import damped_cholesky
 
 #: The two column-pruned projections of a block, in the order :class:`PrefixCorrection` keeps them.
@@ -58,23 +60,6 @@ class PrefixFactors:
                                   f"columns keeps between 1 and {self.L.shape[0]}.")
         L = self.L[:kept, :kept].double()
         return torch.linalg.solve_triangular(L, self.WL[:, :kept].double(), upper=False, left=False)
-
-
-def output_projections(layer: nn.Module, spec) -> tuple[nn.Linear, nn.Linear]:
-    """A block's attention and FFN output projections (the layers whose input columns pruning removes)."""
-    mlp, variant = get_mlp(layer, spec)
-    return get_projection(get_attention(layer, spec), spec.o_proj), get_projection(mlp, variant.out_proj)
-
-
-def _column_orders(layer: nn.Module, spec, order: tuple[Any, Any] | None) -> list[np.ndarray]:
-    """The two projections' input columns in rank order, from the block's head and neuron orders (``None``: the
-    units are stored in rank order)."""
-    width = head_dim(get_attention(layer, spec), spec)
-    attention, ffn = output_projections(layer, spec)
-    if order is None:
-        order = (np.arange(attention.in_features // width), np.arange(ffn.in_features))
-    heads, neurons = (np.asarray(o, dtype=np.int64) for o in order)
-    return [(heads[:, None] * width + np.arange(width)).reshape(-1), neurons]
 
 
 def _factorise(linear: nn.Linear, hook: HessianHook, order: np.ndarray, config: CorrectionConfig) -> PrefixFactors:
@@ -143,8 +128,7 @@ class PrefixCorrection:
                                                       batch_size=config.batch_size, seed=config.seed, model=model)
             if config.guard and len(batches) == 1:
                 batches = halve(batches[0])  # the check still needs images the factors were not fitted on
-            num_held = min(len(batches) - 1, max(1, round(config.held_out_fraction * len(batches)))) \
-                if config.guard else 0
+            num_held = held_out_count(config, len(batches))
             parameter = next(model.parameters())
             held_out = [model_inputs_of(batch, processor, parameter.device, parameter.dtype)
                         for batch in batches[len(batches) - num_held:]] if num_held else []
@@ -156,7 +140,7 @@ class PrefixCorrection:
                                                disable=not show_progress)):
                 head_dims.append(head_dim(get_attention(layer, spec), spec))
                 targets = list(zip(output_projections(layer, spec),
-                                   _column_orders(layer, spec, None if orders is None else orders[block])))
+                                   output_columns(layer, spec, None if orders is None else orders[block])))
                 hooks = [HessianHook(linear) for linear, _ in targets]
                 try:
                     outputs = [item.call(layer) for item in inputs]
@@ -272,4 +256,4 @@ def correct_widths_(model: PreTrainedModel, source: Any) -> bool:
     return changed
 
 
-__all__ = ["KINDS", "PrefixCorrection", "applies_at", "PrefixFactors", "correct_widths_", "output_projections"]
+__all__ = ["KINDS", "PrefixCorrection", "PrefixFactors", "applies_at", "correct_widths_", "output_projections"]

@@ -25,10 +25,9 @@ from safetensors import safe_open
 from safetensors.torch import save
 
 from ..errors import CheckpointError, CorrectionError
-from ..files import atomic_file
+from ..files import PREFIX_FILE, atomic_file
 from .prefix import KINDS, PrefixFactors, applies_at
 
-PREFIX_FILE = "prefix_correction.safetensors"
 FORMAT_VERSION = 1
 # Relative distance of a layer's first column from the one the factors were made with: a bf16 re-save moves it by
 # about 0.4 %, training by a few percent or more.
@@ -124,7 +123,8 @@ class PrefixFile:
         L = unpack_lower(self._tensor(f"{block}.{kind}.lower", (size * (size + 1) // 2,), kept * (kept + 1) // 2),
                          kept)
         if not bool((torch.diagonal(L) > 0).all()):
-            raise CheckpointError(f"{self.path!r}: the factor of block {block} {kind} is not positive definite; {REFIT}.")
+            raise CheckpointError(f"{self.path!r}: the factor of block {block} {kind} is not positive definite; "
+                                  f"{REFIT}.")
         projected = self._tensor(f"{block}.{kind}.projected", (size, out), kept)
         return torch.linalg.solve_triangular(L.T, projected, upper=True).T
 
@@ -172,4 +172,5 @@ def prefix_file_for(source: str | os.PathLike, wanted: bool | None, hub_kwargs: 
     return found
 
 
-__all__ = ["prefix_file_for", "PREFIX_FILE", "PrefixFile", "find_prefix_file", "pack_lower", "unpack_lower", "write_prefix_file"]
+__all__ = ["PREFIX_FILE", "PrefixFile", "find_prefix_file", "pack_lower", "prefix_file_for", "unpack_lower",
+           "write_prefix_file"]
