@@ -17,6 +17,9 @@ pruning shows directly.
 
     python benchmarks/profile_latency.py --device cuda --shapes vit-b16 --precision bf16 --batch-sizes 1 32 256
     python benchmarks/profile_latency.py --device cpu --shapes vit-ti16 vit-s16 --batch-sizes 1 8
+
+``--mode compile`` (inductor) or ``--mode compile-graphs`` (CUDA graphs) profiles every model, dense included,
+compiled that way, so a compiled forward's time is grouped by kind as well.
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+import _latency_modes as modes  # noqa: E402
 import bench_gpu_latency  # noqa: E402
 import hf_snapvit  # noqa: E402
 from hf_snapvit.benchmark import dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
+from hf_snapvit.benchmark.latency import compiled_graph_room  # noqa: E402
 from hf_snapvit.files import write_text_atomic  # noqa: E402
 from hf_snapvit.latency_table import synchronize  # noqa: E402
 
@@ -49,15 +54,21 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # norm kernels "vectorized", dtype casts run in "elementwise_kernel<... direct_copy ...>", and aten::transpose is a
 # view while a kernel named "transpose" really moves data.
 _PATTERNS = (
+    # On a CPU inductor's fused C++ kernels (norms, pointwise) run inside the compiled graph's call, whose name ends
+    # in a hash that can spell anything; on CUDA its kernels are events of their own (triton_*).
+    ("elementwise", r"^## Call CompiledFxGraph \w+ ##$"),
     ("attention", r"scaled_dot_product|flash|fmha|efficient_attention|attention|sdpa|softmax"),
     ("norm", r"layer_?norm|group_?norm|batch_?norm|rms_?norm"),
     # Views and allocations launch no kernel; on a CPU their time is dispatcher overhead.
     ("other", r"^aten::(view|_unsafe_view|_reshape_alias|reshape|t|transpose|permute|expand|as_strided_?|slice|select"
               r"|narrow|flatten|unsqueeze|squeeze|split|chunk|unbind|detach|alias|empty|empty_like|empty_strided"
               r"|resize_|resolve_conj|resolve_neg|dropout|lift_fresh)$"),
-    ("copies", r"copy|memcpy|memset|^aten::(to|cat|stack|clone|contiguous)$|catarray|transpose|nchw|nhwc"),
-    ("gemm", r"gemm|gemv|cutlass|xmma|nvjet|cublas|splitk|conv|^aten::(mm|bmm|baddbmm|addmm|addmv|matmul|linear"
-             r"|_addmm_activation)$"),
+    # Layout conversions only: cuDNN's convolution kernels name their layout too ("..._fprop_..._nhwc_align8").
+    ("copies", r"copy|memcpy|memset|^aten::(to|cat|stack|clone|contiguous)$|catarray|transpose|nchw_?to_?nhwc"
+               r"|nhwc_?to_?nchw|^triton_poi_fused_(clone|cat)_\d+$"),
+    # triton_tem_*: inductor's matrix-multiply templates (max-autotune).
+    ("gemm", r"gemm|gemv|cutlass|xmma|nvjet|cublas|splitk|conv|fprop|^triton_tem_|^aten::(mm|bmm|baddbmm|addmm|addmv"
+             r"|matmul|linear|_addmm_activation)$"),
     ("elementwise", r"elementwise|gelu|relu|silu|tanh|sigmoid|activation|add|mul|div|sub|pow|sqrt|exp|erf|neg|fill"
                     r"|where|clamp|functor"),
 )
@@ -96,7 +107,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precision", choices=sorted(DTYPES), default=None,
                         help="weights and inputs cast to this (default: bf16 on cuda, fp32 on cpu)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32, 256])
-    parser.add_argument("--warmup", type=int, default=3, help="untimed forwards per model and batch size")
+    parser.add_argument("--mode", choices=modes.MODES, default="eager",
+                        help="how every model runs, dense included: eager, torch.compile (inductor) or torch.compile "
+                             "with CUDA graphs (mode='reduce-overhead'; CUDA only)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed forwards per model and batch size (compiled: "
+                                                              "at least 1, or 3 with CUDA graphs)")
     parser.add_argument("--steps", type=int, default=10, help="profiled forwards per model and batch size")
     parser.add_argument("--repeats", type=int, default=20,
                         help="timed forwards per model and batch size, outside the profiler (median reported)")
@@ -107,6 +122,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.precision is None:
         args.precision = "bf16" if torch.device(args.device).type == "cuda" else "fp32"
+    reason = modes.skip_reason(args.mode, args.device)
+    if reason is not None:
+        parser.error(f"--mode {args.mode}: {reason}")
+    args.warmup = max(args.warmup, modes.MIN_WARMUP[args.mode])
     return args
 
 
@@ -185,25 +204,41 @@ def profile_shape(shape: str, args: argparse.Namespace) -> tuple[list[dict[str, 
         sliced = model if sparsity == 0 else sliced_copy(model, ranking, sparsity, width_multiple=args.width_multiple)
         models[f"{sparsity:g}"] = sliced.to(device=device, dtype=DTYPES[args.precision]).eval()
         counts[f"{sparsity:g}"] = ranking.keep_counts(sparsity, width_multiple=args.width_multiple)
-    wall = measure_latency(models, args.batch_sizes, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+    options = modes.compile_options(args.mode)
+    if options is not None:
+        models = {name: torch.compile(sliced, dynamic=False, **options) for name, sliced in models.items()}
+    # One graph per model and batch size; fail rather than run some of them eagerly past dynamo's limit.
+    with compiled_graph_room(len(models) * len(args.batch_sizes)):
+        wall = measure_latency(models, args.batch_sizes, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+        rows = _profile_rows(shape, models, counts, dense_counts, wall, args)
+    del models
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows, [s for s in args.sparsities if s > limit]
+
+
+def _profile_rows(shape: str, models: dict[str, torch.nn.Module], counts: dict[str, Any], dense_counts: Any,
+                  wall: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Profile every model (named by its sparsity) at every batch size: one row each, with its wall time."""
+    device = torch.device(args.device)
     rows = []
     for batch in args.batch_sizes:
         for name, sliced in models.items():
-            inputs = {k: v.to(device, dtype=DTYPES[args.precision] if v.is_floating_point() else v.dtype)
-                      for k, v in dummy_inputs(sliced, batch, seed=args.seed).items()}
+            # Inference tensors, as measure_latency makes them: a compiled graph guards on the kind of tensor.
+            with torch.inference_mode():
+                inputs = {k: v.to(device, dtype=DTYPES[args.precision] if v.is_floating_point() else v.dtype)
+                          for k, v in dummy_inputs(sliced, batch, seed=args.seed).items()}
             profiled = profile_forwards(sliced, inputs, args.steps, args.warmup, device)
             kept = counts[name]
             wall_ms = wall[name][str(batch)]["median_ms"]
-            rows.append({"shape": shape, "precision": args.precision, "width_multiple": args.width_multiple,
+            rows.append({"shape": shape, "mode": args.mode, "precision": args.precision,
+                         "width_multiple": args.width_multiple,
                          "sparsity": float(name), "realised_sparsity": kept.sparsity, "batch_size": batch,
                          "gflops": kept.gflops, "gflop_ratio": kept.gflops / dense_counts.gflops,
                          "heads_ratio": sum(kept.heads) / sum(dense_counts.heads),
                          "neurons_ratio": sum(kept.neurons) / sum(dense_counts.neurons),
                          "wall_ms": wall_ms, **profiled, "gaps_ms": wall_ms - profiled["busy_ms"]})
-    del models
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return rows, [s for s in args.sparsities if s > limit]
+    return rows
 
 
 def add_shares_and_ratios(rows: list[dict[str, Any]]) -> None:

@@ -53,6 +53,19 @@ NAMES = {
     "void at::native::(anonymous namespace)::CatArrayBatchedCopy_contig<at::native::(anonymous namespace)::"
     "OpaqueType<2u>, unsigned int, 3, 128, 1>": "copies",
     "void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16, __nv_bfloat16, float, false, true>": "copies",
+    # The patch embedding's convolution on the H100 (cuDNN names the layout; only a conversion kernel is a copy).
+    "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized_bf16_128x128_32x5_nhwc_align8>"
+    "(cutlass_tensorop_bf16_s16816fprop_optimized_bf16_128x1": "gemm",
+    # Inductor's kernels (torch.compile), named after the ops they fuse.
+    "triton_per_fused_add_native_layer_norm_3": "norm",
+    "triton_red_fused_native_layer_norm_0": "norm",
+    "triton_poi_fused_gelu_4": "elementwise",
+    "triton_poi_fused_add_1": "elementwise",
+    "triton_poi_fused_clone_2": "copies",
+    "triton_poi_fused_cat_0": "copies",
+    "triton_tem_fused_addmm_5": "gemm",
+    # On a CPU the compiled graph's fused kernels run inside its call; the hash must not decide the kind.
+    "## Call CompiledFxGraph f6usj4lsftanhxfzconvgemmsdpa ##": "elementwise",
     "aten::transpose": "other",  # a view: no data moves
     "aten::view": "other",
     "aten::empty": "other",
@@ -149,3 +162,25 @@ def test_sparsities_beyond_the_floors_are_skipped_and_recorded(tmp_path):
     report = json.loads(output.read_text())
     assert report["skipped_sparsities"] == {"tiny": [0.9]}
     assert [r["sparsity"] for r in report["rows"]] == [0.0] and report["settings"]["precision"] == "fp32"
+
+
+def test_a_compiled_profile_runs_every_model_compiled_and_groups_inductor_kernels(tmp_path):
+    from torch._dynamo.utils import counters
+
+    output = tmp_path / "profile.json"
+    before = int(counters["stats"]["unique_graphs"])
+    assert script.main(["--device", "cpu", "--shapes", "tiny", "--batch-sizes", "1", "2", "--steps", "1",
+                        "--repeats", "1", "--warmup", "0", "--mode", "compile", "--output", str(output)]) == 0
+    report = json.loads(output.read_text())
+    # Dense and 50 % at two batch sizes: four static graphs, none run eagerly.
+    assert int(counters["stats"]["unique_graphs"]) - before == 4
+    assert report["settings"]["mode"] == "compile" and report["settings"]["warmup"] == 1  # compiled before timing
+    assert {r["mode"] for r in report["rows"]} == {"compile"} and len(report["rows"]) == 4
+    for row in report["rows"]:  # inductor's fused kernels, not only aten ops
+        assert any(name.startswith("## Call CompiledFxGraph") for name, _ in row["kinds"]["elementwise"]["top"])
+    assert all(row["kinds"]["gemm"]["ms"] > 0 for row in report["rows"])
+
+
+def test_cuda_graphs_are_refused_without_cuda():
+    with pytest.raises(SystemExit):
+        script.parse_args(["--device", "cpu", "--mode", "compile-graphs"])

@@ -1,0 +1,42 @@
+#!/bin/bash
+# The GPU checks of issues 29 and 31 in one call of the GPU machine, most important first; every step is capped with
+# `timeout` and the results are packed into $OUT/results.tar after each step, so a call cut short still returns what
+# finished. Run from the repository root. On the GPU machine (../shared/docs/gpu-device.md) bring the wheels in .whl/
+# and the first rows of the shared train parquet as .gpu/train.parquet; STEPS picks and orders the steps, T<n> caps
+# step n in seconds. On a CPU, `DEV=cpu B=tiny S=tiny OUT=/tmp/out` runs the same steps on a tiny model (a dry run).
+#
+#   STEPS="2 4 5 3 1" bash benchmarks/h100_checks.sh 2>&1 | tee $OUT/log.txt     # what ran on 2026-11-26
+set -o pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+DEV=${DEV:-cuda}; B=${B:-vit-b16}; S=${S:-vit-s16}; OUT=${OUT:-/tmp/out}; R=${R:-/tmp/r}
+mkdir -p "$OUT" "$R"
+if [ "$DEV" = cuda ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site:$PWD/src
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu --format=csv
+fi
+python3 -c "import torch, transformers, hf_snapvit; print(torch.__version__, transformers.__version__)" || exit 1
+save() { tar -cf "$OUT/results.tar" -C "$R" . ; echo "== step $1 rc=$2 at $SECONDS s"; }
+# Compiled latency runs: bf16, widths multiples of 64, without the switchable model (it recompiles once per size).
+LATENCY=(python3 benchmarks/bench_gpu_latency.py --device "$DEV" --precisions bf16 --multiples 64 --no-switchable)
+for step in ${STEPS:-2 4 5 3 1 6 7 8}; do case $step in
+1) timeout "${T1:-150}" python3 benchmarks/bench_gpu_latency.py --device "$DEV" --shapes "$B" "$S" --precisions bf16 \
+     fp16 --modes eager --multiples 64 --output "$R/gpu_latency_eager.json" --plot "$R/gpu_latency_eager.png" ;;
+2) timeout "${T2:-90}" python3 benchmarks/profile_latency.py --device "$DEV" --shapes "$B" --precision bf16 \
+     --batch-sizes 1 32 256 --sparsities 0.5 --output "$R/profile_latency.json" ;;
+3) timeout "${T3:-120}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default fast \
+     --precisions bf16 --data .gpu/train.parquet --output "$R/ranking_time.json" ;;
+4) timeout "${T4:-200}" "${LATENCY[@]}" --shapes "$B" --modes compile --batch-sizes 256 \
+     --output "$R/gpu_latency_compile_b256.json" --plot "$R/gpu_latency_compile_b256.png" ;;
+5) timeout "${T5:-200}" "${LATENCY[@]}" --shapes "$B" --modes compile-graphs --batch-sizes 1 \
+     --output "$R/gpu_latency_graphs_b1.json" --plot "$R/gpu_latency_graphs_b1.png" ;;
+6) timeout "${T6:-200}" "${LATENCY[@]}" --shapes "$B" --modes compile-graphs --batch-sizes 32 \
+     --output "$R/gpu_latency_graphs_b32.json" --plot "$R/gpu_latency_graphs_b32.png" ;;
+7) timeout "${T7:-300}" "${LATENCY[@]}" --shapes "$S" --modes compile compile-graphs --batch-sizes 1 256 \
+     --output "$R/gpu_latency_compiled_small.json" --plot "$R/gpu_latency_compiled_small.png" ;;
+8) timeout "${T8:-200}" python3 benchmarks/profile_latency.py --device "$DEV" --shapes "$B" --precision bf16 \
+     --batch-sizes 32 256 --sparsities 0.5 --mode compile --output "$R/profile_latency_compile.json" ;;
+*) echo "unknown step $step"; continue ;;
+esac; save "$step" $?; done
+ls -la "$R"
