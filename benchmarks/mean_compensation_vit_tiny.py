@@ -30,7 +30,8 @@ from transformers import AutoImageProcessor, AutoModelForImageClassification
 from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec
 from hf_snapvit.architectures.registry import get_projection, head_dim
 from hf_snapvit.benchmark import hardware_info, sliced_copy
-from hf_snapvit.evaluation import knn_accuracy, top1_accuracy
+from hf_snapvit.data import to_rgb
+from hf_snapvit.evaluation import knn_accuracy, load_split, top1_accuracy
 from hf_snapvit.files import write_text_atomic
 from hf_snapvit.ranking import ElasticRanking
 
@@ -110,18 +111,44 @@ def zero_training_arguments(doc: str, output: str, sparsities: list[float], num_
     return parser
 
 
+#: Seeds of the train-split draws: the k-NN bank (as every ViT-Tiny table) and the calibration images.
+BANK_SEED, CALIBRATION_SEED = 1, 7
+
+
+def calibration_rows(data: str, count: int, bank_count: int) -> tuple[object, list[int]]:
+    """``count`` train rows drawn with :data:`CALIBRATION_SEED` from those the k-NN bank (the first ``bank_count``
+    of the split shuffled with :data:`BANK_SEED`, as ``load_split`` draws it) does not hold: images fitted on must
+    not be the bank's, or the bank's features would be the ones fitted. Returns the rows and their split indices."""
+    train = load_split(data, "train")
+    train = train.add_column("row", list(range(len(train))))
+    bank = set(train.shuffle(seed=BANK_SEED).select(range(min(bank_count, len(train))))["row"]) if bank_count else set()
+    rest = train.filter(lambda row: row not in bank, input_columns="row")
+    rows = rest.shuffle(seed=CALIBRATION_SEED).select(range(min(count, len(rest))))
+    return rows, list(rows["row"])
+
+
 def zero_training_setup(args: argparse.Namespace) -> dict:
     """The model, its ranking and the images of a zero-training screen: validation images and the k-NN bank (seeds 0
     and 1, as every ViT-Tiny table; none when their count is 0), and calibration images from the train split that are
-    not in the bank (seed 7)."""
+    not in the bank (:func:`calibration_rows`)."""
     transformers.utils.logging.set_verbosity_error()
     model = AutoModelForImageClassification.from_pretrained(args.model).eval()
     processor = AutoImageProcessor.from_pretrained(args.model)
     val = pixels_and_labels(args.data, "validation", args.num_val, 0, processor) if args.num_val else None
-    bank = pixels_and_labels(args.data, "train", args.num_bank, 1, processor) if args.num_bank else None
-    calibration, _ = pixels_and_labels(args.data, "train", args.num_calibration, 7, processor)
+    bank = pixels_and_labels(args.data, "train", args.num_bank, BANK_SEED, processor) if args.num_bank else None
+    rows, _ = calibration_rows(args.data, args.num_calibration, args.num_bank)
+    calibration = processor(images=[to_rgb(image) for image in rows["image"]], return_tensors="pt")["pixel_values"]
     return {"model": model, "ranking": stored_ranking(args.ranking, model), "val": val, "bank": bank,
-            "calibration": calibration}
+            "calibration": calibration,
+            "calibration_draw": f"{len(rows)} train images (seed {CALIBRATION_SEED}) not in the k-NN bank"}
+
+
+def run_record(script: str, argv: list[str] | None, args: argparse.Namespace, setup: dict) -> dict:
+    """What every zero-training screen's JSON starts with: hardware, the command, the ranking and the image draws."""
+    command = ["python", f"benchmarks/{script}", *(argv if argv is not None else sys.argv[1:])]
+    return {"hardware": hardware_info(), "command": " ".join(command), "ranking": args.ranking.name,
+            "num_calibration": args.num_calibration, "calibration": setup["calibration_draw"],
+            "num_val": args.num_val, "num_bank": args.num_bank}
 
 
 def scores(model: nn.Module, val: tuple, bank: tuple) -> dict[str, float]:
@@ -142,8 +169,7 @@ def main(argv: list[str] | None = None) -> None:
             sliced = sliced_copy(base, ranking, sparsity)
             rows.append({"sparsity": sparsity, "variant": variant, **scores(sliced, setup["val"], setup["bank"])})
             print(rows[-1], flush=True)
-    results = {"hardware": hardware_info(), "ranking": args.ranking.name, "num_calibration": args.num_calibration,
-               "num_val": args.num_val, "num_bank": args.num_bank, "rows": rows}
+    results = {**run_record("mean_compensation_vit_tiny.py", argv, args, setup), "rows": rows}
     write_text_atomic(args.output, json.dumps(results, indent=2))
     print(f"wrote {args.output}")
 

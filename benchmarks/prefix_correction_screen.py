@@ -20,13 +20,14 @@ import sys
 import time
 from pathlib import Path
 
-from hf_snapvit.benchmark import hardware_info, sliced_copy
+from hf_snapvit.benchmark import sliced_copy
 from hf_snapvit.correction import CorrectionConfig
 from hf_snapvit.correction.prefix import KINDS, PrefixCorrection
 from hf_snapvit.files import write_text_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mean_compensation_vit_tiny import scores, zero_training_arguments, zero_training_setup  # noqa: E402
+from mean_compensation_vit_tiny import (  # noqa: E402
+    run_record, scores, zero_training_arguments, zero_training_setup)
 
 VARIANTS = {"plain": (), "both": KINDS, "ffn": ("ffn_output",), "attention": ("attention_output",)}
 
@@ -54,8 +55,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append({"sparsity": sparsity, "variant": variant, **scores(sliced, setup["val"], setup["bank"]),
                          "correct_and_slice_seconds": seconds})
             print(rows[-1], flush=True)
-    results = {"hardware": hardware_info(), "ranking": args.ranking.name, "num_calibration": args.num_calibration,
-               "damping_fraction": args.damping_fraction, "num_val": args.num_val, "num_bank": args.num_bank,
+    results = {**run_record("prefix_correction_screen.py", argv, args, setup), "damping_fraction": args.damping_fraction,
                "width_multiple": args.width_multiple, "fit_seconds": correction.seconds, "rows": rows}
     write_text_atomic(args.output, json.dumps(results, indent=2))
     print(f"wrote {args.output}")

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import hf_snapvit as hs
 from hf_snapvit import ElasticViTModel
-from hf_snapvit.benchmark import hardware_info
 from hf_snapvit.correction import CorrectionConfig
 from hf_snapvit.files import write_text_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mean_compensation_vit_tiny import scores, zero_training_arguments, zero_training_setup  # noqa: E402
+from mean_compensation_vit_tiny import (  # noqa: E402
+    run_record, scores, zero_training_arguments, zero_training_setup)
 
 #: variant -> the add_prefix_correction guard setting (None: no correction, the plain slice)
 VARIANTS = {"plain": None, "checked": True, "every-size": False}
@@ -57,8 +57,7 @@ def main(argv: list[str] | None = None) -> None:
                              "corrected": getattr(sliced.config, "elastic_correction", None) is not None,
                              "load_seconds": seconds})
                 print(rows[-1], flush=True)
-    results = {"hardware": hardware_info(), "ranking": args.ranking.name, "num_calibration": args.num_calibration,
-               "num_val": args.num_val, "num_bank": args.num_bank, "records": records, "rows": rows}
+    results = {**run_record("prefix_correction_vit_tiny.py", argv, args, setup), "records": records, "rows": rows}
     write_text_atomic(args.output, json.dumps(results, indent=2))
     print(f"wrote {args.output}")
 

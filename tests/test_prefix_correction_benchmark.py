@@ -10,7 +10,7 @@ import pytest
 
 from hf_snapvit.correction.prefix import applies_at
 
-from helpers import SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, load_benchmark, requires_shared
+from helpers import SHARED, SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, load_benchmark, requires_shared
 
 ACCURACY = load_benchmark("prefix_correction_vit_tiny")
 SWITCH = load_benchmark("prefix_correction_switch_time")
@@ -45,3 +45,18 @@ def test_the_switch_timing_compares_plain_and_corrected_switches(tmp_path):
     assert [r["sparsity"] for r in result["rows"]] == [0.3]
     assert result["rows"][0]["plain_seconds"] > 0 and result["rows"][0]["corrected_seconds"] > 0
     assert 0.5 < result["file_bytes"]["prefix_correction.safetensors"] / result["file_bytes"]["model.safetensors"] < 2
+
+
+@requires_shared(SHARED_TRAIN)
+def test_calibration_images_are_never_images_of_the_knn_bank():
+    from hf_snapvit.evaluation import load_split
+
+    zero_training = load_benchmark("mean_compensation_vit_tiny")
+    data = str(SHARED.joinpath(*SHARED_TRAIN).parent)
+    bank = {image.tobytes() for image in load_split(data, "train", num_samples=300, seed=1)["image"]}
+    rows, indices = zero_training.calibration_rows(data, 1000, 300)
+    assert len(rows) == 1000 and len(set(indices)) == 1000
+    assert not bank & {image.tobytes() for image in rows["image"]}
+    # An independent draw, as before, shares images with the bank: the check above can fail.
+    independent = load_split(data, "train", num_samples=1000, seed=7)["image"]
+    assert bank & {image.tobytes() for image in independent}
