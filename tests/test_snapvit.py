@@ -215,3 +215,14 @@ def test_cka_matrix_properties_and_search_init():
     assert np.linalg.eigvalsh(cka_covariance(model, pixels)).min() > 0
     _, ranking = fit(model, covariance="cka")
     assert ranking.provenance["settings"]["covariance"] == "cka"
+
+
+def test_per_image_similarities_average_to_the_fitness_loss():
+    model = CASE["vit"].build()
+    fitness = EmbeddingFitness(model, torch.randn(5, 3, 32, 32), sparsities=(0.1, 0.3, 0.6), pca_components=4)
+    ranking = hs.rank(model, method="random", seed=3)
+    per_image = fitness.image_similarities(ranking)
+    assert per_image.shape == (3, 5) and bool((per_image <= 1 + 1e-6).all())
+    assert torch.allclose(per_image.mean(1), fitness.similarities(ranking), atol=1e-6)
+    assert fitness.loss(ranking) == pytest.approx(1 - per_image.mean().item(), abs=1e-6)
+    assert per_image.std(1).min() > 0  # images differ: what the noise measurement reads

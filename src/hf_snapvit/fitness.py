@@ -128,9 +128,18 @@ class EmbeddingFitness:
         return torch.stack([self._similarity(ranking, min(s, limit)) for s in self.sparsities])
 
     def _similarity(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
+        return self._image_similarities(ranking, sparsity).mean()
+
+    def _image_similarities(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
         counts = ranking.keep_counts(sparsity, width_multiple=self.width_multiple)
         pruned = self.project(self.embed(ranking.keep_indices(counts)))
-        return F.cosine_similarity(pruned, self.target, dim=1).mean()
+        return F.cosine_similarity(pruned, self.target, dim=1)
+
+    def image_similarities(self, ranking: ElasticRanking) -> torch.Tensor:
+        """``[len(sparsities), N]`` cosine similarity of each fitness image at each sparsity (float32, on the
+        device): what :meth:`similarities` averages, kept per image to measure the fitness's noise."""
+        limit = ranking.max_sparsity_for(self.width_multiple)
+        return torch.stack([self._image_similarities(ranking, min(s, limit)) for s in self.sparsities])
 
     def similarity(self, ranking: ElasticRanking, sparsity: float) -> float:
         """Mean cosine similarity of the PCA projections at one sparsity."""
