@@ -367,3 +367,45 @@ def test_the_elastic_card_says_where_the_stored_correction_applies(tmp_path):
     assert f"A check on {record['num_held_out_images']} held-out images" in card
     helped = [s for s in record["sizes"] if s["kept"]]
     assert helped and all(percent(s['sparsity']) in card for s in helped)
+
+
+def hub_cache_copy(folder, cache, repo="acme/elastic-vit", commit="0" * 40):
+    """``folder`` as huggingface_hub caches a downloaded repository: what an offline load of ``repo`` reads."""
+    import shutil
+
+    root = cache / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(folder, root / "snapshots" / commit)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(commit)
+    return root, commit
+
+
+def test_an_offline_load_warns_when_it_cannot_tell_whether_the_repository_has_a_correction(tmp_path):
+    import warnings
+
+    folder, _, _ = corrected_checkpoint(tmp_path, FAST["vit"])
+    (folder / PREFIX_FILE).unlink()  # cached without its correction: as if only the other files were downloaded
+    root, commit = hub_cache_copy(folder, tmp_path / "cache")
+    load = dict(sparsity=0.3, cache_dir=tmp_path / "cache", local_files_only=True)
+    with pytest.warns(UserWarning, match=f"Could not check whether 'acme/elastic-vit' has a {PREFIX_FILE}"):
+        model = ElasticViTModel.from_pretrained("acme/elastic-vit", **load)
+    assert getattr(model.config, "elastic_correction", None) is None  # the plain slice
+    # The Hub said earlier that the repository has none (huggingface_hub keeps that in .no_exist): no warning.
+    (root / ".no_exist" / commit).mkdir(parents=True)
+    (root / ".no_exist" / commit / PREFIX_FILE).touch()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Could not check")
+        ElasticViTModel.from_pretrained("acme/elastic-vit", **load)
+    # A local folder without the file is simply uncorrected.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Could not check")
+        ElasticViTModel.from_pretrained(folder, sparsity=0.3)
+
+
+def test_an_offline_load_finds_a_cached_correction(tmp_path):
+    folder, _, _ = corrected_checkpoint(tmp_path, FAST["vit"])
+    hub_cache_copy(folder, tmp_path / "cache")
+    model = ElasticViTModel.from_pretrained("acme/elastic-vit", sparsity=0.3, cache_dir=tmp_path / "cache",
+                                            local_files_only=True)
+    local = ElasticViTModel.from_pretrained(folder, sparsity=0.3)
+    assert model.config.elastic_correction == local.config.elastic_correction and local.config.elastic_correction

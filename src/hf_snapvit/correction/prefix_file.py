@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -141,13 +142,32 @@ class PrefixFile:
 
 
 def find_prefix_file(path_or_repo_id: str | os.PathLike, **hub_kwargs: Any) -> PrefixFile | None:
-    """The checkpoint's prefix correction, or ``None`` if it has none (or the Hub cannot be reached)."""
+    """The checkpoint's prefix correction, or ``None`` if it has none. A Hub checkpoint whose file can be neither
+    found nor known to be absent (offline, or the Hub unreachable, and the file not in the cache) warns that its
+    sizes load uncorrected if it has one."""
     from transformers.utils import cached_file
 
+    given = {k: v for k, v in hub_kwargs.items() if v is not None}
     path = cached_file(path_or_repo_id, PREFIX_FILE, _raise_exceptions_for_missing_entries=False,
-                       _raise_exceptions_for_connection_errors=False,
-                       **{k: v for k, v in hub_kwargs.items() if v is not None})
-    return PrefixFile(path) if path else None
+                       _raise_exceptions_for_connection_errors=False, **given)
+    if path:
+        return PrefixFile(path)
+    if not Path(path_or_repo_id).is_dir() and not _known_absent(str(path_or_repo_id), given):
+        warnings.warn(f"Could not check whether {str(path_or_repo_id)!r} has a {PREFIX_FILE} (offline or the Hub "
+                      "unreachable, and the file is not in the cache): if it has one, this load is not corrected. "
+                      "Load once online, or download the file into the cache, to use it.", stacklevel=3)
+    return None
+
+
+def _known_absent(repo_id: str, given: dict[str, Any]) -> bool:
+    """Whether the cache records that the repository has no prefix correction (the Hub answered so earlier)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    filename = f"{given['subfolder']}/{PREFIX_FILE}" if given.get("subfolder") else PREFIX_FILE
+    found = try_to_load_from_cache(repo_id, filename, cache_dir=given.get("cache_dir"),
+                                   revision=given.get("revision"))
+    # A path: cached; None: unknown; anything else is huggingface_hub's marker of a file known not to exist.
+    return found is not None and not isinstance(found, str)
 
 
 def prefix_file_for(source: str | os.PathLike, wanted: bool | None, hub_kwargs: dict[str, Any],
