@@ -241,7 +241,7 @@ def test_stale_missing_and_corrupt_factors_are_refused_naming_the_fix(tmp_path):
 # ----------------------------------------------------------------------------------------------- the size check
 from hf_snapvit.correction.guard import distances  # noqa: E402
 from hf_snapvit.correction.prefix_sizes import agreement, neighbours, outputs_of  # noqa: E402
-from hf_snapvit.correction.prefix import applies_at  # noqa: E402
+from hf_snapvit.correction.prefix import applies_at, first_band  # noqa: E402
 
 
 def split_draw(total=40, batch_size=8, seed=0):
@@ -256,9 +256,19 @@ def split_draw(total=40, batch_size=8, seed=0):
 def test_applies_at_needs_help_on_both_sides_and_nothing_beyond_the_last_checked_size():
     record = {"sizes": [{"sparsity": s, "kept": k} for s, k in ((0.1, True), (0.2, True), (0.3, False),
                                                                  (0.4, True))]}
+    # 0.4 helped on its own check, but past 0.3, where the correction did not help: not trusted.
     assert [applies_at(record, s) for s in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45)] == \
-        [True, True, True, True, False, False, False, True, False]
+        [True, True, True, True, False, False, False, False, False]
+    late = {"sizes": [{"sparsity": s, "kept": k} for s, k in ((0.1, False), (0.2, True), (0.3, True), (0.4, False))]}
+    assert [applies_at(late, s) for s in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35)] == \
+        [False, False, False, True, True, True, False]
     assert applies_at({"method": "prefix"}, 0.9)  # not checked: every size
+
+
+def test_the_first_band_keeps_the_first_run_of_helped_sizes_only():
+    assert first_band([False, True, True, False, True, True]) == [False, True, True, False, False, False]
+    assert first_band([True, True]) == [True, True] and first_band([False, False]) == [False, False]
+    assert first_band([]) == []
 
 
 def test_the_size_check_turns_the_correction_off_where_it_does_not_carry_over(tmp_path):

@@ -33,7 +33,8 @@ def test_the_benchmark_loads_corrected_sizes_exactly_where_the_check_applies_the
         if not row["corrected"]:  # the plain slice, so the same scores
             assert (row["top1"], row["knn_top1"]) == (plain["top1"], plain["knn_top1"])
     applied = [applies_at(record, s["sparsity"]) for s in record["sizes"]]
-    assert applied == [s["kept"] for s in record["sizes"]]  # at a checked size, its own verdict
+    assert applied == [s["kept"] for s in record["sizes"]]  # at a checked size, its recorded verdict
+    assert all(s["helped"] for s in record["sizes"] if s["kept"])  # corrected only where its own check passed
 
 
 @pytest.mark.slow

@@ -220,17 +220,32 @@ class PrefixCorrection:
                 linear.weight.copy_(new)
 
 
+def first_band(helped: Sequence[bool]) -> list[bool]:
+    """Of the checked sizes in order of sparsity, those in the first run where the correction helped: the factors
+    fit the dense model's inputs, which drift further from a size's own the more it prunes, so past a size where the
+    correction did not help a larger one is not trusted either (a held-out check of a few hundred images can pass
+    there by chance; on the shared ViT-Tiny such sizes lost k-NN accuracy on the validation images)."""
+    band, started, ended = [], False, False
+    for flag in helped:
+        ended = ended or (started and not flag)
+        started = started or flag
+        band.append(bool(flag) and not ended)
+    return band
+
+
 def applies_at(record: dict[str, Any], sparsity: float) -> bool:
     """Whether the prefix correction described by ``record`` applies to a model of ``sparsity``.
 
     Without a size check (``record["sizes"]`` absent) it applies at every size. Otherwise the checked sparsities
     bracket the one asked for, and it applies only where the correction helped at both (at the nearest one, below the
-    first checked size); beyond the last checked size it does not apply.
+    first checked size), within the first run of checked sizes it helped (:func:`first_band`); beyond the last
+    checked size it does not apply.
     """
     sizes = record.get("sizes")
     if sizes is None:
         return True
-    helped = sorted((float(s["sparsity"]), bool(s["kept"])) for s in sizes)
+    checked = sorted((float(s["sparsity"]), bool(s["kept"])) for s in sizes)
+    helped = list(zip([s for s, _ in checked], first_band([kept for _, kept in checked])))
     below = [kept for s, kept in helped if s <= sparsity + 1e-6]
     above = [kept for s, kept in helped if s >= sparsity - 1e-6]
     if not above:

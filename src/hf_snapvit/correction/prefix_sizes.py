@@ -9,6 +9,7 @@ held-out images each image's embedding has as its nearest neighbours (the share 
 keeps: what retrieval and k-NN read, and what the squared error misses), and, where the model has a classifier, its
 class distributions (KL divergence). The correction counts as helping only when, on each of them, its mean per-image
 gain exceeds :data:`~hf_snapvit.correction.guard.EVIDENCE` standard errors.
+Only the first run of sizes where it helps is corrected (:func:`~hf_snapvit.correction.prefix.first_band`), and
 :func:`~hf_snapvit.correction.prefix.applies_at` turns the grid into the decision for any size.
 """
 
@@ -28,7 +29,7 @@ from ..slicing import prefixes, slice_model_
 from ..embedding import image_embedding, pooled_embedding
 from .guard import EVIDENCE, distances, final_outputs
 from .inputs import model_inputs_of
-from .prefix import PrefixCorrection
+from .prefix import PrefixCorrection, first_band
 
 #: Sparsities checked by default: every 5 % up to the ranking's maximum.
 GRID_STEP = 0.05
@@ -126,8 +127,12 @@ def check_sizes(correction: PrefixCorrection, model: PreTrainedModel, ranking: A
         errors = {measure: float(gain.std() / len(gain) ** 0.5) if len(gain) > 1 else 0.0
                   for measure, gain in per_image.items()}
         sizes.append({"sparsity": float(counts.sparsity), "requested": float(sparsity), "gain": gains,
-                      "standard_error": errors, "kept": all(gains[m] > EVIDENCE * errors[m] for m in gains)})
+                      "standard_error": errors, "helped": all(gains[m] > EVIDENCE * errors[m] for m in gains)})
         del plain, corrected
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i]["sparsity"])
+    # "kept": corrected at this size; "helped": what its own check said (first_band says why they can differ).
+    for i, kept in zip(order, first_band([sizes[i]["helped"] for i in order])):
+        sizes[i]["kept"] = kept
     correction.sizes = sizes
     return sizes
 
