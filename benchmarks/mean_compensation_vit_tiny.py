@@ -115,16 +115,15 @@ def zero_training_arguments(doc: str, output: str, sparsities: list[float], num_
 BANK_SEED, CALIBRATION_SEED = 1, 7
 
 
-def calibration_rows(data: str, count: int, bank_count: int) -> tuple[object, list[int]]:
+def calibration_rows(data: str, count: int, bank_count: int) -> object:
     """``count`` train rows drawn with :data:`CALIBRATION_SEED` from those the k-NN bank (the first ``bank_count``
     of the split shuffled with :data:`BANK_SEED`, as ``load_split`` draws it) does not hold: images fitted on must
-    not be the bank's, or the bank's features would be the ones fitted. Returns the rows and their split indices."""
+    not be the bank's, or the bank's features would be the ones fitted. Each row keeps its split index (``row``)."""
     train = load_split(data, "train")
     train = train.add_column("row", list(range(len(train))))
     bank = set(train.shuffle(seed=BANK_SEED).select(range(min(bank_count, len(train))))["row"]) if bank_count else set()
     rest = train.filter(lambda row: row not in bank, input_columns="row")
-    rows = rest.shuffle(seed=CALIBRATION_SEED).select(range(min(count, len(rest))))
-    return rows, list(rows["row"])
+    return rest.shuffle(seed=CALIBRATION_SEED).select(range(min(count, len(rest))))
 
 
 def zero_training_setup(args: argparse.Namespace) -> dict:
@@ -136,7 +135,7 @@ def zero_training_setup(args: argparse.Namespace) -> dict:
     processor = AutoImageProcessor.from_pretrained(args.model)
     val = pixels_and_labels(args.data, "validation", args.num_val, 0, processor) if args.num_val else None
     bank = pixels_and_labels(args.data, "train", args.num_bank, BANK_SEED, processor) if args.num_bank else None
-    rows, _ = calibration_rows(args.data, args.num_calibration, args.num_bank)
+    rows = calibration_rows(args.data, args.num_calibration, args.num_bank)
     calibration = processor(images=[to_rgb(image) for image in rows["image"]], return_tensors="pt")["pixel_values"]
     return {"model": model, "ranking": stored_ranking(args.ranking, model), "val": val, "bank": bank,
             "calibration": calibration,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import shutil
 import sys
 import types
 from dataclasses import dataclass
@@ -170,6 +171,17 @@ def sliced_model(folder, case: Case, **kwargs) -> transformers.PreTrainedModel:
 SHARED_MODEL = ("models", "vit-tiny-tinyimagenet")
 SHARED_TRAIN = ("data", "tiny-imagenet-200", "train.parquet")
 SHARED_VALIDATION = ("data", "tiny-imagenet-200", "validation.parquet")
+
+
+def hub_cache_copy(folder: Path, cache: Path, repo: str, commit: str = "0" * 40) -> tuple[Path, str]:
+    """``folder`` laid out as huggingface_hub caches a downloaded ``repo`` under ``cache`` (its snapshot and the
+    ``main`` ref): what a load with ``cache_dir=cache, local_files_only=True`` reads. Returns the repo's cache folder
+    and the commit."""
+    root = Path(cache) / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(folder, root / "snapshots" / commit)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(commit)
+    return root, commit
 
 
 def requires_shared(*paths: tuple[str, ...]):

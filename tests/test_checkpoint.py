@@ -16,7 +16,7 @@ import hf_snapvit as hs
 from hf_snapvit.budget import layer_widths
 from hf_snapvit.ranking import FORMAT_VERSION
 from hf_snapvit.checkpoint import CheckpointReader
-from helpers import CASES, masked_copy, output_of
+from helpers import CASES, hub_cache_copy, masked_copy, output_of
 
 CASE = {c.name: c for c in CASES}
 
@@ -129,11 +129,7 @@ def test_hub_kwargs_resolve_through_the_hub_cache(tmp_path):
     """A repo id is resolved by huggingface_hub from its cache; revision and cache_dir pass through."""
     model = CASE["vit"].build()
     hs.save_elastic(model, hs.rank(model), tmp_path / "e")
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = tmp_path / "cache" / "models--org--tiny-elastic"
-    shutil.copytree(tmp_path / "e", repo / "snapshots" / commit)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
+    hub_cache_copy(tmp_path / "e", tmp_path / "cache", "org/tiny-elastic", "0123456789abcdef0123456789abcdef01234567")
     loaded = hs.ElasticViTModel.from_pretrained(
         "org/tiny-elastic", sparsity=0.3, cache_dir=tmp_path / "cache", revision="main", local_files_only=True
     )

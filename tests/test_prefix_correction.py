@@ -8,27 +8,21 @@ import numpy as np
 import pytest
 import torch
 
-from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
+from hf_snapvit.architectures import get_layers, get_spec
+from hf_snapvit.budget import layer_widths
 from hf_snapvit.correction import CorrectionConfig, CorrectionError, correct_model_
 from hf_snapvit.correction.prefix import PrefixCorrection, output_projections
 from hf_snapvit.slicing import slice_model_
 
-from helpers import CASES, output_of
+from helpers import CASES, hub_cache_copy, output_of
 
 FAST = {c.name: c for c in CASES}
 
 
 def random_orders(model, seed=0):
     """Per block, a random (head order, neuron order): what a ranking's ``orders()`` gives."""
-    spec = get_spec(model)
     rng = np.random.default_rng(seed)
-    orders = []
-    for layer in get_layers(model, spec):
-        attention = get_attention(layer, spec)
-        heads = get_projection(attention, spec.o_proj).in_features // head_dim(attention, spec)
-        mlp, variant = get_mlp(layer, spec)
-        orders.append((rng.permutation(heads), rng.permutation(get_projection(mlp, variant.out_proj).in_features)))
-    return orders
+    return [(rng.permutation(heads), rng.permutation(neurons)) for heads, neurons in zip(*layer_widths(model))]
 
 
 def prefix_keep(orders, seed):
@@ -135,7 +129,6 @@ import shutil  # noqa: E402
 
 import hf_snapvit as hs  # noqa: E402
 from hf_snapvit import ElasticViTModel  # noqa: E402
-from hf_snapvit.budget import layer_widths  # noqa: E402
 from hf_snapvit.errors import BudgetError, CheckpointError  # noqa: E402
 from hf_snapvit.correction.prefix_file import PREFIX_FILE  # noqa: E402
 
@@ -379,23 +372,12 @@ def test_the_elastic_card_says_where_the_stored_correction_applies(tmp_path):
     assert helped and all(percent(s['sparsity']) in card for s in helped)
 
 
-def hub_cache_copy(folder, cache, repo="acme/elastic-vit", commit="0" * 40):
-    """``folder`` as huggingface_hub caches a downloaded repository: what an offline load of ``repo`` reads."""
-    import shutil
-
-    root = cache / f"models--{repo.replace('/', '--')}"
-    shutil.copytree(folder, root / "snapshots" / commit)
-    (root / "refs").mkdir()
-    (root / "refs" / "main").write_text(commit)
-    return root, commit
-
-
 def test_an_offline_load_warns_when_it_cannot_tell_whether_the_repository_has_a_correction(tmp_path):
     import warnings
 
     folder, _, _ = corrected_checkpoint(tmp_path, FAST["vit"])
     (folder / PREFIX_FILE).unlink()  # cached without its correction: as if only the other files were downloaded
-    root, commit = hub_cache_copy(folder, tmp_path / "cache")
+    root, commit = hub_cache_copy(folder, tmp_path / "cache", "acme/elastic-vit")
     load = dict(sparsity=0.3, cache_dir=tmp_path / "cache", local_files_only=True)
     with pytest.warns(UserWarning, match=f"Could not check whether 'acme/elastic-vit' has a {PREFIX_FILE}"):
         model = ElasticViTModel.from_pretrained("acme/elastic-vit", **load)
@@ -414,7 +396,7 @@ def test_an_offline_load_warns_when_it_cannot_tell_whether_the_repository_has_a_
 
 def test_an_offline_load_finds_a_cached_correction(tmp_path):
     folder, _, _ = corrected_checkpoint(tmp_path, FAST["vit"])
-    hub_cache_copy(folder, tmp_path / "cache")
+    hub_cache_copy(folder, tmp_path / "cache", "acme/elastic-vit")
     model = ElasticViTModel.from_pretrained("acme/elastic-vit", sparsity=0.3, cache_dir=tmp_path / "cache",
                                             local_files_only=True)
     local = ElasticViTModel.from_pretrained(folder, sparsity=0.3)
