@@ -2,7 +2,8 @@
 
 Every configuration is the ``fast`` preset at sigma 1 (``BASE_SIGMA``: the grid was measured before the preset's
 sigma became 0.5, which is what this sweep chose) with some settings changed, written ``DEFINITION:MODE:GENERATIONS``
-plus optional ``:key=value`` changes (``covariance=cka``, ``sigma=0.5``, ``head_rows=qkv``, ``init=1.0,1.0``). One fit
+plus optional ``:key=value`` changes (``covariance=cka``, ``sigma=0.5``, ``head_rows=qkv``, ``init=1.0,1.0``,
+``fitness=256``: the number of fitness images). One fit
 per configuration runs the largest search budget; the rankings at the smaller budgets of ``--budgets`` come from its
 history (the best factors after g generations; g = 0 is the starting factors, i.e. no search), which is exactly
 what a fit with that budget returns, because the first g generations do not depend on the budget.
@@ -15,7 +16,10 @@ Two stages, so a long grid can be run in pieces:
     python benchmarks/defaults_vit_tiny.py eval --num-val 1000 --num-bank 1000 --sparsities 0.1 0.3 0.5
 
 ``rank`` saves every ranking as JSON under ``OUTPUT_DIR/rankings`` (with the fit's phase times and search history
-in ``*.fit.json``) and skips configurations already there. ``eval`` runs :func:`hf_snapvit.evaluation.run_sweep` (top-1
+in ``*.fit.json``) and skips configurations already there. ``--early-stopping 2:0 3:0.002`` also saves the rankings
+that early stopping (``SnapViTConfig.early_stopping_patience`` / ``_threshold``) would end the search at, read off the
+history; ``--reuse-search`` takes the history of a fit already recorded there instead of searching again (only the
+gradient scores, seconds, are recomputed), e.g. to read more budgets off a committed run. ``eval`` runs :func:`hf_snapvit.evaluation.run_sweep` (top-1
 with the model's head, and k-NN top-1 with k = 20 on a train-split bank; no latency) over every saved ranking, and
 writes ``summary.json``: each ranking's mean top-1 and k-NN over the sparsities, its search evaluations and fit time.
 Calibration images come from the train split (labels ignored); accuracy from the validation split.
@@ -41,13 +45,16 @@ from hf_snapvit.benchmark import hardware_info
 from hf_snapvit.budget import model_shape
 from hf_snapvit.evaluation import load_split, run_sweep
 from hf_snapvit.files import write_text_atomic
+from hf_snapvit.xnes.rules import generations_without_improvement
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 # The committed grid (benchmarks/results/defaults_vit_tiny) ran on the fast preset of its time, sigma 1; a spec without
 # a sigma option keeps that, so its name still names its rows and a re-run reproduces them.
 BASE_SIGMA = 1.0
-SEARCH_OPTIONS = {"covariance": str, "sigma": float}
+SEARCH_OPTIONS = {"covariance": str, "sigma": float, "fitness": int}
+# Spec keys that name a config field by a shorter word.
+FIELD_NAMES = {"fitness": "num_fitness_images"}
 SCORE_OPTIONS = {"head_rows": str}
 
 
@@ -65,6 +72,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--width-multiple", type=int, default=None,
                         help="round kept FFN widths to multiples of this (default: the library's, 64 here; 1: exact "
                              "widths, as the stored results were measured)")
+    parser.add_argument("--early-stopping", nargs="*", default=[], metavar="PATIENCE:THRESHOLD",
+                        help="also save the ranking each of these early-stopping rules would end the search at "
+                             "(read off the run's history), e.g. 2:0 3:0.002")
+    parser.add_argument("--reuse-search", action="store_true",
+                        help="take the search history of a fit already recorded in OUTPUT_DIR/rankings (same "
+                             "settings) instead of searching again; only the gradient scores are recomputed")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results" / "defaults_vit_tiny")
     return parser.parse_args(argv)
@@ -80,7 +93,7 @@ def parse_config(spec: str, seed: int) -> tuple[str, hf_snapvit.SnapViTConfig]:
         if key in SCORE_OPTIONS:
             scores[key] = SCORE_OPTIONS[key](value)
         elif key in SEARCH_OPTIONS:
-            search[key] = SEARCH_OPTIONS[key](value)
+            search[FIELD_NAMES.get(key, key)] = SEARCH_OPTIONS[key](value)
         elif key == "init":
             search["init_mean"] = tuple(float(v) for v in value.split(","))
         else:
@@ -92,6 +105,40 @@ def parse_config(spec: str, seed: int) -> tuple[str, hf_snapvit.SnapViTConfig]:
     return name, config
 
 
+def early_stop(history: list[dict], patience: int, threshold: float) -> int:
+    """The generation a search with this early stopping ends at, read off a longer run's history: the stopped
+    search is the start of the longer one (tests/test_snapvit.py checks this)."""
+    for g in range(1, len(history) + 1):
+        if generations_without_improvement(history[:g], threshold) >= patience:
+            return g
+    return len(history)
+
+
+def fitted(spec: str, config: hf_snapvit.SnapViTConfig, fit_path: Path, reuse: bool, model, calibration,
+           processor) -> tuple[hf_snapvit.SnapViTPruner, dict]:
+    """Fit ``config`` and record it in ``fit_path``; with ``reuse`` and a recorded fit of the same settings, only its
+    scores are recomputed (no search) and its recorded search history is taken instead of searching again."""
+    recorded = json.loads(fit_path.read_text()) if reuse and fit_path.is_file() else None
+    pruner = hf_snapvit.SnapViTPruner(dataclasses.replace(config, max_generations=0) if recorded else config)
+    start = time.perf_counter()
+    ranking = pruner.fit(model, calibration, processor=processor)
+    wall = time.perf_counter() - start
+    settings = json.loads(json.dumps(ranking.provenance["settings"], default=str))
+    if recorded is None:
+        fit = {"spec": spec, "settings": settings,  # what ran (the search batch resolved)
+               "wall_seconds": wall, "timings": pruner.timings_, "history": pruner.history_,
+               "hardware": hardware_info()}
+        write_text_atomic(fit_path, json.dumps(fit, indent=1, default=str))
+        return pruner, fit
+    # fits recorded before early stopping existed ran their whole budget
+    expected = {"early_stopping_patience": None, "early_stopping_threshold": 0.0, **recorded["settings"],
+                "max_generations": 0}
+    if settings != expected:
+        raise SystemExit(f"{fit_path} was fitted with other settings than {spec!r}; it cannot be reused")
+    pruner.history_ = recorded["history"]
+    return pruner, recorded
+
+
 def rank_stage(args: argparse.Namespace) -> None:
     folder = args.output_dir / "rankings"
     folder.mkdir(parents=True, exist_ok=True)
@@ -101,33 +148,39 @@ def rank_stage(args: argparse.Namespace) -> None:
     for spec in args.configs:
         name, config = parse_config(spec, args.seed)
         budgets = [g for g in args.budgets if g <= config.max_generations] or [config.max_generations]
-        if all((folder / f"{name}-g{g}.json").is_file() for g in budgets):
+        if not args.early_stopping and all((folder / f"{name}-g{g}.json").is_file() for g in budgets):
             print(f"{spec}: already ranked, skipped")
             continue
-        pruner = hf_snapvit.SnapViTPruner(config)
-        start = time.perf_counter()
-        ranking = pruner.fit(model, calibration, processor=processor)
-        wall = time.perf_counter() - start
-        fit = {"spec": spec, "settings": ranking.provenance["settings"],  # what ran (the search batch resolved)
-               "wall_seconds": wall, "timings": pruner.timings_, "history": pruner.history_,
-               "hardware": hardware_info()}
-        write_text_atomic(folder / f"{name}.fit.json", json.dumps(fit, indent=1, default=str))
-        per_generation = pruner.timings_["search"] / max(config.max_generations, 1)
-        for g in budgets:
-            factors = pruner.initial_factors_ if g == 0 else pruner.history_[g - 1]["best_factors"]
-            ranking = pruner.ranking_from_factors(factors)
-            info = {"spec": spec, "generations": g, "evaluations": g * pruner.history_[0]["evaluations"] if g else 0,
-                    "search_loss": pruner.history_[g - 1]["best_fitness"] if g else None,
-                    # gradients + data, plus the search time of g generations (the fitness setup is counted too)
-                    "ranking_seconds_estimate": pruner.timings_["data"] + pruner.timings_["gradients"]
-                    + (per_generation * g if g else 0.0)}
-            # Unsorted scores (the stored format wants rank order and a permuted model); the eval stage rebuilds them.
-            stored = {"head_scores": ranking.head_scores.tolist(), "neuron_scores": ranking.neuron_scores.tolist(),
-                      "mode": ranking.mode, "min_head_keep_ratio": ranking.min_head_keep_ratio,
-                      "min_neuron_keep_ratio": ranking.min_neuron_keep_ratio,
-                      "paired_head_offset": ranking.paired_head_offset, "info": info}
-            write_text_atomic(folder / f"{name}-g{g}.json", json.dumps(stored))
-        print(f"{spec}: ranked in {wall:.0f} s {pruner.timings_}", flush=True)
+        pruner, fit = fitted(spec, config, folder / f"{name}.fit.json", args.reuse_search, model, calibration,
+                             processor)
+        stops = {}
+        for rule in args.early_stopping:
+            patience, threshold = rule.split(":")
+            stops[rule] = early_stop(fit["history"], int(patience), float(threshold))
+        if stops:
+            print(f"{spec}: early stopping ends the search at generation {stops}", flush=True)
+            write_text_atomic(folder / f"{name}.stops.json", json.dumps(stops, indent=1))
+        for g in sorted({*budgets, *stops.values()}):
+            write_ranking(folder / f"{name}-g{g}.json", spec, g, pruner, fit)
+        print(f"{spec}: ranked in {fit['wall_seconds']:.0f} s {fit['timings']}", flush=True)
+
+
+def write_ranking(path: Path, spec: str, g: int, pruner: hf_snapvit.SnapViTPruner, fit: dict) -> None:
+    """The ranking after ``g`` generations of the fit's search (0: the starting factors)."""
+    history, timings = fit["history"], fit["timings"]
+    factors = pruner.initial_factors_ if g == 0 else history[g - 1]["best_factors"]
+    ranking = pruner.ranking_from_factors(factors)
+    per_generation = timings["search"] / max(len(history), 1)
+    info = {"spec": spec, "generations": g, "evaluations": history[g - 1]["evaluations"] if g else 0,
+            "search_loss": history[g - 1]["best_fitness"] if g else None,
+            # gradients + data, plus the search time of g generations (the fitness setup is counted too)
+            "ranking_seconds_estimate": timings["data"] + timings["gradients"] + per_generation * g}
+    # Unsorted scores (the stored format wants rank order and a permuted model); the eval stage rebuilds them.
+    stored = {"head_scores": ranking.head_scores.tolist(), "neuron_scores": ranking.neuron_scores.tolist(),
+              "mode": ranking.mode, "min_head_keep_ratio": ranking.min_head_keep_ratio,
+              "min_neuron_keep_ratio": ranking.min_neuron_keep_ratio,
+              "paired_head_offset": ranking.paired_head_offset, "info": info}
+    write_text_atomic(path, json.dumps(stored))
 
 
 def eval_stage(args: argparse.Namespace) -> None:

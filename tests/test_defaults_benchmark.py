@@ -4,6 +4,7 @@ with exactly the named changes."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -27,7 +28,6 @@ def test_plain_spec_changes_definition_mode_and_budget_only():
 
 def test_specs_reproduce_the_committed_rows():
     """Every committed fit records its settings; the script's config for its spec must be exactly those."""
-    import json
 
     rankings = BENCHMARKS / "results" / "defaults_vit_tiny" / "rankings"
     fits = sorted(rankings.glob("*.fit.json"))
@@ -36,8 +36,10 @@ def test_specs_reproduce_the_committed_rows():
         fit = json.loads(path.read_text())
         name, config = defaults.parse_config(fit["spec"], seed=fit["settings"]["seed"])
         assert path.name == f"{name}.fit.json"
-        # Fits recorded before the precision setting existed ran in CPU float32, which is what "auto" runs there.
-        settings = {"precision": "auto", **fit["settings"]}
+        # Fits recorded before the precision setting existed ran in CPU float32, which is what "auto" runs there;
+        # fits recorded before early stopping existed ran their whole budget.
+        settings = {"precision": "auto", "early_stopping_patience": None, "early_stopping_threshold": 0.0,
+                    **fit["settings"]}
         expected = json.loads(json.dumps(config.to_dict(), default=str))
         for key in CHECKPOINT_SETTINGS:  # where the search state is saved is not a setting the fit records
             del expected[key]
@@ -54,6 +56,39 @@ def test_options_reach_the_search_and_the_scores():
     assert config.scores.head_rows == "qkv" and config.scores.crops == FAST.scores.crops
 
 
+def test_fitness_option_sets_the_number_of_fitness_images_only():
+    name, config = defaults.parse_config("obd:global:3:sigma=0.5:fitness=256", seed=1)
+    assert name == "obd-global-sigma0.5-fitness256"
+    assert config == dataclasses.replace(FAST, max_generations=3, seed=1, sigma=0.5, num_fitness_images=256)
+
+
 def test_unknown_option_names_the_valid_ones():
     with pytest.raises(SystemExit, match="unknown option 'temperature'.*covariance"):
         defaults.parse_config("obd:global:3:temperature=2", seed=0)
+
+
+def test_early_stop_reads_the_stop_generation_off_a_history():
+    history = [{"best_fitness": b, "partial": False} for b in (0.60, 0.60, 0.59, 0.589, 0.589, 0.589, 0.55)]
+    assert defaults.early_stop(history, 2, 0.0) == 6  # 0.589 at 4, no gain at 5 and 6
+    assert defaults.early_stop(history, 2, 0.005) == 5  # 0.589 is no gain over 0.59 at this threshold
+    assert defaults.early_stop(history, 1, 0.0) == 2
+    assert defaults.early_stop(history, 5, 0.0) == 7  # never: the whole history
+
+
+def test_reused_search_rebuilds_the_recorded_rankings(tmp_path):
+    """--reuse-search recomputes the scores only, takes the recorded history, and refuses a fit of other settings."""
+    from helpers import CASES, PROCESSOR, images
+
+    model = next(c for c in CASES if c.name == "vit").build()
+    config = dataclasses.replace(FAST, num_gradient_images=3, num_fitness_images=6, pca_components=8,
+                                 fitness_sparsities=(0.1, 0.3), max_generations=2, fitness_batch_size=4)
+    path = tmp_path / "x.fit.json"
+    searched, fit = defaults.fitted("spec", config, path, False, model, images(12), PROCESSOR)
+    reused, again = defaults.fitted("spec", config, path, True, model, images(12), PROCESSOR)
+    assert again["history"] == fit["history"] and reused.history_ == json.loads(path.read_text())["history"]
+    for g in (0, 1, 2):
+        defaults.write_ranking(tmp_path / f"a{g}.json", "spec", g, searched, fit)
+        defaults.write_ranking(tmp_path / f"b{g}.json", "spec", g, reused, again)
+        assert (tmp_path / f"a{g}.json").read_text() == (tmp_path / f"b{g}.json").read_text()
+    with pytest.raises(SystemExit, match="other settings"):
+        defaults.fitted("spec", dataclasses.replace(config, sigma=0.7), path, True, model, images(12), PROCESSOR)

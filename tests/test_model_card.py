@@ -194,6 +194,19 @@ def test_provenance_citation_and_preset(elastic):
     assert "preset `fast`" in text and "128 gradient + 128 fitness images" in text and "column `image`" in text
 
 
+def test_search_line_says_when_the_search_stopped_early(elastic):
+    _, ranking = elastic
+
+    def search_line(**search) -> str:
+        provenance = {"method": "snapvit", "search": {"best_loss": 0.5, "evaluations": 45, "generations": 3, **search}}
+        text = make_model_card(replace(ranking.sorted(), provenance=provenance)).text
+        return next(line for line in text.splitlines() if line.startswith("- **Search**"))
+
+    assert search_line() == "- **Search**: 45 candidate evaluations in 3 generations, best loss 0.5"
+    assert search_line(stopped_early=False) == search_line()
+    assert search_line(stopped_early=True).endswith("best loss 0.5; stopped early, the loss no longer falling")
+
+
 def method_line(card: ModelCard) -> str:
     return next(line for line in card.text.splitlines() if line.startswith("- **Method**"))
 

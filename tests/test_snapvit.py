@@ -91,6 +91,28 @@ def test_a_shorter_budget_equals_the_longer_runs_history():
     assert np.array_equal(from_history.neuron_scores, short.neuron_scores)
 
 
+def test_early_stopping_ends_the_search_on_its_patience_and_keeps_its_prefix():
+    """A threshold no gain can pass stops the search after 1 + patience generations; what ran is the start of the
+    full search, so the ranking equals a run with that budget."""
+    model = CASE["vit"].build()
+    pruner, stopped = fit(model, seed=2, max_generations=6, early_stopping_patience=2, early_stopping_threshold=1e9)
+    assert len(pruner.history_) == 3
+    assert stopped.provenance["search"] | {"best_loss": None} == {
+        "best_loss": None, "evaluations": 3 * pruner.history_[0]["evaluations"], "generations": 3,
+        "stopped_early": True}
+    assert stopped.provenance["settings"]["early_stopping_patience"] == 2
+    _, budget = fit(model, seed=2, max_generations=3)
+    assert budget.provenance["search"]["stopped_early"] is False
+    assert np.array_equal(stopped.head_scores, budget.head_scores)
+    assert np.array_equal(stopped.neuron_scores, budget.neuron_scores)
+    # threshold 0, patience 1: the first generation whose best loss is not lower than the one before is the last
+    full, _ = fit(model, seed=2, max_generations=6)
+    losses = [h["best_fitness"] for h in full.history_]
+    last = next((g + 1 for g in range(1, 6) if not losses[g] < losses[g - 1]), 6)
+    pruner, _ = fit(model, seed=2, max_generations=6, early_stopping_patience=1)
+    assert [h["best_fitness"] for h in pruner.history_] == losses[:last]
+
+
 def test_zero_generations_means_the_starting_factors():
     model = CASE["vit"].build()
     pruner, ranking = fit(model, seed=1, max_generations=0)
@@ -176,6 +198,13 @@ def test_presets_and_config_validation():
         hs.SnapViTConfig.preset("turbo")
     with pytest.raises(hs.SnapViTError, match="search budget"):
         hs.SnapViTConfig(max_generations=None, max_evaluations=None)
+    for patience in (0, 1.5, True):
+        with pytest.raises(hs.SnapViTError, match=f"early_stopping_patience={patience!r}"):
+            hs.SnapViTConfig(early_stopping_patience=patience)
+    for threshold in (-0.01, float("nan"), "0.1"):
+        with pytest.raises(hs.SnapViTError, match=r"early_stopping_threshold=.*a finite number >= 0, e.g. 0.003"):
+            hs.SnapViTConfig(early_stopping_threshold=threshold)
+    assert hs.SnapViTConfig.preset("default", early_stopping_patience=2).preset_name() is None
 
 
 def test_rank_entry_point_runs_snapvit():

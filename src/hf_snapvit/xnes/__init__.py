@@ -20,14 +20,15 @@ bit-identically.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable, Optional
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from ..errors import XNESError
-from .rules import (XNESResult, check_fitness, default_learning_rate_cov, default_population_size, expm_symmetric,
-                    natural_gradients, utilities)
+from .rules import (XNESResult, check_fitness, check_patience, default_learning_rate_cov, default_population_size,
+                    expm_symmetric, generations_without_improvement, natural_gradients, utilities)
 from .state import STATE_VERSION, decode_state, jsonable
 
 __all__ = ["XNES", "XNESError", "XNESResult", "default_learning_rate_cov", "default_population_size"]
@@ -280,8 +281,10 @@ class XNES:
         max_evaluations: Optional[int] = None,
         batch: bool = True,
         callback: Optional[Callable[[dict[str, Any]], None]] = None,
+        patience: Optional[int] = None,
+        threshold: float = 0.0,
     ) -> XNESResult:
-        """Run ask/tell until a budget is spent.
+        """Run ask/tell until a budget is spent, or until the search stops improving.
 
         Budgets count from the start of the search (not from this call), so a resumed optimiser given the same
         budget stops where an uninterrupted run would.
@@ -296,17 +299,28 @@ class XNES:
                 counted and its best sample can still become the best-so-far.
             batch: See ``fn``.
             callback: Called with each generation's history record (e.g. for a progress bar).
+            patience: Stop early once the best fitness has gone this many generations without improving by more
+                than ``threshold`` (:func:`~hf_snapvit.xnes.rules.generations_without_improvement`); ``None``: run
+                the whole budget.
+            threshold: The smallest gain in fitness that counts as an improvement (>= 0, in the fitness's units).
 
         Returns:
-            :attr:`result`.
+            :attr:`result`, with ``stopped_early`` set when the patience ended the search.
         """
         if max_generations is None and max_evaluations is None:
             raise XNESError("optimize needs a budget: give max_generations and/or max_evaluations")
         for name, value in (("max_generations", max_generations), ("max_evaluations", max_evaluations)):
             if value is not None and (isinstance(value, bool) or int(value) != value or value < 0):
                 raise XNESError(f"{name} must be a non-negative integer, got {value!r}")
+        check_patience(patience, threshold)
+
+        def patience_spent() -> bool:
+            return patience is not None and (
+                generations_without_improvement(self._history, threshold, self._minimize) >= patience)
 
         while max_generations is None or self._generations < max_generations:
+            if patience_spent():  # checked first, so a resumed search that had stopped stays stopped
+                return replace(self.result, stopped_early=True)
             n = self._lambda
             if max_evaluations is not None:
                 n = min(n, int(max_evaluations) - self._evaluations)

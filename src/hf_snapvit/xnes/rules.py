@@ -1,9 +1,10 @@
-"""The xNES update rules as pure functions: defaults, rank utilities, natural gradients, the matrix exponential;
-and the result record of a search."""
+"""The xNES update rules as pure functions: defaults, rank utilities, natural gradients, the matrix exponential,
+the early-stopping count; and the result record of a search."""
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -76,6 +77,7 @@ class XNESResult:
         evaluations: Number of fitness evaluations so far (partial generations included).
         generations: Number of distribution updates so far.
         history: One dict per evaluated generation, see :meth:`XNES.tell`.
+        stopped_early: Whether :meth:`XNES.optimize` stopped on its patience rather than on a budget.
     """
 
     best_x: Optional[np.ndarray]
@@ -84,3 +86,32 @@ class XNESResult:
     evaluations: int
     generations: int
     history: list[dict[str, Any]] = field(default_factory=list)
+    stopped_early: bool = False
+
+
+def check_patience(patience: Any, threshold: Any) -> None:
+    """Raise :class:`XNESError` unless ``patience`` is a positive integer or ``None`` and ``threshold`` a finite gain
+    >= 0."""
+    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, numbers.Integral)
+                                 or patience < 1):
+        raise XNESError(f"patience must be a positive integer (generations) or None, got {patience!r}")
+    if not (isinstance(threshold, numbers.Real) and not isinstance(threshold, bool) and math.isfinite(threshold)
+            and threshold >= 0):
+        raise XNESError(f"threshold must be a finite number >= 0 (a fitness gain), got {threshold!r}")
+
+
+def generations_without_improvement(history: list[dict[str, Any]], threshold: float, minimize: bool = True) -> int:
+    """Full generations since the best-so-far fitness last beat the best of the previous improvement by more than
+    ``threshold``. Gains of at most ``threshold`` do not reset the count, so a run of small gains adds up to one
+    that does. Read off the history alone, so a resumed search counts as an uninterrupted one."""
+    reference, stale = None, 0
+    for record in history:
+        if record["partial"]:
+            continue
+        best = record["best_fitness"]
+        gain = None if reference is None else (reference - best if minimize else best - reference)
+        if gain is None or gain > threshold:
+            reference, stale = best, 0
+        else:
+            stale += 1
+    return stale
