@@ -17,11 +17,14 @@ a user's images would be.
     python benchmarks/bench_ranking_time.py --device cuda --data train.parquet
     # on a CPU with a tiny model (what the test runs):
     python benchmarks/bench_ranking_time.py --device cpu --shapes tiny --presets fast --images 8 --generations 1
+    # the default preset with its 1000 fitness images and with 256, side by side:
+    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 --fitness-images 1000 256
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -63,6 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", default=None, help="parquet file with an 'image' column (default: random images)")
     parser.add_argument("--images", type=int, default=None,
                         help="gradient and fitness images each (default: the preset's)")
+    parser.add_argument("--fitness-images", type=int, nargs="+", default=[None],
+                        help="fitness images; each count runs every preset once, side by side (default: the "
+                             "preset's, or --images)")
     parser.add_argument("--generations", type=int, default=None, help="cap on xNES generations (default: preset's)")
     parser.add_argument("--fitness-batch-size", type=int, default=None,
                         help="images per search forward (default: 256 on an accelerator, 64 on a CPU)")
@@ -119,11 +125,13 @@ def _synchronize(device: torch.device) -> None:
 
 
 def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str, precision: str,
-            args: argparse.Namespace) -> dict[str, Any]:
+            args: argparse.Namespace, num_fitness: int | None = None) -> dict[str, Any]:
     """One ranking with its phase times, and the dense forward floor of its search."""
     overrides: dict[str, Any] = {"precision": precision, "seed": args.seed}
     if args.images is not None:
         overrides.update(num_gradient_images=args.images, num_fitness_images=args.images)
+    if num_fitness is not None:
+        overrides["num_fitness_images"] = num_fitness
     if args.generations is not None:
         overrides["max_generations"] = args.generations
     if args.fitness_batch_size is not None:
@@ -156,7 +164,7 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
 
 def summary_line(shape: str, row: dict[str, Any]) -> str:
     p = row["phases"]
-    return (f"{shape:<8} {row['preset']:<8} {row['ran_in']:<5} wall {row['wall_seconds']:7.1f} s | data "
+    return (f"{shape:<8} {row['preset']:<8} {row['ran_in']:<5} {row['num_fitness_images']:5d} fitness images wall {row['wall_seconds']:7.1f} s | data "
             f"{p['data']:6.1f} gradients {p['gradients']:6.1f} search {p['search']:6.1f} (forwards "
             f"{p['search_forward']:6.1f}, {100 * (row['search_forward_fraction'] or 0):3.0f} %; dense floor "
             f"{row['search_forward_floor_seconds']:6.1f})")
@@ -165,7 +173,8 @@ def summary_line(shape: str, row: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     presets = [hf_snapvit.SnapViTConfig.preset(p) for p in args.presets]
-    needed = max(2 * args.images if args.images else c.num_gradient_images + c.num_fitness_images for c in presets)
+    needed = max((args.images or c.num_gradient_images) + (n or args.images or c.num_fitness_images)
+                 for c in presets for n in args.fitness_images)
     images = load_images(args.data, needed, args.seed)
     hardware = hardware_info(device=args.device)
     name = (hardware.get("gpu_name") or args.device).lower().replace(" ", "-")
@@ -177,13 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: v for k, v in vars(args).items() if k != "output"}, "runs": []}
     for shape in args.shapes:
         model = build(shape, args.seed, args.device)
-        for preset in args.presets:
-            for precision in args.precisions:
-                row = {"shape": shape, **run_one(model, images, preset, precision, args)}
-                report["runs"].append(row)
-                print(summary_line(shape, row), file=sys.stderr, flush=True)
-                # Written after every run: a long GPU session that is cut off keeps what it measured.
-                write_text_atomic(output, json.dumps(report, indent=1) + "\n")
+        for preset, precision, fitness in itertools.product(args.presets, args.precisions, args.fitness_images):
+            row = {"shape": shape, **run_one(model, images, preset, precision, args, fitness)}
+            report["runs"].append(row)
+            print(summary_line(shape, row), file=sys.stderr, flush=True)
+            # Written after every run: a long GPU session that is cut off keeps what it measured.
+            write_text_atomic(output, json.dumps(report, indent=1) + "\n")
         del model
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()

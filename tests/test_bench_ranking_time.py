@@ -57,3 +57,19 @@ def test_the_ranking_benchmark_reads_only_the_images_it_needs_and_says_when_ther
     assert len(script.load_images(str(data), 3, 0)) == 3
     with pytest.raises(SystemExit, match="holds 5 images; this run needs 8"):
         script.load_images(str(data), 8, 0)
+
+
+def test_each_fitness_image_count_runs_side_by_side_with_the_images_it_needs(tmp_path):
+    script = load_benchmark("bench_ranking_time")
+    output = tmp_path / "ranking_time.json"
+    data = _parquet(tmp_path / "train.parquet", 10)  # 4 gradient + the larger 6 fitness images
+    assert script.main(["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "--precisions", "fp32",
+                        "--images", "4", "--fitness-images", "6", "2", "--generations", "1", "--floor-repeats", "1",
+                        "--data", str(data), "--fitness-batch-size", "4", "--output", str(output)]) == 0
+    runs = json.loads(output.read_text())["runs"]
+    assert [(r["num_gradient_images"], r["num_fitness_images"]) for r in runs] == [(4, 6), (4, 2)]
+    assert [r["search_images_forwarded"] for r in runs] == [n * (1 + 4 * r["evaluations"])
+                                                           for n, r in zip((6, 2), runs)]
+    with pytest.raises(SystemExit, match="holds 10 images; this run needs 11"):
+        script.main(["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "--images", "4",
+                     "--fitness-images", "7", "--data", str(data), "--output", str(output)])
