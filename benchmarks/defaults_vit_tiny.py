@@ -3,7 +3,7 @@
 Every configuration is the ``fast`` preset at sigma 1 (``BASE_SIGMA``: the grid was measured before the preset's
 sigma became 0.5, which is what this sweep chose) with some settings changed, written ``DEFINITION:MODE:GENERATIONS``
 plus optional ``:key=value`` changes (``covariance=cka``, ``sigma=0.5``, ``head_rows=qkv``, ``init=1.0,1.0``,
-``fitness=256``: the number of fitness images). One fit
+``fitness=256``: the number of fitness images, ``measure=cka``: the fitness measure). One fit
 per configuration runs the largest search budget; the rankings at the smaller budgets of ``--budgets`` come from its
 history (the best factors after g generations; g = 0 is the starting factors, i.e. no search), which is exactly
 what a fit with that budget returns, because the first g generations do not depend on the budget.
@@ -52,10 +52,12 @@ SHARED = ROOT.parent / "shared"
 # The committed grid (benchmarks/results/defaults_vit_tiny) ran on the fast preset of its time, sigma 1; a spec without
 # a sigma option keeps that, so its name still names its rows and a re-run reproduces them.
 BASE_SIGMA = 1.0
-SEARCH_OPTIONS = {"covariance": str, "sigma": float, "fitness": int}
+SEARCH_OPTIONS = {"covariance": str, "sigma": float, "fitness": int, "measure": str}
 # Spec keys that name a config field by a shorter word.
-FIELD_NAMES = {"fitness": "num_fitness_images"}
+FIELD_NAMES = {"fitness": "num_fitness_images", "measure": "fitness_measure"}
 SCORE_OPTIONS = {"head_rows": str}
+# Settings that fits recorded before they existed ran with: their whole budget, and the paper's cosine fitness.
+NEWER_SETTINGS = {"early_stopping_patience": None, "early_stopping_threshold": 0.0, "fitness_measure": "cosine"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -130,9 +132,7 @@ def fitted(spec: str, config: hf_snapvit.SnapViTConfig, fit_path: Path, reuse: b
                "hardware": hardware_info()}
         write_text_atomic(fit_path, json.dumps(fit, indent=1, default=str))
         return pruner, fit
-    # fits recorded before early stopping existed ran their whole budget
-    expected = {"early_stopping_patience": None, "early_stopping_threshold": 0.0, **recorded["settings"],
-                "max_generations": 0}
+    expected = {**NEWER_SETTINGS, **recorded["settings"], "max_generations": 0}
     if settings != expected:
         raise SystemExit(f"{fit_path} was fitted with other settings than {spec!r}; it cannot be reused")
     pruner.history_ = recorded["history"]

@@ -36,10 +36,8 @@ def test_specs_reproduce_the_committed_rows():
         fit = json.loads(path.read_text())
         name, config = defaults.parse_config(fit["spec"], seed=fit["settings"]["seed"])
         assert path.name == f"{name}.fit.json"
-        # Fits recorded before the precision setting existed ran in CPU float32, which is what "auto" runs there;
-        # fits recorded before early stopping existed ran their whole budget.
-        settings = {"precision": "auto", "early_stopping_patience": None, "early_stopping_threshold": 0.0,
-                    **fit["settings"]}
+        # Fits recorded before the precision setting existed ran in CPU float32, which is what "auto" runs there.
+        settings = {"precision": "auto", **defaults.NEWER_SETTINGS, **fit["settings"]}
         expected = json.loads(json.dumps(config.to_dict(), default=str))
         for key in CHECKPOINT_SETTINGS:  # where the search state is saved is not a setting the fit records
             del expected[key]
@@ -56,10 +54,13 @@ def test_options_reach_the_search_and_the_scores():
     assert config.scores.head_rows == "qkv" and config.scores.crops == FAST.scores.crops
 
 
-def test_fitness_option_sets_the_number_of_fitness_images_only():
+def test_fitness_options_set_the_number_of_fitness_images_and_the_measure_only():
     name, config = defaults.parse_config("obd:global:3:sigma=0.5:fitness=256", seed=1)
     assert name == "obd-global-sigma0.5-fitness256"
     assert config == dataclasses.replace(FAST, max_generations=3, seed=1, sigma=0.5, num_fitness_images=256)
+    name, config = defaults.parse_config("obd:global:3:sigma=0.5:measure=cka", seed=0)
+    assert name == "obd-global-sigma0.5-measurecka"
+    assert config == dataclasses.replace(FAST, max_generations=3, sigma=0.5, fitness_measure="cka")
 
 
 def test_unknown_option_names_the_valid_ones():

@@ -6,7 +6,6 @@ was made on. Each is one error of ours naming the path or value and the fix, fro
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 

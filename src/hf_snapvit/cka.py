@@ -1,4 +1,5 @@
-"""CKA similarity between pruning units, the optional initial covariance of the xNES search (paper appendix).
+"""Linear CKA: between pruning units, the optional initial covariance of the xNES search (paper appendix); and
+between a pruned model's embeddings and the dense model's, the ``"cka"`` fitness measure.
 
 Each search coordinate is a unit group: one FFN block (its neurons' activations, the fc1 output of the CLS token) or
 one head (its context vector of the CLS token, where it enters o_proj). Linear CKA between two groups' activations
@@ -43,6 +44,17 @@ def unit_activations(model: PreTrainedModel, pixel_values: torch.Tensor, batch_s
         context = torch.cat(chunks)
         groups.extend(context.split(hd, dim=1))
     return groups
+
+
+def linear_cka(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Linear CKA of two activation matrices ``[N, a]`` and ``[N, b]`` of the same N inputs: 1 when one is a
+    rotation and scaling of the other, whatever its scale. A 0-d tensor on their device (nothing waits for it); 0
+    when either is constant."""
+    x = x - x.mean(0, keepdim=True)
+    y = y - y.mean(0, keepdim=True)
+    scale = torch.linalg.matrix_norm(x.T @ x) * torch.linalg.matrix_norm(y.T @ y)
+    cross = torch.linalg.matrix_norm(y.T @ x) ** 2
+    return torch.where(scale > 0, cross / scale.clamp_min(torch.finfo(scale.dtype).tiny), torch.zeros_like(scale))
 
 
 def linear_cka_matrix(groups: list[torch.Tensor]) -> np.ndarray:

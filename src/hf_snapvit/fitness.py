@@ -33,10 +33,15 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from .architectures import get_spec
+from .cka import linear_cka
 from .embedding import image_embedding
 from .distributed import autocast, map_across_processes, mixed_precision, process_state
+from .errors import ConfigError
 from .slicing import slice_model_
 from .ranking import ElasticRanking
+
+
+MEASURES = ("cosine", "cka")
 
 
 class EmbeddingFitness:
@@ -53,6 +58,9 @@ class EmbeddingFitness:
         precision: Precision of the forward passes (``"no"``, ``"bf16"``, ...); ``None`` follows accelerate's
             configuration. ``"bf16"`` runs on bf16 weights, others autocast. Embeddings, PCA and similarities stay
             float32.
+        measure: ``"cosine"`` (the paper): the mean over images of the cosine similarity of the pruned and dense
+            PCA projections. ``"cka"``: the linear CKA of the two projections over the fitness images, which asks
+            only that the pruned embeddings keep the images' geometry (any rotation or scale of them scores 1).
     """
 
     def __init__(
@@ -65,7 +73,11 @@ class EmbeddingFitness:
         batch_size: int = 64,
         width_multiple: int | None = None,
         precision: str | None = None,
+        measure: str = "cosine",
     ) -> None:
+        if measure not in MEASURES:
+            raise ConfigError(f"EmbeddingFitness(measure={measure!r}): choose one of {MEASURES}.")
+        self.measure = measure
         self.precision = mixed_precision() if precision is None else precision
         self.model = copy.deepcopy(model).to(torch.bfloat16) if self.precision == "bf16" else model
         # Candidates are scored at the widths a user loads (aligned by default), so the search optimises those models.
@@ -123,31 +135,39 @@ class EmbeddingFitness:
         return (embeddings - self.mean) @ self.components.T
 
     def similarities(self, ranking: ElasticRanking) -> torch.Tensor:
-        """``[len(sparsities)]`` mean cosine similarities (float32, on the device; nothing waits for them)."""
+        """``[len(sparsities)]`` similarities, mean cosine or CKA (float32, on the device; nothing waits for them)."""
         limit = ranking.max_sparsity_for(self.width_multiple)
         return torch.stack([self._similarity(ranking, min(s, limit)) for s in self.sparsities])
 
     def _similarity(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
+        if self.measure == "cka":
+            return linear_cka(self._pruned(ranking, sparsity), self.target)
         return self._image_similarities(ranking, sparsity).mean()
 
-    def _image_similarities(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
+    def _pruned(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
         counts = ranking.keep_counts(sparsity, width_multiple=self.width_multiple)
-        pruned = self.project(self.embed(ranking.keep_indices(counts)))
-        return F.cosine_similarity(pruned, self.target, dim=1)
+        return self.project(self.embed(ranking.keep_indices(counts)))
+
+    def _image_similarities(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
+        return F.cosine_similarity(self._pruned(ranking, sparsity), self.target, dim=1)
 
     def image_similarities(self, ranking: ElasticRanking) -> torch.Tensor:
         """``[len(sparsities), N]`` cosine similarity of each fitness image at each sparsity (float32, on the
-        device): what :meth:`similarities` averages, kept per image to measure the fitness's noise."""
+        device): what :meth:`similarities` averages, kept per image to measure the fitness's noise. The ``"cka"``
+        measure has no per-image value."""
+        if self.measure != "cosine":
+            raise ConfigError(f"image_similarities needs measure='cosine'; the {self.measure!r} measure is a "
+                              "statistic of the whole image set.")
         limit = ranking.max_sparsity_for(self.width_multiple)
         return torch.stack([self._image_similarities(ranking, min(s, limit)) for s in self.sparsities])
 
     def similarity(self, ranking: ElasticRanking, sparsity: float) -> float:
-        """Mean cosine similarity of the PCA projections at one sparsity."""
+        """The similarity of the PCA projections at one sparsity (the mean cosine, or their CKA)."""
         limit = ranking.max_sparsity_for(self.width_multiple)
         return self._similarity(ranking, min(sparsity, limit)).item()
 
     def loss(self, ranking: ElasticRanking) -> float:
-        """``1 - mean over sparsities of the mean cosine similarity``; lower is better."""
+        """``1 - mean over sparsities of the similarity`` (mean cosine, or CKA); lower is better."""
         return _loss(self.similarities(ranking).cpu().numpy())
 
     def batch_loss(self, rankings: Callable[[np.ndarray], ElasticRanking], candidates: np.ndarray) -> np.ndarray:

@@ -10,7 +10,6 @@ them), and ``config.json["auto_map"]`` names its classes. Each class is the stoc
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 from typing import Any

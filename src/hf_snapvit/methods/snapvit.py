@@ -163,7 +163,7 @@ class SnapViTPruner:
         start = time.perf_counter()
         fitness = EmbeddingFitness(model, fitness_pixels, sparsities=config.fitness_sparsities,
                                    pca_components=config.pca_components, batch_size=fitness_batch_size,
-                                   precision=precision)
+                                   precision=precision, measure=config.fitness_measure)
         result = self._search(model, fitness, checkpoint, saved, (head_scores, neuron_scores), show_progress)
         timings["search"] = time.perf_counter() - start
         timings["search_forward"] = fitness.forward_seconds

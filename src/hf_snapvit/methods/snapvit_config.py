@@ -37,6 +37,9 @@ class SnapViTConfig:
         scores: Gradient score settings (definition, head rows, crops).
         fitness_sparsities: Sparsities every candidate is evaluated at; the fitness averages over them.
         pca_components: PCA dimensions of the embedding similarity.
+        fitness_measure: How a candidate's embeddings are compared with the dense model's: ``"cosine"`` (the
+            paper: the mean per-image cosine similarity of the PCA projections) or ``"cka"`` (their linear CKA over
+            the fitness images: only the images' geometry counts, not the embeddings' rotation or scale).
         max_generations: Search budget in xNES generations (distribution updates).
         max_evaluations: Search budget in candidate evaluations (the reference's "50 iterations" are 50 evaluations).
         population_size: xNES population; default 4 + ⌊3 ln d⌋.
@@ -75,6 +78,7 @@ class SnapViTConfig:
     scores: ScoreConfig = field(default_factory=lambda: ScoreConfig(definition="obd"))
     fitness_sparsities: tuple[float, ...] = (0.1, 0.3, 0.5, 0.6)
     pca_components: int = 192
+    fitness_measure: Literal["cosine", "cka"] = "cosine"
     max_generations: int | None = 3
     max_evaluations: int | None = None
     population_size: int | None = None
@@ -121,6 +125,7 @@ class SnapViTConfig:
             raise ConfigError(f"{owner}(init_mean={self.init_mean!r}): give two finite factors (first block, last "
                               "block), e.g. (1.2, 0.8).")
         require_choice(owner, "covariance", self.covariance, ("identity", "cka"))
+        require_choice(owner, "fitness_measure", self.fitness_measure, ("cosine", "cka"))
         require_choice(owner, "precision", self.precision, PRECISIONS)
         require_choice(owner, "mode", self.mode, ("global", "paired"))
         for name in ("min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset"):
