@@ -5,7 +5,8 @@
 1. draw a seeded gradient set and a disjoint fitness set from ``data`` (:mod:`hf_snapvit.calibration`);
 2. local scores from DINO-loss gradients (:mod:`hf_snapvit.scoring`);
 3. an xNES search (:mod:`hf_snapvit.xnes`) over ``c`` = one factor per FFN block and one per head, where a candidate
-   ranks unit ``u`` by ``score(u) · |c(u)|`` and is scored by :class:`~hf_snapvit.fitness.EmbeddingFitness`;
+   ranks unit ``u`` by ``score(u) · |c(u)|`` and is scored by :class:`~hf_snapvit.fitness.EmbeddingFitness` (ended
+   early, when asked, once the best loss stops falling);
 4. the best candidate's scaled scores become the ranking.
 
 Under ``accelerate launch`` the gradient steps and each generation's candidates are split across processes
