@@ -59,8 +59,30 @@ def test_cka_fitness_scores_the_sliced_models_embeddings():
     assert cosine.loss(ranking) != pytest.approx(fitness.loss(ranking), abs=1e-4)  # a different objective
     with pytest.raises(hs.SnapViTError, match="image_similarities needs measure='cosine'"):
         fitness.image_similarities(ranking)
-    with pytest.raises(hs.SnapViTError, match=r"measure='l2'.*\('cosine', 'cka'\)"):
+    with pytest.raises(hs.SnapViTError, match=r"measure='l2'.*\('cosine', 'cka', 'blocks'\)"):
         EmbeddingFitness(model, pixels, measure="l2")
+
+
+def test_blocks_fitness_compares_every_blocks_output_of_the_sliced_model():
+    """Against the sliced model's hidden states (transformers' output_hidden_states), token-averaged per block."""
+    model = CASE["dinov2"].build()
+    pixels = torch.randn(10, 3, 32, 32)
+    with torch.no_grad():
+        dense = torch.stack(model(pixel_values=pixels, output_hidden_states=True).hidden_states[1:]).mean(2)
+    hooks = [len(layer._forward_hooks) for layer in model.encoder.layer]  # transformers keeps its own
+    fitness = EmbeddingFitness(model, pixels, sparsities=(0.4,), pca_components=4, measure="blocks")
+    mean = dense.mean(1, keepdim=True)
+    assert fitness.similarity(hs.rank(model), 0.0) == pytest.approx(1.0, abs=1e-5)
+    ranking = hs.rank(model, method="random", seed=3)
+    sliced = slice_model_(copy.deepcopy(model), ranking.keep_indices(ranking.keep_counts(0.4)))
+    with torch.no_grad():
+        pruned = torch.stack(sliced(pixel_values=pixels, output_hidden_states=True).hidden_states[1:]).mean(2)
+    expected = torch.nn.functional.cosine_similarity(pruned - mean, dense - mean, dim=2).mean().item()
+    assert fitness.similarity(ranking, 0.4) == pytest.approx(expected, abs=1e-5)
+    assert expected < 0.999  # a pruned model's blocks drift
+    assert [len(layer._forward_hooks) for layer in model.encoder.layer] == hooks  # the fitness left none behind
+    with pytest.raises(hs.SnapViTError, match="image_similarities needs measure='cosine'"):
+        fitness.image_similarities(ranking)
 
 
 def test_snapvit_searches_on_the_cka_measure_when_asked():
@@ -78,5 +100,23 @@ def test_snapvit_searches_on_the_cka_measure_when_asked():
     fitness = EmbeddingFitness(model, pixels, sparsities=(0.1, 0.3), pca_components=8, precision=precision,
                                measure="cka")
     assert fitness.loss(ranking) == pytest.approx(ranking.provenance["search"]["best_loss"], abs=1e-6)
-    with pytest.raises(hs.SnapViTError, match=r"fitness_measure='l2'.*'cosine', 'cka'"):
+    with pytest.raises(hs.SnapViTError, match=r"fitness_measure='l2'.*'cosine', 'cka', 'blocks'"):
         hs.SnapViTConfig(fitness_measure="l2")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_blocks_fitness_reads_every_family(case):
+    """Every supported family's blocks are hooked (whatever their layers return): the dense model scores 1, a random
+    ranking less, and the embedding path is the one the other measures use."""
+    model = case.build()
+    fitness = EmbeddingFitness(model, case.pixels(6) if hasattr(case, "pixels") else torch.randn(6, 3, 32, 32),
+                               sparsities=(0.4,), pca_components=4, measure="blocks")
+    assert fitness.block_target.shape[:2] == (model_layers(model), 6)
+    assert fitness.similarity(hs.rank(model), 0.0) == pytest.approx(1.0, abs=1e-4)
+    assert fitness.similarity(hs.rank(model, method="random", seed=1), 0.4) < 0.99999  # BEiT: ~0.99996 (layer scale)
+
+
+def model_layers(model) -> int:
+    from hf_snapvit.architectures import get_layers
+
+    return len(get_layers(model))

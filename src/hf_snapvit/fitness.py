@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from .architectures import get_spec
+from .architectures import get_layers, get_spec
 from .cka import linear_cka
 from .embedding import image_embedding
 from .distributed import autocast, map_across_processes, mixed_precision, process_state
@@ -41,7 +41,7 @@ from .slicing import slice_model_
 from .ranking import ElasticRanking
 
 
-MEASURES = ("cosine", "cka")
+MEASURES = ("cosine", "cka", "blocks")
 
 
 class EmbeddingFitness:
@@ -61,6 +61,9 @@ class EmbeddingFitness:
         measure: ``"cosine"`` (the paper): the mean over images of the cosine similarity of the pruned and dense
             PCA projections. ``"cka"``: the linear CKA of the two projections over the fitness images, which asks
             only that the pruned embeddings keep the images' geometry (any rotation or scale of them scores 1).
+            ``"blocks"``: the cosine similarity of every block's output (averaged over tokens, centred on the dense
+            model's mean), averaged over images and blocks: the pruned model must follow the dense one at every
+            depth, not only at its output.
     """
 
     def __init__(
@@ -92,7 +95,10 @@ class EmbeddingFitness:
         self.batch_size = batch_size
         self._clock = _ForwardClock(self.device)
         self.work = copy.deepcopy(self.model)  # re-sliced from ``model`` for every evaluation
-        teacher = self.embed(None)
+        teacher, blocks = self._forward(None)
+        if blocks is not None:
+            self.block_mean = blocks.mean(1, keepdim=True)
+            self.block_target = blocks - self.block_mean
         self.mean = teacher.mean(0, keepdim=True)
         centred = teacher - self.mean
         k = min(pca_components, centred.shape[1], centred.shape[0])
@@ -110,17 +116,22 @@ class EmbeddingFitness:
     def forward_seconds(self, value: float) -> None:
         self._clock.reset(value)
 
-    @torch.no_grad()
     def embed(self, keep) -> torch.Tensor:
         """Embeddings ``[N, D]`` (float32) of the fitness images with only ``keep`` units active."""
+        return self._forward(keep)[0]
+
+    @torch.no_grad()
+    def _forward(self, keep) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The embeddings, and for the ``"blocks"`` measure every block's token-mean output ``[L, N, D]``."""
         model = self.model if keep is None else slice_model_(self.work, self._on_device(keep), source=self.model)
         chunks = []
         cast = contextlib.nullcontext() if self.precision == "bf16" else autocast(self.device, precision=self.precision)
-        with self._clock, cast:
+        blocks = _BlockOutputs(get_layers(model, self.spec)) if self.measure == "blocks" else contextlib.nullcontext()
+        with self._clock, cast, blocks:
             for i in range(0, len(self._inputs), self.batch_size):
                 batch = {"pixel_values": self._inputs[i:i + self.batch_size]}
                 chunks.append(image_embedding(model, batch, self.spec).float())
-        return torch.cat(chunks)
+        return torch.cat(chunks), (blocks.outputs() if self.measure == "blocks" else None)
 
     def _on_device(self, keep) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``keep``'s index arrays on the device, copied in one transfer that does not wait for queued work."""
@@ -142,6 +153,10 @@ class EmbeddingFitness:
     def _similarity(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
         if self.measure == "cka":
             return linear_cka(self._pruned(ranking, sparsity), self.target)
+        if self.measure == "blocks":
+            counts = ranking.keep_counts(sparsity, width_multiple=self.width_multiple)
+            _, blocks = self._forward(ranking.keep_indices(counts))
+            return F.cosine_similarity(blocks - self.block_mean, self.block_target, dim=2).mean()
         return self._image_similarities(ranking, sparsity).mean()
 
     def _pruned(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
@@ -192,6 +207,32 @@ class EmbeddingFitness:
 def _loss(similarities: np.ndarray) -> float:
     # float64 mean of the float32 similarities, as when they were read one by one.
     return 1.0 - float(np.mean([float(s) for s in similarities]))
+
+
+class _BlockOutputs:
+    """Inside ``with``: every block's output, averaged over its tokens, for each forward pass (float32)."""
+
+    def __init__(self, layers: Sequence[torch.nn.Module]) -> None:
+        self.layers = layers
+        self._outputs: list[list[torch.Tensor]] = [[] for _ in layers]
+
+    def __enter__(self) -> "_BlockOutputs":
+        def keep(l: int) -> Callable:
+            def hook(module, args, output) -> None:
+                hidden = output[0] if isinstance(output, tuple) else output
+                self._outputs[l].append(hidden.float().mean(1))
+            return hook
+
+        self._handles = [layer.register_forward_hook(keep(l)) for l, layer in enumerate(self.layers)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def outputs(self) -> torch.Tensor:
+        """``[L, N, D]``: each block's token-mean output for every image forwarded inside ``with``."""
+        return torch.stack([torch.cat(chunks) for chunks in self._outputs])
 
 
 class _ForwardClock:

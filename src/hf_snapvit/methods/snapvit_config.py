@@ -39,7 +39,9 @@ class SnapViTConfig:
         pca_components: PCA dimensions of the embedding similarity.
         fitness_measure: How a candidate's embeddings are compared with the dense model's: ``"cosine"`` (the
             paper: the mean per-image cosine similarity of the PCA projections) or ``"cka"`` (their linear CKA over
-            the fitness images: only the images' geometry counts, not the embeddings' rotation or scale).
+            the fitness images: only the images' geometry counts, not the embeddings' rotation or scale) or
+            ``"blocks"`` (the cosine similarity of every block's token-mean output, centred on the dense model's
+            mean, averaged over blocks: per-block feature matching).
         max_generations: Search budget in xNES generations (distribution updates).
         max_evaluations: Search budget in candidate evaluations (the reference's "50 iterations" are 50 evaluations).
         population_size: xNES population; default 4 + ⌊3 ln d⌋.
@@ -78,7 +80,7 @@ class SnapViTConfig:
     scores: ScoreConfig = field(default_factory=lambda: ScoreConfig(definition="obd"))
     fitness_sparsities: tuple[float, ...] = (0.1, 0.3, 0.5, 0.6)
     pca_components: int = 192
-    fitness_measure: Literal["cosine", "cka"] = "cosine"
+    fitness_measure: Literal["cosine", "cka", "blocks"] = "cosine"
     max_generations: int | None = 3
     max_evaluations: int | None = None
     population_size: int | None = None
@@ -125,7 +127,7 @@ class SnapViTConfig:
             raise ConfigError(f"{owner}(init_mean={self.init_mean!r}): give two finite factors (first block, last "
                               "block), e.g. (1.2, 0.8).")
         require_choice(owner, "covariance", self.covariance, ("identity", "cka"))
-        require_choice(owner, "fitness_measure", self.fitness_measure, ("cosine", "cka"))
+        require_choice(owner, "fitness_measure", self.fitness_measure, ("cosine", "cka", "blocks"))
         require_choice(owner, "precision", self.precision, PRECISIONS)
         require_choice(owner, "mode", self.mode, ("global", "paired"))
         for name in ("min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset"):
