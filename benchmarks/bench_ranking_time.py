@@ -18,7 +18,8 @@ a user's images would be.
     # on a CPU with a tiny model (what the test runs):
     python benchmarks/bench_ranking_time.py --device cpu --shapes tiny --presets fast --images 8 --generations 1
     # the default preset with its 1000 fitness images and with 256, side by side:
-    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 --fitness-images 1000 256
+    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
+        --fitness-images 1000 256
 """
 
 from __future__ import annotations
@@ -164,7 +165,8 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
 
 def summary_line(shape: str, row: dict[str, Any]) -> str:
     p = row["phases"]
-    return (f"{shape:<8} {row['preset']:<8} {row['ran_in']:<5} {row['num_fitness_images']:5d} fitness images wall {row['wall_seconds']:7.1f} s | data "
+    return (f"{shape:<8} {row['preset']:<8} {row['ran_in']:<5} {row['num_fitness_images']:5d} fitness images "
+            f"wall {row['wall_seconds']:7.1f} s | data "
             f"{p['data']:6.1f} gradients {p['gradients']:6.1f} search {p['search']:6.1f} (forwards "
             f"{p['search_forward']:6.1f}, {100 * (row['search_forward_fraction'] or 0):3.0f} %; dense floor "
             f"{row['search_forward_floor_seconds']:6.1f})")

@@ -19,8 +19,9 @@ Two stages, so a long grid can be run in pieces:
 in ``*.fit.json``) and skips configurations already there. ``--early-stopping 2:0 3:0.002`` also saves the rankings
 that early stopping (``SnapViTConfig.early_stopping_patience`` / ``_threshold``) would end the search at, read off the
 history; ``--reuse-search`` takes the history of a fit already recorded there instead of searching again (only the
-gradient scores, seconds, are recomputed), e.g. to read more budgets off a committed run. ``eval`` runs :func:`hf_snapvit.evaluation.run_sweep` (top-1
-with the model's head, and k-NN top-1 with k = 20 on a train-split bank; no latency) over every saved ranking, and
+gradient scores, seconds, are recomputed), e.g. to read more budgets off a committed run. ``eval`` runs
+:func:`hf_snapvit.evaluation.run_sweep` (top-1 with the model's head, and k-NN top-1 with k = 20 on a train-split
+bank; no latency) over every saved ranking, and
 writes ``summary.json``: each ranking's mean top-1 and k-NN over the sparsities, its search evaluations and fit time.
 Calibration images come from the train split (labels ignored); accuracy from the validation split.
 """

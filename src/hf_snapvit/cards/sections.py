@@ -230,7 +230,8 @@ def provenance_lines(ranking: ElasticRanking | None, base_text: str) -> list[tup
     if isinstance(search, Mapping) and search.get("evaluations") is not None:
         items.append(("Search", (f"{search.get('evaluations')} candidate evaluations in {search.get('generations')} "
                                 f"generations, best loss {search.get('best_loss', float('nan')):.4g}"
-                                + ("; stopped early, the loss no longer falling" if search.get("stopped_early") else ""))))
+                                + ("; stopped early, the loss no longer falling"
+                                   if search.get("stopped_early") else ""))))
     items.append(("Calibration data", _calibration_line(p.get("calibration_data"), method)))
     if "seed" in p:
         items.append(("Seed", str(p["seed"])))
