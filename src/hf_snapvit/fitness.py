@@ -126,12 +126,12 @@ class EmbeddingFitness:
         model = self.model if keep is None else slice_model_(self.work, self._on_device(keep), source=self.model)
         chunks = []
         cast = contextlib.nullcontext() if self.precision == "bf16" else autocast(self.device, precision=self.precision)
-        blocks = _BlockOutputs(get_layers(model, self.spec)) if self.measure == "blocks" else contextlib.nullcontext()
-        with self._clock, cast, blocks:
+        blocks = _BlockOutputs(get_layers(model, self.spec)) if self.measure == "blocks" else None
+        with self._clock, cast, blocks or contextlib.nullcontext():
             for i in range(0, len(self._inputs), self.batch_size):
                 batch = {"pixel_values": self._inputs[i:i + self.batch_size]}
                 chunks.append(image_embedding(model, batch, self.spec).float())
-        return torch.cat(chunks), (blocks.outputs() if self.measure == "blocks" else None)
+        return torch.cat(chunks), (None if blocks is None else blocks.outputs())
 
     def _on_device(self, keep) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``keep``'s index arrays on the device, copied in one transfer that does not wait for queued work."""
@@ -146,7 +146,8 @@ class EmbeddingFitness:
         return (embeddings - self.mean) @ self.components.T
 
     def similarities(self, ranking: ElasticRanking) -> torch.Tensor:
-        """``[len(sparsities)]`` similarities, mean cosine or CKA (float32, on the device; nothing waits for them)."""
+        """``[len(sparsities)]`` similarities in the fitness's measure (float32, on the device; nothing waits for
+        them)."""
         limit = ranking.max_sparsity_for(self.width_multiple)
         return torch.stack([self._similarity(ranking, min(s, limit)) for s in self.sparsities])
 
@@ -154,14 +155,16 @@ class EmbeddingFitness:
         if self.measure == "cka":
             return linear_cka(self._pruned(ranking, sparsity), self.target)
         if self.measure == "blocks":
-            counts = ranking.keep_counts(sparsity, width_multiple=self.width_multiple)
-            _, blocks = self._forward(ranking.keep_indices(counts))
+            _, blocks = self._forward(self._keep(ranking, sparsity))
             return F.cosine_similarity(blocks - self.block_mean, self.block_target, dim=2).mean()
         return self._image_similarities(ranking, sparsity).mean()
 
+    def _keep(self, ranking: ElasticRanking, sparsity: float):
+        """The units ``ranking`` keeps at ``sparsity``, at the widths this fitness scores."""
+        return ranking.keep_indices(ranking.keep_counts(sparsity, width_multiple=self.width_multiple))
+
     def _pruned(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
-        counts = ranking.keep_counts(sparsity, width_multiple=self.width_multiple)
-        return self.project(self.embed(ranking.keep_indices(counts)))
+        return self.project(self.embed(self._keep(ranking, sparsity)))
 
     def _image_similarities(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
         return F.cosine_similarity(self._pruned(ranking, sparsity), self.target, dim=1)
@@ -169,7 +172,7 @@ class EmbeddingFitness:
     def image_similarities(self, ranking: ElasticRanking) -> torch.Tensor:
         """``[len(sparsities), N]`` cosine similarity of each fitness image at each sparsity (float32, on the
         device): what :meth:`similarities` averages, kept per image to measure the fitness's noise. The ``"cka"``
-        measure has no per-image value."""
+        and ``"blocks"`` measures have no per-image value."""
         if self.measure != "cosine":
             raise ConfigError(f"image_similarities needs measure='cosine'; the {self.measure!r} measure is a "
                               "statistic of the whole image set.")
@@ -177,12 +180,12 @@ class EmbeddingFitness:
         return torch.stack([self._image_similarities(ranking, min(s, limit)) for s in self.sparsities])
 
     def similarity(self, ranking: ElasticRanking, sparsity: float) -> float:
-        """The similarity of the PCA projections at one sparsity (the mean cosine, or their CKA)."""
+        """The similarity at one sparsity, in the fitness's measure."""
         limit = ranking.max_sparsity_for(self.width_multiple)
         return self._similarity(ranking, min(sparsity, limit)).item()
 
     def loss(self, ranking: ElasticRanking) -> float:
-        """``1 - mean over sparsities of the similarity`` (mean cosine, or CKA); lower is better."""
+        """``1 - mean over sparsities of the similarity`` (in the fitness's measure); lower is better."""
         return _loss(self.similarities(ranking).cpu().numpy())
 
     def batch_loss(self, rankings: Callable[[np.ndarray], ElasticRanking], candidates: np.ndarray) -> np.ndarray:

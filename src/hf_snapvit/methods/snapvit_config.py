@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from ..distributed import PRECISIONS
 from ..errors import ConfigError
+from ..fitness import MEASURES
 from ..ranking import Floors, RankingMode
 from ..scoring import ScoreConfig
 from ..validation import is_real, require_choice, require_int
@@ -127,7 +128,7 @@ class SnapViTConfig:
             raise ConfigError(f"{owner}(init_mean={self.init_mean!r}): give two finite factors (first block, last "
                               "block), e.g. (1.2, 0.8).")
         require_choice(owner, "covariance", self.covariance, ("identity", "cka"))
-        require_choice(owner, "fitness_measure", self.fitness_measure, ("cosine", "cka", "blocks"))
+        require_choice(owner, "fitness_measure", self.fitness_measure, MEASURES)
         require_choice(owner, "precision", self.precision, PRECISIONS)
         require_choice(owner, "mode", self.mode, ("global", "paired"))
         for name in ("min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset"):
