@@ -3,10 +3,11 @@
 Every configuration is the ``fast`` preset at sigma 1 (``BASE_SIGMA``: the grid was measured before the preset's
 sigma became 0.5, which is what this sweep chose) with some settings changed, written ``DEFINITION:MODE:GENERATIONS``
 plus optional ``:key=value`` changes (``covariance=cka``, ``sigma=0.5``, ``head_rows=qkv``, ``init=1.0,1.0``,
-``fitness=256``: the number of fitness images, ``measure=cka``: the fitness measure). One fit
-per configuration runs the largest search budget; the rankings at the smaller budgets of ``--budgets`` come from its
-history (the best factors after g generations; g = 0 is the starting factors, i.e. no search), which is exactly
-what a fit with that budget returns, because the first g generations do not depend on the budget.
+``fitness=256``: the number of fitness images, ``measure=cka``: the fitness measure, ``order=obs``: the unit order
+within blocks). One fit per configuration runs the largest search budget; the rankings at the smaller budgets of
+``--budgets`` come from its history (the best factors after g generations; g = 0 is the starting factors, i.e. no
+search), which is exactly what a fit with that budget returns, because the first g generations do not depend on the
+budget.
 
 Two stages, so a long grid can be run in pieces:
 
@@ -53,12 +54,13 @@ SHARED = ROOT.parent / "shared"
 # The committed grid (benchmarks/results/defaults_vit_tiny) ran on the fast preset of its time, sigma 1; a spec without
 # a sigma option keeps that, so its name still names its rows and a re-run reproduces them.
 BASE_SIGMA = 1.0
-SEARCH_OPTIONS = {"covariance": str, "sigma": float, "fitness": int, "measure": str}
+SEARCH_OPTIONS = {"covariance": str, "sigma": float, "fitness": int, "measure": str, "order": str}
 # Spec keys that name a config field by a shorter word.
-FIELD_NAMES = {"fitness": "num_fitness_images", "measure": "fitness_measure"}
+FIELD_NAMES = {"fitness": "num_fitness_images", "measure": "fitness_measure", "order": "unit_order"}
 SCORE_OPTIONS = {"head_rows": str}
 # Settings that fits recorded before they existed ran with: their whole budget, and the paper's cosine fitness.
-NEWER_SETTINGS = {"early_stopping_patience": None, "early_stopping_threshold": 0.0, "fitness_measure": "cosine"}
+NEWER_SETTINGS = {"early_stopping_patience": None, "early_stopping_threshold": 0.0, "fitness_measure": "cosine",
+                  "unit_order": "scores"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -54,13 +54,16 @@ def test_options_reach_the_search_and_the_scores():
     assert config.scores.head_rows == "qkv" and config.scores.crops == FAST.scores.crops
 
 
-def test_fitness_options_set_the_number_of_fitness_images_and_the_measure_only():
+def test_options_set_the_fitness_images_the_measure_and_the_unit_order_only():
     name, config = defaults.parse_config("obd:global:3:sigma=0.5:fitness=256", seed=1)
     assert name == "obd-global-sigma0.5-fitness256"
     assert config == dataclasses.replace(FAST, max_generations=3, seed=1, sigma=0.5, num_fitness_images=256)
     name, config = defaults.parse_config("obd:global:3:sigma=0.5:measure=cka", seed=0)
     assert name == "obd-global-sigma0.5-measurecka"
     assert config == dataclasses.replace(FAST, max_generations=3, sigma=0.5, fitness_measure="cka")
+    name, config = defaults.parse_config("obd:global:3:sigma=0.5:order=obs", seed=2)
+    assert name == "obd-global-sigma0.5-orderobs"
+    assert config == dataclasses.replace(FAST, max_generations=3, seed=2, sigma=0.5, unit_order="obs")
 
 
 def test_unknown_option_names_the_valid_ones():

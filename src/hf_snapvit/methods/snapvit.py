@@ -3,7 +3,8 @@
 ``SnapViTPruner(SnapViTConfig(...)).fit(model, data)`` returns an :class:`~hf_snapvit.ElasticRanking`:
 
 1. draw a seeded gradient set and a disjoint fitness set from ``data`` (:mod:`hf_snapvit.calibration`);
-2. local scores from DINO-loss gradients (:mod:`hf_snapvit.scoring`);
+2. local scores from DINO-loss gradients (:mod:`hf_snapvit.scoring`), handed out in each block's second-order order
+   when ``unit_order`` asks for one (:mod:`hf_snapvit.methods.block_order`);
 3. an xNES search (:mod:`hf_snapvit.xnes`) over ``c`` = one factor per FFN block and one per head, where a candidate
    ranks unit ``u`` by ``score(u) · |c(u)|`` and is scored by :class:`~hf_snapvit.fitness.EmbeddingFitness` (ended
    early, when asked, once the best loss stops falling);
@@ -26,6 +27,7 @@ from transformers import PreTrainedModel
 
 from ..budget import ModelShape, layer_widths, model_shape
 from ..calibration import draw_calibration
+from ..correction.config import CorrectionConfig
 from ..distributed import on_process_device, process_state, resolve_precision, tf32_matmuls
 from ..errors import ConfigError
 from ..files import public_name
@@ -34,6 +36,7 @@ from ..ranking import ElasticRanking, RankingMode
 from ..scoring import gradient_scores
 from ..views import load_processor, processor_inputs
 from ..xnes import XNES, XNESResult
+from .block_order import block_orders, reorder_scores
 from .search_state import CHECKPOINT_SETTINGS, SearchCheckpoint, search_key
 from .snapvit_config import FITNESS_BATCH_SIZE, PRESETS, SnapViTConfig
 
@@ -150,12 +153,11 @@ class SnapViTPruner:
 
         start = time.perf_counter()
         if saved is None:
-            head_scores, neuron_scores = gradient_scores(model, gradient_images, processor, config.scores,
-                                                         seed=config.seed, show_progress=show_progress,
-                                                         precision=precision)
+            head_scores, neuron_scores = self._local_scores(model, gradient_images, processor, fitness_pixels,
+                                                            show_progress, precision, timings)
         else:  # the scores of the killed run: the gradient phase is the same computation
             head_scores, neuron_scores = saved["head_scores"], saved["neuron_scores"]
-        timings["gradients"] = time.perf_counter() - start
+        timings["gradients"] = time.perf_counter() - start - timings.get("unit_order", 0.0)
 
         shape = model_shape(model)
         # Scores are means over a unit's weights; times the unit's cost they become totals, so the global mode's
@@ -184,6 +186,24 @@ class SnapViTPruner:
                        "generations": result.generations, "stopped_early": result.stopped_early},
         }
         return replace(best, provenance=provenance)
+
+    def _local_scores(self, model: PreTrainedModel, gradient_images: Any, processor: Any, fitness_pixels: Any,
+                      show_progress: bool, precision: str, timings: dict[str, float]
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """The gradient scores, handed out in each block's second-order order when ``unit_order`` asks for one."""
+        config = self.config
+        scores = gradient_scores(model, gradient_images, processor, config.scores, seed=config.seed,
+                                 show_progress=show_progress, precision=precision)
+        if config.unit_order == "scores":
+            return scores
+        start = time.perf_counter()
+        # On the fitness images: every process holds all of them (of the gradient images, maybe only its share), so
+        # every process computes the same orders.
+        orders = block_orders(model, fitness_pixels, order=config.unit_order,
+                              config=CorrectionConfig(num_samples=None, batch_size=config.scores.batch_size,
+                                                      guard=False), show_progress=show_progress)
+        timings["unit_order"] = time.perf_counter() - start
+        return tuple(reorder_scores(s, [o[kind] for o in orders]) for kind, s in enumerate(scores))
 
     def _search(self, model: PreTrainedModel, fitness: EmbeddingFitness, checkpoint: SearchCheckpoint,
                 saved: dict[str, Any] | None, scores: tuple[np.ndarray, np.ndarray],

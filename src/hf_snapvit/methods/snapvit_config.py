@@ -14,6 +14,7 @@ from ..ranking import Floors, RankingMode
 from ..scoring import ScoreConfig
 from ..validation import is_real, require_choice, require_int
 from ..views import MultiCropConfig
+from .block_order import UNIT_ORDERS, UnitOrder
 from .search_state import CHECKPOINT_SETTINGS
 
 PRESETS = ("default", "fast", "paper")
@@ -36,6 +37,11 @@ class SnapViTConfig:
         num_gradient_images: Images whose gradients give the local scores.
         num_fitness_images: Images the search scores candidates on (disjoint from the gradient images).
         scores: Gradient score settings (definition, head rows, crops).
+        unit_order: Which units of a block the scores keep: ``"scores"`` (the paper: each unit by its own score),
+            ``"output"`` or ``"obs"``: each block's units ordered by greedy elimination on the dense model's input
+            covariance of its output projections over the fitness images, the error of the plain slice or of the
+            least-squares re-fit that the prefix correction makes (:mod:`hf_snapvit.methods.block_order`); the scores
+            are then handed out in that order, so they still set how many units each block keeps.
         fitness_sparsities: Sparsities every candidate is evaluated at; the fitness averages over them.
         pca_components: PCA dimensions of the embedding similarity.
         fitness_measure: How a candidate's embeddings are compared with the dense model's: ``"cosine"`` (the
@@ -79,6 +85,7 @@ class SnapViTConfig:
     num_gradient_images: int = 1000
     num_fitness_images: int = 1000
     scores: ScoreConfig = field(default_factory=lambda: ScoreConfig(definition="obd"))
+    unit_order: UnitOrder = "scores"
     fitness_sparsities: tuple[float, ...] = (0.1, 0.3, 0.5, 0.6)
     pca_components: int = 192
     fitness_measure: Literal["cosine", "cka", "blocks"] = "cosine"
@@ -129,6 +136,7 @@ class SnapViTConfig:
                               "block), e.g. (1.2, 0.8).")
         require_choice(owner, "covariance", self.covariance, ("identity", "cka"))
         require_choice(owner, "fitness_measure", self.fitness_measure, MEASURES)
+        require_choice(owner, "unit_order", self.unit_order, UNIT_ORDERS)
         require_choice(owner, "precision", self.precision, PRECISIONS)
         require_choice(owner, "mode", self.mode, ("global", "paired"))
         for name in ("min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset"):
