@@ -45,15 +45,18 @@ def refit_error(W, H, kept, group):
     return float(torch.trace(W @ schur @ W.T))
 
 
-def greedy_reference(W, H, units, group, error):
-    """The elimination written from its definition: remove the unit whose removal leaves the least error."""
+def greedy_reference(W, H, units, group, error, per_step=1):
+    """The elimination written from its definition: remove the unit (or the ``per_step`` units) whose removal alone
+    leaves the least error."""
     alive, removals = list(range(units)), []
     while alive:
         if error is plain_error:
             costs = [error(W, H, removals + [u], group) for u in alive]
         else:
             costs = [error(W, H, [k for k in alive if k != u], group) for u in alive]
-        removals.append(alive.pop(int(np.argmin(costs))))
+        picks = [alive[i] for i in np.argsort(costs, kind="stable")[:min(per_step, max(len(alive) - 1, 1))]]
+        removals += picks
+        alive = [u for u in alive if u not in picks]
     return removals[::-1]
 
 
@@ -74,6 +77,17 @@ def test_obs_order_is_the_greedy_elimination_of_the_refit_error(group, seed):
     config = CorrectionConfig(damping_fraction=1e-12)
     order = elimination_order(W, H, group=group, order="obs", config=config)
     assert order.tolist() == greedy_reference(W, H, 6, group, refit_error)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_a_wide_obs_order_removes_the_cheapest_few_units_per_step(group):
+    """Capped at 3 steps, 8 units go 3, 3, then 1 + the last: each step's cheapest single removals."""
+    W, H = layer_problem(8, group, seed=4)
+    config = CorrectionConfig(damping_fraction=1e-12)
+    order = elimination_order(W, H, group=group, order="obs", config=config, max_steps=3)
+    assert order.tolist() == greedy_reference(W, H, 8, group, refit_error, per_step=3)
+    with pytest.raises(ConfigError, match="max_steps=0"):
+        elimination_order(W, H, group=group, max_steps=0)
 
 
 def test_orders_differ_from_the_diagonal_when_inputs_are_correlated():

@@ -12,8 +12,8 @@ columns each; the FFN output projection for neurons) changes the layer's output 
 
 An elastic model keeps a prefix of each block's rank order, so the order is built by greedy backward elimination:
 repeatedly remove the unit whose removal adds least error given the units already removed (for ``"obs"``, with the
-kept weights and the inverse Hessian updated after each removal); the order is the reverse of the removals, so every
-prefix is the set the elimination kept. :func:`reorder_scores` then hands a block's gradient scores out in that
+kept weights and the inverse Hessian updated after each removal, and a wide layer's cheapest few units removed per
+step: :data:`OBS_STEPS`); the order is the reverse of the removals, so every prefix is the set the elimination kept. :func:`reorder_scores` then hands a block's gradient scores out in that
 order: the gradient scores (and the search) still decide how many units each block keeps, the covariance decides which.
 The layer-local errors are not comparable across blocks, so they are not used as scores themselves.
 """
@@ -37,6 +37,9 @@ from ..errors import ConfigError
 UnitOrder = Literal["scores", "output", "obs"]
 #: ``"scores"``: the gradient scores' own order; the others order each block's units by greedy elimination.
 UNIT_ORDERS: tuple[str, ...] = ("scores", "output", "obs")
+#: The most elimination steps an ``"obs"`` order takes per layer. Each step downdates the ``n x n`` inverse Hessian,
+#: so a layer with more units removes ``ceil(units / OBS_STEPS)`` per step, those of least single cost.
+OBS_STEPS = 256
 
 
 def _grouped(matrix: torch.Tensor, group: int) -> torch.Tensor:
@@ -49,7 +52,7 @@ def _output_removals(weight: torch.Tensor, hessian: torch.Tensor, group: int) ->
     # G[i, j] = E[(W_i x_i)·(W_j x_j)] between units; removing S costs the sum of G over S x S.
     gram = _grouped((weight.T @ weight) * hessian, group)
     added = torch.diagonal(gram).clone()  # the cost of removing each unit next: G_jj + 2 Σ_{i removed} G_ij
-    alive = torch.ones(gram.shape[0], dtype=torch.bool)
+    alive = torch.ones(gram.shape[0], dtype=torch.bool, device=gram.device)
     removals = []
     for _ in range(gram.shape[0]):
         unit = int(torch.where(alive, added, torch.inf).argmin())
@@ -59,38 +62,36 @@ def _output_removals(weight: torch.Tensor, hessian: torch.Tensor, group: int) ->
     return removals
 
 
-def _obs_removals(weight: torch.Tensor, hessian: torch.Tensor, group: int, config: CorrectionConfig) -> list[int]:
+def _obs_removals(weight: torch.Tensor, hessian: torch.Tensor, group: int, config: CorrectionConfig,
+                  max_steps: int) -> list[int]:
     L, _ = damped_cholesky(hessian, config, shape=tuple(weight.shape))
     inverse = torch.cholesky_inverse(L)
     weight = weight.to(inverse.dtype).clone()
     units = weight.shape[1] // group
-    columns = torch.arange(weight.shape[1]).view(units, group)
-    alive = torch.ones(units, dtype=torch.bool)
-    removals = []
-    for _ in range(units - 1):
-        live = torch.nonzero(alive).flatten()
-        blocks = inverse[columns[live][:, :, None], columns[live][:, None, :]]  # [live, g, g]
-        kept = weight[:, columns[live]].permute(1, 2, 0)  # [live, g, out]
+    per_step = -(-units // max_steps)
+    removed = torch.zeros(units, dtype=torch.bool, device=inverse.device)
+    removals: list[int] = []
+    while len(removals) < units - 1:
+        blocks = inverse.view(units, group, units, group).diagonal(dim1=0, dim2=2).permute(2, 0, 1)  # [u, g, g]
+        kept = weight.view(-1, units, group).permute(1, 2, 0)  # [u, g, out]
+        solved = kept / blocks if group == 1 else torch.linalg.solve(blocks, kept)
         # The error a unit's removal adds when the others are re-fitted: tr(W_g (H⁻¹_gg)⁻¹ W_gᵀ).
-        cost = (kept * torch.linalg.solve(blocks, kept)).sum((1, 2))
-        pick = int(live[int(cost.argmin())])
-        removals.append(pick)
-        alive[pick] = False
-        g = columns[pick]
-        step = torch.linalg.solve(inverse[g[:, None], g[None, :]], inverse[g])  # [g, n]: (H⁻¹_gg)⁻¹ H⁻¹_g:
-        weight -= weight[:, g] @ step
-        inverse -= inverse[:, g] @ step
-        # The removed unit is decoupled from the rest and left invertible, so later solves stay well posed.
-        inverse[g, :] = 0
-        inverse[:, g] = 0
-        inverse[g[:, None], g[None, :]] = torch.eye(group, dtype=inverse.dtype)
-        weight[:, g] = 0
-    removals.append(int(torch.nonzero(alive).flatten()[0]))
+        cost = (kept * solved).sum((1, 2)).masked_fill(removed, torch.inf)
+        picks = torch.topk(cost, min(per_step, units - 1 - len(removals)), largest=False).indices  # cheapest first
+        removals += picks.tolist()
+        removed[picks] = True
+        columns = (picks[:, None] * group + torch.arange(group, device=picks.device)).flatten()
+        step = torch.linalg.solve(inverse[columns[:, None], columns], inverse[columns])  # (H⁻¹_CC)⁻¹ H⁻¹_C:
+        weight -= weight[:, columns] @ step
+        inverse -= inverse[:, columns] @ step
+        # The update zeroes the removed columns' rows and columns; an identity block keeps later solves well posed.
+        inverse[columns[:, None], columns] = torch.eye(len(columns), dtype=inverse.dtype, device=inverse.device)
+    removals.append(int(torch.nonzero(~removed).flatten()[0]))
     return removals
 
 
 def elimination_order(weight: torch.Tensor, hessian: torch.Tensor, *, group: int = 1, order: UnitOrder = "obs",
-                      config: CorrectionConfig | None = None) -> np.ndarray:
+                      config: CorrectionConfig | None = None, max_steps: int = OBS_STEPS) -> np.ndarray:
     """A layer's units, most important first, by greedy backward elimination of its input columns.
 
     Args:
@@ -100,18 +101,24 @@ def elimination_order(weight: torch.Tensor, hessian: torch.Tensor, *, group: int
         order: ``"output"`` (kept columns unchanged) or ``"obs"`` (kept columns re-fitted; the Hessian is damped
             as ``config`` says, as for the correction).
         config: The damping of ``"obs"`` (default :class:`~hf_snapvit.correction.CorrectionConfig`).
+        max_steps: The most ``"obs"`` elimination steps (see :data:`OBS_STEPS`); with at least as many steps as
+            units, one unit is removed per step.
     """
+    if not isinstance(max_steps, int) or max_steps < 1:
+        raise ConfigError(f"max_steps={max_steps!r}: give the most elimination steps, an int >= 1, e.g. {OBS_STEPS}.")
     if order not in UNIT_ORDERS[1:]:
         raise ConfigError(f"order={order!r} is not an elimination order; use one of {UNIT_ORDERS[1:]}.")
     columns = weight.shape[1]
     if hessian.shape != (columns, columns) or group < 1 or columns % group:
         raise ConfigError(f"A [{weight.shape[0]}, {columns}] weight needs a [{columns}, {columns}] Hessian and a "
                           f"group that divides {columns}; got a {list(hessian.shape)} Hessian and group {group}.")
-    weight, hessian = weight.detach().double().cpu(), hessian.detach().double().cpu()
+    # float64 where the device has it (CPU, CUDA): the inverse Hessian is downdated once per removed unit.
+    dtype = torch.float64 if hessian.device.type in ("cpu", "cuda") else torch.float32
+    weight, hessian = weight.detach().to(hessian.device, dtype), hessian.detach().to(dtype)
     if order == "output":
         removals = _output_removals(weight, hessian, group)
     else:
-        removals = _obs_removals(weight, hessian, group, config or CorrectionConfig())
+        removals = _obs_removals(weight, hessian, group, config or CorrectionConfig(), max_steps)
     return np.asarray(removals[::-1], dtype=np.int64)
 
 
