@@ -192,8 +192,11 @@ def _settings_line(settings: Mapping[str, Any]) -> str:
     budget = [f"{settings[k]} {label}" for k, label in (("max_generations", "xNES generations"),
                                                        ("max_evaluations", "candidate evaluations"))
               if settings.get(k) is not None]
+    order = settings.get("unit_order")
     return (f"{settings.get('num_gradient_images')} gradient + {settings.get('num_fitness_images')} fitness images, "
-            f"score definition `{scores.get('definition', '?')}`, search budget {' / '.join(budget) or '?'}")
+            f"score definition `{scores.get('definition', '?')}`"
+            + (f", units within a block in `{order}` order" if order not in (None, "scores") else "")
+            + f", search budget {' / '.join(budget) or '?'}")
 
 
 def _calibration_line(calibration: Any, method: str) -> str:
