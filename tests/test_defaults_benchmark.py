@@ -15,7 +15,8 @@ from hf_snapvit.methods.snapvit import FITNESS_BATCH_SIZE
 from helpers import BENCHMARKS, load_benchmark
 
 defaults = load_benchmark("defaults_vit_tiny")
-FAST = hf_snapvit.SnapViTConfig.preset("fast")
+# The grid's base: the fast preset in the scores' own unit order (defaults.BASE_ORDER); specs add the sigma.
+FAST = hf_snapvit.SnapViTConfig.preset("fast", unit_order=defaults.BASE_ORDER)
 
 
 def test_plain_spec_changes_definition_mode_and_budget_only():

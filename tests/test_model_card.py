@@ -192,10 +192,10 @@ def test_provenance_citation_and_preset(elastic):
                                                                       "source": "Dataset", "image_column": "image"}})
     text = make_model_card(snap).text
     assert "preset `fast`" in text and "128 gradient + 128 fitness images" in text and "column `image`" in text
-    assert "order" not in next(line for line in text.splitlines() if line.startswith("- **Settings**"))
-    ordered = replace(snap, provenance={**snap.provenance, "settings": {**settings, "unit_order": "obs"}})
-    assert ("score definition `obd`, units within a block in `obs` order, search budget 3 xNES generations"
-            in make_model_card(ordered).text)
+    assert "score definition `obd`, units within a block in `output` order, search budget 3 xNES generations" in text
+    plain = replace(snap, provenance={**snap.provenance, "settings": {**settings, "unit_order": "scores"}})
+    assert "order" not in next(line for line in make_model_card(plain).text.splitlines()
+                               if line.startswith("- **Settings**"))
 
 
 def test_search_line_says_when_the_search_stopped_early(elastic):

@@ -80,7 +80,9 @@ def _fit(model, precision, generations=0):
                               max_generations=generations, fitness_sparsities=(0.3,),
                               scores=ScoreConfig(definition="obd", batch_size=4,
                                                  crops=MultiCropConfig(num_global=2, num_local=2)),
-                              precision=precision)
+                              precision=precision, unit_order="scores")
+    # The scores' own order: the unit-order pass (methods/block_order.py) runs the dense model in float32 whatever
+    # the precision, its covariance sums being what it measures, and would show among the recorded dtypes.
     return hs.SnapViTPruner(config).fit(model, images(16), processor=PROCESSOR, show_progress=False)
 
 

@@ -185,7 +185,7 @@ def test_presets_and_config_validation():
     paper = hs.SnapViTConfig.preset("paper")
     assert paper.max_evaluations == 50 and paper.mode == "paired" and paper.scores.definition == "accumulated"
     assert paper.scores.crops.num_global == 2 and paper.scores.crops.num_local == 10 and paper.pca_components == 192
-    assert paper.sigma == 1.0 and paper.max_generations is None
+    assert paper.sigma == 1.0 and paper.max_generations is None and paper.unit_order == "scores"
     fast = hs.SnapViTConfig.preset("fast", seed=9)
     assert fast.seed == 9 and fast.max_generations == 3
     # the measured choices (benchmarks/defaults_vit_tiny.py) are the defaults, and fast shares them
@@ -193,7 +193,7 @@ def test_presets_and_config_validation():
     assert default == hs.SnapViTConfig() and default.num_gradient_images == 1000
     for config in (default, fast):
         assert (config.scores.definition, config.mode, config.max_generations, config.max_evaluations,
-                config.sigma) == ("obd", "global", 3, None, 0.5)
+                config.sigma, config.unit_order) == ("obd", "global", 3, None, 0.5, "output")
     with pytest.raises(hs.SnapViTError, match="Unknown preset 'turbo'"):
         hs.SnapViTConfig.preset("turbo")
     with pytest.raises(hs.SnapViTError, match="search budget"):

@@ -13,8 +13,9 @@ columns each; the FFN output projection for neurons) changes the layer's output 
 An elastic model keeps a prefix of each block's rank order, so the order is built by greedy backward elimination:
 repeatedly remove the unit whose removal adds least error given the units already removed (for ``"obs"``, with the
 kept weights and the inverse Hessian updated after each removal, and a wide layer's cheapest few units removed per
-step: :data:`OBS_STEPS`); the order is the reverse of the removals, so every prefix is the set the elimination kept. :func:`reorder_scores` then hands a block's gradient scores out in that
-order: the gradient scores (and the search) still decide how many units each block keeps, the covariance decides which.
+step: :data:`OBS_STEPS`); the order is the reverse of the removals, so every prefix is the set the elimination kept.
+:func:`reorder_scores` then hands a block's gradient scores out in that order: the gradient scores (and the search)
+still decide how many units each block keeps, the covariance decides which.
 The layer-local errors are not comparable across blocks, so they are not used as scores themselves.
 """
 
