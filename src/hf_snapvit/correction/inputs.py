@@ -5,7 +5,7 @@ input columns."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -119,3 +119,20 @@ def halve(batch: Any) -> list[Any]:
     if isinstance(batch, list):
         return [batch[:half], batch[half:]]
     return [{key: value[:half] for key, value in batch.items()}, {key: value[half:] for key, value in batch.items()}]
+
+
+def dense_block_hessians(model: nn.Module, spec, inputs: list[BlockInputs], desc: str, show_progress: bool
+                         ) -> Iterator[tuple[int, nn.Module, list[tuple[nn.Linear, HessianHook]]]]:
+    """Block by block of the dense ``model``: ``(index, block, [(output projection, its input Hessian), ...])`` (the
+    attention output, then the FFN output), from ``inputs`` that each block's outputs then replace."""
+    for block, layer in enumerate(tqdm(get_layers(model, spec), desc=desc, unit="block", disable=not show_progress)):
+        projections = output_projections(layer, spec)
+        hooks = [HessianHook(linear) for linear in projections]
+        try:
+            outputs = [item.call(layer) for item in inputs]
+        finally:
+            for hook in hooks:
+                hook.handle.remove()
+        yield block, layer, list(zip(projections, hooks))
+        for item, out in zip(inputs, outputs):
+            item.hidden = out

@@ -24,7 +24,6 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.nn as nn
-from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
 from ..architectures import get_attention, get_layers, get_spec, head_dim
@@ -33,8 +32,8 @@ from ..errors import CorrectionError
 from ..slicing import OUTPUT_KINDS
 from .config import CorrectionConfig
 from .guard import held_out_count
-from .inputs import (HessianHook, capture_first_block_inputs, halve, model_inputs_of, output_columns,
-                     output_projections)
+from .inputs import (HessianHook, capture_first_block_inputs, dense_block_hessians, halve, model_inputs_of,
+                     output_columns, output_projections)
 from .solve import damped_cholesky
 
 #: The two column-pruned projections of a block, in the order :class:`PrefixCorrection` keeps them.
@@ -136,21 +135,11 @@ class PrefixCorrection:
                                                 show_progress)
             num_tokens = sum(int(np.prod(item.hidden.shape[:-1])) for item in inputs)
             factors, head_dims = [], []
-            for block, layer in enumerate(tqdm(layers, desc="elastic correction", unit="block",
-                                               disable=not show_progress)):
+            for block, layer, hooked in dense_block_hessians(model, spec, inputs, "elastic correction", show_progress):
                 head_dims.append(head_dim(get_attention(layer, spec), spec))
-                targets = list(zip(output_projections(layer, spec),
-                                   output_columns(layer, spec, None if orders is None else orders[block])))
-                hooks = [HessianHook(linear) for linear, _ in targets]
-                try:
-                    outputs = [item.call(layer) for item in inputs]
-                finally:
-                    for hook in hooks:
-                        hook.handle.remove()
-                factors.append(tuple(_factorise(linear, hook, columns, config)
-                                     for (linear, columns), hook in zip(targets, hooks)))
-                for item, out in zip(inputs, outputs):
-                    item.hidden = out
+                columns = output_columns(layer, spec, None if orders is None else orders[block])
+                factors.append(tuple(_factorise(linear, hook, order, config)
+                                     for (linear, hook), order in zip(hooked, columns)))
         finally:
             model.train(was_training)
         return cls(factors, head_dims, num_images, num_tokens, config, time.perf_counter() - start, held_out)

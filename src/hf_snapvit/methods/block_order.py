@@ -21,17 +21,16 @@ The layer-local errors are not comparable across blocks, so they are not used as
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 import torch
 import torch.nn as nn
-from huggingface_hub.utils import tqdm
 
-from ..architectures import get_attention, get_layers, get_spec, head_dim
+from ..architectures import get_attention, get_spec, head_dim
 from ..calibration import calibration_batches
 from ..correction.config import CorrectionConfig
-from ..correction.inputs import BlockInputs, HessianHook, capture_first_block_inputs, output_projections
+from ..correction.inputs import capture_first_block_inputs, dense_block_hessians
 from ..correction.solve import damped_cholesky
 from ..errors import ConfigError
 
@@ -123,22 +122,6 @@ def elimination_order(weight: torch.Tensor, hessian: torch.Tensor, *, group: int
     return np.asarray(removals[::-1], dtype=np.int64)
 
 
-def _block_hessians(model: nn.Module, spec, inputs: list[BlockInputs], show_progress: bool
-                    ) -> Iterator[tuple[nn.Module, list[tuple[nn.Linear, torch.Tensor]]]]:
-    """Per block of the dense model: the block and its two output projections with their input Hessians."""
-    for layer in tqdm(get_layers(model, spec), desc="unit order", unit="block", disable=not show_progress):
-        projections = output_projections(layer, spec)
-        hooks = [HessianHook(linear) for linear in projections]
-        try:
-            outputs = [item.call(layer) for item in inputs]
-        finally:
-            for hook in hooks:
-                hook.handle.remove()
-        yield layer, [(linear, hook.hessian()) for linear, hook in zip(projections, hooks)]
-        for item, out in zip(inputs, outputs):
-            item.hidden = out
-
-
 @torch.no_grad()
 def block_orders(model: nn.Module, images_or_pixels: Any, processor: Any = None, *, order: UnitOrder = "obs",
                  config: CorrectionConfig | None = None, show_progress: bool = True) -> list[tuple[np.ndarray, ...]]:
@@ -153,10 +136,12 @@ def block_orders(model: nn.Module, images_or_pixels: Any, processor: Any = None,
                                          batch_size=config.batch_size, seed=config.seed, model=model)
         inputs = capture_first_block_inputs(model, spec, batches, processor, show_progress)
         orders = []
-        for layer, ((attention, h_attention), (ffn, h_ffn)) in _block_hessians(model, spec, inputs, show_progress):
+        for _, layer, ((attention, h_attention), (ffn, h_ffn)) in dense_block_hessians(model, spec, inputs,
+                                                                                       "unit order", show_progress):
             width = head_dim(get_attention(layer, spec), spec)
-            orders.append((elimination_order(attention.weight, h_attention, group=width, order=order, config=config),
-                           elimination_order(ffn.weight, h_ffn, order=order, config=config)))
+            orders.append((elimination_order(attention.weight, h_attention.hessian(), group=width, order=order,
+                                             config=config),
+                           elimination_order(ffn.weight, h_ffn.hessian(), order=order, config=config)))
     finally:
         model.train(was_training)
     return orders
