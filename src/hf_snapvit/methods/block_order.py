@@ -90,7 +90,7 @@ def _obs_removals(weight: torch.Tensor, hessian: torch.Tensor, group: int, confi
     return removals
 
 
-def elimination_order(weight: torch.Tensor, hessian: torch.Tensor, *, group: int = 1, order: UnitOrder = "obs",
+def elimination_order(weight: torch.Tensor, hessian: torch.Tensor, *, group: int = 1, order: UnitOrder = "output",
                       config: CorrectionConfig | None = None, max_steps: int = OBS_STEPS) -> np.ndarray:
     """A layer's units, most important first, by greedy backward elimination of its input columns.
 
@@ -123,7 +123,7 @@ def elimination_order(weight: torch.Tensor, hessian: torch.Tensor, *, group: int
 
 
 @torch.no_grad()
-def block_orders(model: nn.Module, images_or_pixels: Any, processor: Any = None, *, order: UnitOrder = "obs",
+def block_orders(model: nn.Module, images_or_pixels: Any, processor: Any = None, *, order: UnitOrder = "output",
                  config: CorrectionConfig | None = None, show_progress: bool = True) -> list[tuple[np.ndarray, ...]]:
     """Per block, ``(head order, neuron order)``, most important first, by :func:`elimination_order` on the dense
     ``model``'s calibration activations (``config``: how many images, batch size, seed and damping)."""
