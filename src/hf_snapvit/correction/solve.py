@@ -29,7 +29,8 @@ def damping_value(diagonal: torch.Tensor, config: CorrectionConfig) -> float:
     return float(config.damping_fraction * reference)
 
 
-def _solve_dtype(device: torch.device) -> torch.dtype:
+def solve_dtype(device: torch.device) -> torch.dtype:
+    """float64 where ``device`` has it (CPU, CUDA), else float32: the precision the solves run in."""
     return torch.float64 if device.type in ("cpu", "cuda") else torch.float32
 
 
@@ -37,7 +38,7 @@ def damped_cholesky(hessian: torch.Tensor, config: CorrectionConfig, shape: tupl
                     ) -> tuple[torch.Tensor, float]:
     """``(L, λ)``: the lower Cholesky factor (float64 on CPU and CUDA) of ``hessian + λI``, λ from ``config`` and
     grown tenfold while the factorisation fails; ``shape`` is the layer's, for the error message."""
-    H = hessian.to(dtype=_solve_dtype(hessian.device)).clone()
+    H = hessian.to(dtype=solve_dtype(hessian.device)).clone()
     diagonal = torch.diagonal(H)
     # An input that is zero on every calibration token carries no information; giving it a unit diagonal keeps H
     # invertible and, since its off-diagonal entries are zero, decouples it: its column is left as it was.
@@ -118,7 +119,7 @@ def reconstruction_error(original: torch.Tensor, new: torch.Tensor, hessian: tor
 def reconstruction_errors(original: torch.Tensor, candidates: Sequence[torch.Tensor],
                           hessian: torch.Tensor) -> list[float]:
     """:func:`reconstruction_error` of several candidate weights, sharing the reference output's norm."""
-    dtype = _solve_dtype(original.device)
+    dtype = solve_dtype(original.device)
     W = original.detach().to(dtype)
     H = hessian.to(device=W.device, dtype=dtype)
     total = float(((W @ H) * W).sum())

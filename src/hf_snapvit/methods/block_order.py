@@ -31,7 +31,7 @@ from ..architectures import get_attention, get_spec, head_dim
 from ..calibration import calibration_batches
 from ..correction.config import CorrectionConfig
 from ..correction.inputs import capture_first_block_inputs, dense_block_hessians
-from ..correction.solve import damped_cholesky
+from ..correction.solve import damped_cholesky, solve_dtype
 from ..errors import ConfigError
 
 UnitOrder = Literal["scores", "output", "obs"]
@@ -112,8 +112,8 @@ def elimination_order(weight: torch.Tensor, hessian: torch.Tensor, *, group: int
     if hessian.shape != (columns, columns) or group < 1 or columns % group:
         raise ConfigError(f"A [{weight.shape[0]}, {columns}] weight needs a [{columns}, {columns}] Hessian and a "
                           f"group that divides {columns}; got a {list(hessian.shape)} Hessian and group {group}.")
-    # float64 where the device has it (CPU, CUDA): the inverse Hessian is downdated once per removed unit.
-    dtype = torch.float64 if hessian.device.type in ("cpu", "cuda") else torch.float32
+    # The correction's solve precision: the inverse Hessian is downdated once per removed unit.
+    dtype = solve_dtype(hessian.device)
     weight, hessian = weight.detach().to(hessian.device, dtype), hessian.detach().to(dtype)
     if order == "output":
         removals = _output_removals(weight, hessian, group)
