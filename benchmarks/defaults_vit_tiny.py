@@ -2,13 +2,13 @@
 
 Every configuration is the ``fast`` preset at sigma 1 and in the scores' own unit order (``BASE_SIGMA``,
 ``BASE_ORDER``: the grid was measured before the preset's sigma became 0.5, which is what this sweep chose, and before
-unit orders existed) with some settings changed, written ``DEFINITION:MODE:GENERATIONS``
-plus optional ``:key=value`` changes (``covariance=cka``, ``sigma=0.5``, ``head_rows=qkv``, ``init=1.0,1.0``,
-``fitness=256``: the number of fitness images, ``measure=cka``: the fitness measure, ``order=obs``: the unit order
-within blocks). One fit per configuration runs the largest search budget; the rankings at the smaller budgets of
-``--budgets`` come from its history (the best factors after g generations; g = 0 is the starting factors, i.e. no
-search), which is exactly what a fit with that budget returns, because the first g generations do not depend on the
-budget.
+unit orders existed) with some settings changed, written ``DEFINITION:MODE:GENERATIONS`` plus optional ``:key=value``
+changes (``covariance=cka``, ``sigma=0.5``, ``head_rows=qkv``, ``init=1.0,1.0``, ``fitness=256``: the number of
+fitness images, ``measure=cka``: the fitness measure, ``order=obs``: the unit order within blocks, ``solution=mean``:
+the search's mean rather than its best sample, ``preset=default``: another preset's images and crops). One fit per
+configuration runs the largest search budget; the rankings at the smaller budgets of ``--budgets`` come from its
+history (the best factors, or the mean, after g generations; g = 0 is the starting factors, i.e. no search), which is
+exactly what a fit with that budget returns, because the first g generations do not depend on the budget.
 
 Two stages, so a long grid can be run in pieces:
 
@@ -57,13 +57,13 @@ SHARED = ROOT.parent / "shared"
 BASE_SIGMA = 1.0
 # Likewise the grid ran before unit orders existed: a spec without an order option keeps the scores' own order.
 BASE_ORDER = "scores"
-SEARCH_OPTIONS = {"covariance": str, "sigma": float, "fitness": int, "measure": str, "order": str}
+SEARCH_OPTIONS = {"covariance": str, "sigma": float, "fitness": int, "measure": str, "order": str, "solution": str}
 # Spec keys that name a config field by a shorter word.
 FIELD_NAMES = {"fitness": "num_fitness_images", "measure": "fitness_measure", "order": "unit_order"}
 SCORE_OPTIONS = {"head_rows": str}
 # Settings that fits recorded before they existed ran with: their whole budget, and the paper's cosine fitness.
 NEWER_SETTINGS = {"early_stopping_patience": None, "early_stopping_threshold": 0.0, "fitness_measure": "cosine",
-                  "unit_order": "scores"}
+                  "unit_order": "scores", "solution": "best"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -95,11 +95,13 @@ def parse_config(spec: str, seed: int) -> tuple[str, hf_snapvit.SnapViTConfig]:
     """``obd:global:6:sigma=0.5`` -> (a file-safe name, the fast preset at ``BASE_SIGMA`` and ``BASE_ORDER`` with those
     changes)."""
     definition, mode, generations, *options = spec.split(":")
-    fast = hf_snapvit.SnapViTConfig.preset("fast")
+    base = "fast"
     scores, search = {"definition": definition}, {"sigma": BASE_SIGMA, "unit_order": BASE_ORDER}
     for option in options:
         key, _, value = option.partition("=")
-        if key in SCORE_OPTIONS:
+        if key == "preset":
+            base = value
+        elif key in SCORE_OPTIONS:
             scores[key] = SCORE_OPTIONS[key](value)
         elif key in SEARCH_OPTIONS:
             search[FIELD_NAMES.get(key, key)] = SEARCH_OPTIONS[key](value)
@@ -107,8 +109,9 @@ def parse_config(spec: str, seed: int) -> tuple[str, hf_snapvit.SnapViTConfig]:
             search["init_mean"] = tuple(float(v) for v in value.split(","))
         else:
             raise SystemExit(f"unknown option {key!r} in {spec!r}; use one of "
-                             f"{sorted([*SEARCH_OPTIONS, *SCORE_OPTIONS, 'init'])}")
-    config = dataclasses.replace(fast, scores=dataclasses.replace(fast.scores, **scores), mode=mode,
+                             f"{sorted([*SEARCH_OPTIONS, *SCORE_OPTIONS, 'init', 'preset'])}")
+    preset = hf_snapvit.SnapViTConfig.preset(base)
+    config = dataclasses.replace(preset, scores=dataclasses.replace(preset.scores, **scores), mode=mode,
                                  max_generations=int(generations), seed=seed, **search)
     name = "-".join([definition, mode] + [o.replace("=", "").replace(",", "_") for o in options])
     return name, config
@@ -139,7 +142,8 @@ def fitted(spec: str, config: hf_snapvit.SnapViTConfig, fit_path: Path, reuse: b
                "hardware": hardware_info()}
         write_text_atomic(fit_path, json.dumps(fit, indent=1, default=str))
         return pruner, fit
-    expected = {**NEWER_SETTINGS, **recorded["settings"], "max_generations": 0}
+    # The solution picks from the history and does not change the search: a fit recorded with either serves both.
+    expected = {**NEWER_SETTINGS, **recorded["settings"], "max_generations": 0, "solution": config.solution}
     if settings != expected:
         raise SystemExit(f"{fit_path} was fitted with other settings than {spec!r}; it cannot be reused")
     pruner.history_ = recorded["history"]
@@ -173,9 +177,11 @@ def rank_stage(args: argparse.Namespace) -> None:
 
 
 def write_ranking(path: Path, spec: str, g: int, pruner: hf_snapvit.SnapViTPruner, fit: dict) -> None:
-    """The ranking after ``g`` generations of the fit's search (0: the starting factors)."""
+    """The ranking after ``g`` generations of the fit's search (0: the starting factors), from the factors the
+    fit's ``solution`` takes: the best so far or the distribution's mean."""
     history, timings = fit["history"], fit["timings"]
-    factors = pruner.initial_factors_ if g == 0 else history[g - 1]["best_factors"]
+    trail = "mean_factors" if pruner.config.solution == "mean" else "best_factors"
+    factors = pruner.initial_factors_ if g == 0 else history[g - 1][trail]
     ranking = pruner.ranking_from_factors(factors)
     per_generation = timings["search"] / max(len(history), 1)
     info = {"spec": spec, "generations": g, "evaluations": history[g - 1]["evaluations"] if g else 0,

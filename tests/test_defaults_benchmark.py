@@ -65,6 +65,15 @@ def test_options_set_the_fitness_images_the_measure_and_the_unit_order_only():
     name, config = defaults.parse_config("obd:global:3:sigma=0.5:order=obs", seed=2)
     assert name == "obd-global-sigma0.5-orderobs"
     assert config == dataclasses.replace(FAST, max_generations=3, seed=2, sigma=0.5, unit_order="obs")
+    name, config = defaults.parse_config("obd:global:20:sigma=0.5:order=output:solution=mean", seed=0)
+    assert name == "obd-global-sigma0.5-orderoutput-solutionmean"
+    assert config == dataclasses.replace(FAST, max_generations=20, sigma=0.5, unit_order="output", solution="mean")
+
+
+def test_the_preset_option_takes_another_presets_images_and_crops():
+    name, config = defaults.parse_config("obd:global:3:sigma=0.5:order=output:preset=default", seed=1)
+    assert name == "obd-global-sigma0.5-orderoutput-presetdefault"
+    assert config == hf_snapvit.SnapViTConfig(seed=1) and config.preset_name() == "default"
 
 
 def test_unknown_option_names_the_valid_ones():
@@ -97,3 +106,11 @@ def test_reused_search_rebuilds_the_recorded_rankings(tmp_path):
         assert (tmp_path / f"a{g}.json").read_text() == (tmp_path / f"b{g}.json").read_text()
     with pytest.raises(SystemExit, match="other settings"):
         defaults.fitted("spec", dataclasses.replace(config, sigma=0.7), path, True, model, images(12), PROCESSOR)
+    # The solution picks from the recorded history: a fit recorded with the best sample serves the mean, whose
+    # rankings are the recorded means.
+    mean_config = dataclasses.replace(config, solution="mean")
+    mean, mean_fit = defaults.fitted("spec", mean_config, path, True, model, images(12), PROCESSOR)
+    defaults.write_ranking(tmp_path / "m2.json", "spec", 2, mean, mean_fit)
+    expected = mean.ranking_from_factors(fit["history"][1]["mean_factors"])
+    assert json.loads((tmp_path / "m2.json").read_text())["neuron_scores"] == expected.neuron_scores.tolist()
+    assert (tmp_path / "m2.json").read_text() != (tmp_path / "a2.json").read_text()

@@ -196,6 +196,9 @@ def test_provenance_citation_and_preset(elastic):
     plain = replace(snap, provenance={**snap.provenance, "settings": {**settings, "unit_order": "scores"}})
     assert "order" not in next(line for line in make_model_card(plain).text.splitlines()
                                if line.startswith("- **Settings**"))
+    assert "mean" not in text
+    mean = replace(snap, provenance={**snap.provenance, "settings": {**settings, "solution": "mean"}})
+    assert "3 xNES generations, the search distribution's mean as the result" in make_model_card(mean).text
 
 
 def test_search_line_says_when_the_search_stopped_early(elastic):

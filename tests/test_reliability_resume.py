@@ -241,6 +241,10 @@ def test_a_saved_search_of_other_settings_data_or_model_is_refused(tmp_path):
     (tmp_path / STATE_FILE).write_text('{"format": 1, "key": ')  # a torn file from some other writer
     with pytest.raises(ConfigError, match="cannot be read.*delete it"):
         fit(config)
+    # A state of the layout before each generation's mean was recorded is refused by its format, not misread.
+    (tmp_path / STATE_FILE).write_text('{"format": 1, "key": {}, "best_factors": []}')
+    with pytest.raises(ConfigError, match="format 1, this version reads format 2.*delete it"):
+        fit(config)
 
 
 def test_checkpointing_options_are_checked_and_not_part_of_the_ranking(tmp_path):

@@ -16,6 +16,7 @@ from hf_snapvit.embedding import image_embedding
 from hf_snapvit.calibration import split_calibration
 from hf_snapvit.views import MultiCropConfig
 from hf_snapvit.fitness import EmbeddingFitness
+from hf_snapvit.xnes import XNES
 from hf_snapvit.scoring import ScoreConfig
 from helpers import CASES, PROCESSOR, images
 
@@ -79,6 +80,34 @@ def test_each_generations_best_factors_rebuild_its_ranking():
         assert fitness.loss(pruner.ranking_from_factors(record["best_factors"])) == pytest.approx(
             record["best_fitness"], abs=1e-6)
     assert pruner.ranking_from_factors(pruner.initial_factors_, mode="paired").mode == "paired"
+
+
+def test_the_mean_solution_is_the_search_distributions_mean_after_its_last_update():
+    model = CASE["vit"].build()
+    best_pruner, best = fit(model, seed=1, max_generations=3)
+    pruner, mean = fit(model, seed=1, max_generations=3, solution="mean")
+    # The solution only picks from the search: the search and its history are the same.
+    assert pruner.history_ == best_pruner.history_
+    last = pruner.ranking_from_factors(pruner.history_[-1]["mean_factors"])
+    assert np.array_equal(mean.head_scores, last.head_scores) and np.array_equal(mean.neuron_scores, last.neuron_scores)
+    assert not np.array_equal(mean.neuron_scores, best.neuron_scores)
+    assert mean.provenance["settings"]["solution"] == "mean" and best.provenance["settings"]["solution"] == "best"
+    # Each recorded mean is the one an xNES run fed the same fitness reaches after that generation's update.
+    split = split_calibration(images(12), 3, 6, seed=1)
+    fitness = EmbeddingFitness(model, PROCESSOR(images=split.fitness, return_tensors="pt")["pixel_values"],
+                               sparsities=(0.1, 0.3), pca_components=8, precision=forward_precision(mean))
+    search = XNES(pruner.initial_factors_, sigma=0.5, seed=1)
+    for record in pruner.history_:
+        candidates = search.ask()
+        search.tell(candidates, fitness.batch_loss(pruner.ranking_from_factors, candidates))
+        assert np.allclose(search.mean, record["mean_factors"], rtol=0, atol=1e-9)
+        assert not np.allclose(search.mean, pruner.initial_factors_)
+    # Without a search both solutions are the starting factors.
+    _, none = fit(model, seed=1, max_generations=0, solution="mean")
+    start = pruner.ranking_from_factors(pruner.initial_factors_)
+    assert np.array_equal(none.neuron_scores, start.neuron_scores)
+    with pytest.raises(hs.SnapViTError, match=r"solution='median'\): solution must be one of 'best', 'mean'"):
+        hs.SnapViTConfig(solution="median")
 
 
 def test_a_shorter_budget_equals_the_longer_runs_history():

@@ -196,7 +196,8 @@ def _settings_line(settings: Mapping[str, Any]) -> str:
     return (f"{settings.get('num_gradient_images')} gradient + {settings.get('num_fitness_images')} fitness images, "
             f"score definition `{scores.get('definition', '?')}`"
             + (f", units within a block in `{order}` order" if order not in (None, "scores") else "")
-            + f", search budget {' / '.join(budget) or '?'}")
+            + f", search budget {' / '.join(budget) or '?'}"
+            + (", the search distribution's mean as the result" if settings.get("solution") == "mean" else ""))
 
 
 def _calibration_line(calibration: Any, method: str) -> str:

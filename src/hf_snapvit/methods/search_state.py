@@ -3,10 +3,10 @@
 With ``SnapViTConfig(checkpoint_every=K, output_dir=DIR)`` the main process writes ``DIR/snapvit_search_state.json``
 once the gradient scores are computed and then every ``K`` xNES generations and at the end: the scores (so the
 gradient phase is not redone), the optimiser's whole state (mean, covariance factor, random generator, best so far,
-history; :meth:`hf_snapvit.xnes.XNES.state_dict`) and the best factors of each generation. Every write is atomic, so
-a kill during a write leaves the previous state. A run that finds the file continues from it and returns the ranking
-an uninterrupted run returns; the file also records what determines that ranking (the settings, the precision that
-runs, the calibration draw, a digest of the fitness pixels and a sample of the model's weights), and a run that
+history; :meth:`hf_snapvit.xnes.XNES.state_dict`) and the best and mean factors of each generation. Every write is
+atomic, so a kill during a write leaves the previous state. A run that finds the file continues from it and returns the
+ranking an uninterrupted run returns; the file also records what determines that ranking (the settings, the precision
+that runs, the calibration draw, a digest of the fitness pixels and a sample of the model's weights), and a run that
 differs in any of them is refused rather than mixing two searches.
 """
 
@@ -28,7 +28,9 @@ from ..xnes import XNES
 
 STATE_FILE = "snapvit_search_state.json"
 # Bumped whenever the file's layout changes, so an old file is refused instead of being misread.
-STATE_FORMAT = 1
+STATE_FORMAT = 2
+# The factors recorded after each generation: the best sample so far and the distribution's mean.
+TRAILS = ("best_factors", "mean_factors")
 # Settings that say where and how often to save, not what the search computes: a run may change them and resume.
 CHECKPOINT_SETTINGS = ("checkpoint_every", "output_dir")
 # Values sampled per weight tensor for the model's digest: enough to tell two checkpoints (or a fine-tuned copy)
@@ -96,7 +98,8 @@ class SearchCheckpoint:
         self._saved_at: tuple[int, int] | None = None  # (generations, evaluations) of the state on disk
 
     def load(self) -> dict[str, Any] | None:
-        """The saved state (scores as float64 arrays, the optimiser, the best factors per generation), or ``None``.
+        """The saved state (scores as float64 arrays, the optimiser, the best and mean factors per generation), or
+        ``None``.
 
         Raises:
             ConfigError: The file cannot be read, or it holds a search with other settings, data or model.
@@ -121,7 +124,8 @@ class SearchCheckpoint:
             search = XNES.from_state_dict(saved["xnes"])
             state = {"head_scores": np.array(saved["head_scores"], dtype=np.float64),
                      "neuron_scores": np.array(saved["neuron_scores"], dtype=np.float64),
-                     "search": search, "best_factors": [list(map(float, x)) for x in saved["best_factors"]]}
+                     "search": search,
+                     **{name: [list(map(float, x)) for x in saved[name]] for name in TRAILS}}
         except (KeyError, TypeError, ValueError) as error:  # XNESError is a ValueError
             raise ConfigError(f"The SnapViT search state {str(self.path)!r} is damaged ({error!r}); delete it to "
                               "start the search over.") from error
@@ -138,7 +142,7 @@ class SearchCheckpoint:
         return (search.generations, search.evaluations) != self._saved_at
 
     def save(self, head_scores: np.ndarray, neuron_scores: np.ndarray, search: XNES,
-             best_factors: list[list[float]]) -> None:
+             trail: dict[str, list[list[float]]]) -> None:
         """Write the state (main process only, atomically, so a kill during the write keeps the previous one)."""
         if self.path is None or self.every is None:
             return
@@ -148,7 +152,7 @@ class SearchCheckpoint:
             payload = {"format": STATE_FORMAT, "generations": search.generations, "evaluations": search.evaluations,
                        "key": self.key, "head_scores": np.asarray(head_scores, dtype=np.float64).tolist(),
                        "neuron_scores": np.asarray(neuron_scores, dtype=np.float64).tolist(),
-                       "xnes": search.state_dict(), "best_factors": best_factors}
+                       "xnes": search.state_dict(), **{name: trail[name] for name in TRAILS}}
             # repr-exact floats: the scores and the optimiser come back bit for bit. A fitness of ±inf is written
             # as JSON's Infinity, which Python's json reads back.
             with atomic_file(self.path, "w", encoding="utf-8") as handle:

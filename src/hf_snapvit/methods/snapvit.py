@@ -8,7 +8,8 @@
 3. an xNES search (:mod:`hf_snapvit.xnes`) over ``c`` = one factor per FFN block and one per head, where a candidate
    ranks unit ``u`` by ``score(u) · |c(u)|`` and is scored by :class:`~hf_snapvit.fitness.EmbeddingFitness` (ended
    early, when asked, once the best loss stops falling);
-4. the best candidate's scaled scores become the ranking.
+4. the best candidate's scaled scores become the ranking (or, with ``solution="mean"``, the search distribution's
+   final mean's: not chosen on the fitness images' noise, so it does not over-fit them).
 
 Under ``accelerate launch`` the gradient steps and each generation's candidates are split across processes
 (:mod:`hf_snapvit.distributed`); every process returns the same ranking, equal to the one-process ranking.
@@ -37,7 +38,7 @@ from ..scoring import gradient_scores
 from ..views import load_processor, processor_inputs
 from ..xnes import XNES, XNESResult
 from .block_order import block_orders, reorder_scores
-from .search_state import CHECKPOINT_SETTINGS, SearchCheckpoint, search_key
+from .search_state import CHECKPOINT_SETTINGS, TRAILS, SearchCheckpoint, search_key
 from .snapvit_config import FITNESS_BATCH_SIZE, PRESETS, SnapViTConfig
 
 __all__ = ["FITNESS_BATCH_SIZE", "PRESETS", "SnapViTConfig", "SnapViTPruner"]
@@ -46,7 +47,8 @@ __all__ = ["FITNESS_BATCH_SIZE", "PRESETS", "SnapViTConfig", "SnapViTPruner"]
 class SnapViTPruner:
     """Ranks every head and FFN neuron of a model with SnapViT. After :meth:`fit`:
 
-    * ``history_``: one record per search generation, with the best factors found so far (``best_factors``);
+    * ``history_``: one record per search generation, with the best factors found so far (``best_factors``) and the
+      search distribution's mean after the generation's update (``mean_factors``);
     * ``timings_``: the wall time of each phase;
     * ``initial_factors_``: the factors the search starts from;
     * ``resumed_from_``: the generation a saved search state was resumed at (``None``: not resumed);
@@ -172,7 +174,11 @@ class SnapViTPruner:
         timings["search_forward"] = fitness.forward_seconds
         self.timings_ = timings
         # A zero-generation budget means no search: the starting factors.
-        best = self.ranking_from_factors(self.initial_factors_ if result.best_x is None else result.best_x)
+        if result.best_x is None:
+            chosen = self.initial_factors_
+        else:
+            chosen = result.mean if config.solution == "mean" else result.best_x
+        best = self.ranking_from_factors(chosen)
         provenance = {
             "method": "snapvit",
             "preset": config.preset_name(),
@@ -214,7 +220,7 @@ class SnapViTPruner:
         block = np.linspace(config.init_mean[0], config.init_mean[1], shape.num_layers)
         self.initial_factors_ = np.concatenate([block, np.repeat(block, shape.num_heads)])
         if saved is not None:
-            search, best_factors = saved["search"], saved["best_factors"]
+            search, trail = saved["search"], {name: saved[name] for name in TRAILS}
         else:
             covariance = None
             if config.covariance == "cka":
@@ -223,8 +229,8 @@ class SnapViTPruner:
                 covariance = cka_covariance(model, fitness.pixel_values)
             search = XNES(self.initial_factors_, covariance=covariance, sigma=config.sigma,
                           population_size=config.population_size, seed=config.seed)
-            best_factors = []
-            checkpoint.save(*scores, search, best_factors)  # the gradient phase is never redone
+            trail = {name: [] for name in TRAILS}
+            checkpoint.save(*scores, search, trail)  # the gradient phase is never redone
         total = config.max_generations
         if config.max_evaluations is not None:
             by_evaluations = -(-config.max_evaluations // search.population_size)
@@ -232,9 +238,10 @@ class SnapViTPruner:
         with tqdm(total=total, initial=search.generations, desc="xNES search", unit="gen",
                   disable=not show_progress) as bar:
             def progress(record: dict[str, Any]) -> None:
-                best_factors.append(search.result.best_x.tolist())
+                trail["best_factors"].append(search.result.best_x.tolist())
+                trail["mean_factors"].append(search.mean.tolist())
                 if checkpoint.due(search):
-                    checkpoint.save(*scores, search, best_factors)
+                    checkpoint.save(*scores, search, trail)
                 bar.update(1)
                 bar.set_postfix(best_loss=f"{record['best_fitness']:.4f}")
 
@@ -244,6 +251,7 @@ class SnapViTPruner:
                                      patience=config.early_stopping_patience,
                                      threshold=config.early_stopping_threshold)
         if checkpoint.is_new(search):
-            checkpoint.save(*scores, search, best_factors)  # the end: a finished search is not run again
-        self.history_ = [dict(record, best_factors=x) for record, x in zip(result.history, best_factors)]
+            checkpoint.save(*scores, search, trail)  # the end: a finished search is not run again
+        self.history_ = [dict(record, best_factors=best, mean_factors=mean)
+                         for record, best, mean in zip(result.history, *trail.values())]
         return result

@@ -18,6 +18,7 @@ from .block_order import UNIT_ORDERS, UnitOrder
 from .search_state import CHECKPOINT_SETTINGS
 
 PRESETS = ("default", "fast", "paper")
+SOLUTIONS = ("best", "mean")
 # Settings that do not define a preset: a run keeps its preset's name whatever its seed, floors or mode.
 _NOT_PRESET_SETTINGS = ("seed", "min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset", "mode",
                         "precision", "fitness_batch_size", *CHECKPOINT_SETTINGS)
@@ -55,6 +56,10 @@ class SnapViTConfig:
         max_generations: Search budget in xNES generations (distribution updates).
         max_evaluations: Search budget in candidate evaluations (the reference's "50 iterations" are 50 evaluations).
         population_size: xNES population; default 4 + ⌊3 ln d⌋.
+        solution: Which factors of the search become the ranking: ``"best"`` (the paper: the single candidate with the
+            lowest fitness loss of all evaluated) or ``"mean"`` (the search distribution's mean after its last
+            update). The best of many noisy comparisons is partly chosen for its noise on the fitness images; the mean
+            averages every generation's candidates, weighted by their ranks, so it does not over-fit them.
         early_stopping_patience: End the search before its budget once the best fitness loss has gone this many
             generations without falling by more than ``early_stopping_threshold``; ``None``: run the whole budget.
             The generations run are the first generations of the full search, so stopping changes nothing else.
@@ -95,6 +100,7 @@ class SnapViTConfig:
     max_generations: int | None = 3
     max_evaluations: int | None = None
     population_size: int | None = None
+    solution: Literal["best", "mean"] = "best"
     early_stopping_patience: int | None = None
     early_stopping_threshold: float = 0.0
     init_mean: tuple[float, float] = (1.2, 0.8)
@@ -138,6 +144,7 @@ class SnapViTConfig:
             raise ConfigError(f"{owner}(init_mean={self.init_mean!r}): give two finite factors (first block, last "
                               "block), e.g. (1.2, 0.8).")
         require_choice(owner, "covariance", self.covariance, ("identity", "cka"))
+        require_choice(owner, "solution", self.solution, SOLUTIONS)
         require_choice(owner, "fitness_measure", self.fitness_measure, MEASURES)
         require_choice(owner, "unit_order", self.unit_order, UNIT_ORDERS)
         require_choice(owner, "precision", self.precision, PRECISIONS)
