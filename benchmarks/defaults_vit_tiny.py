@@ -86,6 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reuse-search", action="store_true",
                         help="take the search history of a fit already recorded in OUTPUT_DIR/rankings (same "
                              "settings) instead of searching again; only the gradient scores are recomputed")
+    parser.add_argument("--also-mean", action="store_true",
+                        help="also save the rankings of the search's mean (NAME-mean-gG.json) beside its best sample's: "
+                             "the solution picks from the search, so one fit gives both")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results" / "defaults_vit_tiny")
     return parser.parse_args(argv)
@@ -173,18 +176,22 @@ def rank_stage(args: argparse.Namespace) -> None:
             write_text_atomic(folder / f"{name}.stops.json", json.dumps(stops, indent=1))
         for g in sorted({*budgets, *stops.values()}):
             write_ranking(folder / f"{name}-g{g}.json", spec, g, pruner, fit)
+            if args.also_mean and g and pruner.config.solution == "best":
+                write_ranking(folder / f"{name}-mean-g{g}.json", spec, g, pruner, fit, solution="mean")
         print(f"{spec}: ranked in {fit['wall_seconds']:.0f} s {fit['timings']}", flush=True)
 
 
-def write_ranking(path: Path, spec: str, g: int, pruner: hf_snapvit.SnapViTPruner, fit: dict) -> None:
+def write_ranking(path: Path, spec: str, g: int, pruner: hf_snapvit.SnapViTPruner, fit: dict,
+                  solution: str | None = None) -> None:
     """The ranking after ``g`` generations of the fit's search (0: the starting factors), from the factors the
-    fit's ``solution`` takes: the best so far or the distribution's mean."""
+    ``solution`` (default: the fit's) takes: the best so far or the distribution's mean."""
     history, timings = fit["history"], fit["timings"]
-    trail = "mean_factors" if pruner.config.solution == "mean" else "best_factors"
+    trail = "mean_factors" if (solution or pruner.config.solution) == "mean" else "best_factors"
     factors = pruner.initial_factors_ if g == 0 else history[g - 1][trail]
     ranking = pruner.ranking_from_factors(factors)
     per_generation = timings["search"] / max(len(history), 1)
-    info = {"spec": spec, "generations": g, "evaluations": history[g - 1]["evaluations"] if g else 0,
+    info = {"spec": spec, "generations": g, "solution": trail.split("_")[0],
+            "evaluations": history[g - 1]["evaluations"] if g else 0,
             "search_loss": history[g - 1]["best_fitness"] if g else None,
             # gradients + data, plus the search time of g generations (the fitness setup is counted too)
             "ranking_seconds_estimate": timings["data"] + timings["gradients"] + per_generation * g}

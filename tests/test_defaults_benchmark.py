@@ -114,3 +114,6 @@ def test_reused_search_rebuilds_the_recorded_rankings(tmp_path):
     expected = mean.ranking_from_factors(fit["history"][1]["mean_factors"])
     assert json.loads((tmp_path / "m2.json").read_text())["neuron_scores"] == expected.neuron_scores.tolist()
     assert (tmp_path / "m2.json").read_text() != (tmp_path / "a2.json").read_text()
+    # --also-mean: the best sample's fit writes the same mean ranking.
+    defaults.write_ranking(tmp_path / "s2.json", "spec", 2, searched, fit, solution="mean")
+    assert (tmp_path / "s2.json").read_text() == (tmp_path / "m2.json").read_text()
