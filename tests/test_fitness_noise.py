@@ -1,12 +1,13 @@
 """benchmarks/fitness_noise.py: its measurements of the fitness's noise and agreement give the known answers on
-synthetic similarities (the shared-model run is the benchmark itself)."""
+synthetic similarities (the shared-model run is the benchmark itself); benchmarks/fitness_by_sparsity.py on the shared
+ViT-Tiny."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from helpers import load_benchmark
+from helpers import SHARED, SHARED_MODEL, SHARED_TRAIN, load_benchmark, requires_shared
 
 script = load_benchmark("fitness_noise")
 
@@ -52,3 +53,39 @@ def test_subsets_need_two_disjoint_halves_of_the_scored_images():
     with pytest.raises(SystemExit):
         script.parse_args(["--num-fitness", "100", "--subset-sizes", "64"])
     assert script.parse_args(["--num-fitness", "128", "--subset-sizes", "64"]).subset_sizes == [64]
+
+
+@pytest.mark.slow  # the shared ViT-Tiny on a few train images
+@requires_shared(SHARED_MODEL, SHARED_TRAIN)
+def test_fitness_by_sparsity_reads_saved_rankings_in_budget_order_and_scores_the_dense_size_as_the_dense_model(
+        tmp_path):
+    import json
+
+    from transformers import AutoModelForImageClassification
+
+    import hf_snapvit as hs
+    from hf_snapvit.budget import model_shape
+
+    by_sparsity = load_benchmark("fitness_by_sparsity")
+    model = AutoModelForImageClassification.from_pretrained(SHARED.joinpath(*SHARED_MODEL))
+    shape = model_shape(model)
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "rankings"
+    folder.mkdir()
+    for g in (20, 3):  # written out of order; g3 must come first (numeric, not text, order)
+        ranking = hs.ElasticRanking(head_scores=rng.random((shape.num_layers, shape.num_heads)),
+                                    neuron_scores=rng.random((shape.num_layers, shape.intermediate_size)),
+                                    shape=shape)
+        (folder / f"run-g{g}.json").write_text(json.dumps({"head_scores": ranking.head_scores.tolist(),
+                                                           "neuron_scores": ranking.neuron_scores.tolist(),
+                                                           "mode": "global", "info": {"generations": g}}))
+    (folder / "run.fit.json").write_text("{}")  # not a ranking
+    output = tmp_path / "out.json"
+    by_sparsity.main(["--rankings", str(folder), "--num-images", "8", "--sparsities", "0", "0.5",
+                      "--precision", "fp32", "--output", str(output)])
+    result = json.loads(output.read_text())
+    assert list(result["rankings"]) == ["run-g3", "run-g20"]
+    for row in result["rankings"].values():
+        dense, half = row["similarity"]["0.0"], row["similarity"]["0.5"]
+        assert dense == pytest.approx(1.0, abs=1e-4) and half < 0.99  # a random half of the units changes it
+        assert row["loss"] == pytest.approx(1 - (dense + half) / 2)

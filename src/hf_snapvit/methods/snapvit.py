@@ -9,7 +9,7 @@
    ranks unit ``u`` by ``score(u) · |c(u)|`` and is scored by :class:`~hf_snapvit.fitness.EmbeddingFitness` (ended
    early, when asked, once the best loss stops falling);
 4. the best candidate's scaled scores become the ranking (or, with ``solution="mean"``, the search distribution's
-   final mean's: not chosen on the fitness images' noise, so it does not over-fit them).
+   final mean's, which is not picked for its noise on the fitness images).
 
 Under ``accelerate launch`` the gradient steps and each generation's candidates are split across processes
 (:mod:`hf_snapvit.distributed`); every process returns the same ranking, equal to the one-process ranking.
