@@ -87,8 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="take the search history of a fit already recorded in OUTPUT_DIR/rankings (same "
                              "settings) instead of searching again; only the gradient scores are recomputed")
     parser.add_argument("--also-mean", action="store_true",
-                        help="also save the rankings of the search's mean (NAME-mean-gG.json) beside its best sample's: "
-                             "the solution picks from the search, so one fit gives both")
+                        help="also save the rankings of the search's mean (NAME-mean-gG.json) beside its best "
+                             "sample's: the solution picks from the search, so one fit gives both")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results" / "defaults_vit_tiny")
     return parser.parse_args(argv)
@@ -187,6 +187,9 @@ def write_ranking(path: Path, spec: str, g: int, pruner: hf_snapvit.SnapViTPrune
     ``solution`` (default: the fit's) takes: the best so far or the distribution's mean."""
     history, timings = fit["history"], fit["timings"]
     trail = "mean_factors" if (solution or pruner.config.solution) == "mean" else "best_factors"
+    if g and trail not in history[g - 1]:
+        raise SystemExit(f"the fit of {spec!r} was recorded before the search's mean was; search again (without "
+                         "--reuse-search) to read its mean")
     factors = pruner.initial_factors_ if g == 0 else history[g - 1][trail]
     ranking = pruner.ranking_from_factors(factors)
     per_generation = timings["search"] / max(len(history), 1)

@@ -117,3 +117,6 @@ def test_reused_search_rebuilds_the_recorded_rankings(tmp_path):
     # --also-mean: the best sample's fit writes the same mean ranking.
     defaults.write_ranking(tmp_path / "s2.json", "spec", 2, searched, fit, solution="mean")
     assert (tmp_path / "s2.json").read_text() == (tmp_path / "m2.json").read_text()
+    old = {**fit, "history": [{k: v for k, v in r.items() if k != "mean_factors"} for r in fit["history"]]}
+    with pytest.raises(SystemExit, match="recorded before the search's mean"):
+        defaults.write_ranking(tmp_path / "o2.json", "spec", 2, searched, old, solution="mean")
