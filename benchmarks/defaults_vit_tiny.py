@@ -206,17 +206,22 @@ def write_ranking(path: Path, spec: str, g: int, pruner: hf_snapvit.SnapViTPrune
     write_text_atomic(path, json.dumps(stored))
 
 
+def read_ranking(path: Path, model: torch.nn.Module) -> hf_snapvit.ElasticRanking:
+    """A ranking :func:`write_ranking` saved for ``model``; its ``info`` becomes the provenance's ``defaults_sweep``."""
+    stored = json.loads(Path(path).read_text())
+    info = stored.pop("info")
+    return hf_snapvit.ElasticRanking(
+        head_scores=np.array(stored.pop("head_scores")), neuron_scores=np.array(stored.pop("neuron_scores")),
+        shape=model_shape(model), provenance={"method": "snapvit", "defaults_sweep": info}, **stored)
+
+
 def eval_stage(args: argparse.Namespace) -> None:
     files = sorted(f for f in (args.output_dir / "rankings").glob("*.json") if re.search(r"-g\d+\.json$", f.name))
     if not files:
         raise SystemExit(f"no rankings in {args.output_dir / 'rankings'}; run the 'rank' stage first")
     model = AutoModelForImageClassification.from_pretrained(args.model).eval()
-    stored = {f.stem: json.loads(f.read_text()) for f in files}
-    info = {name: s.pop("info") for name, s in stored.items()}
-    rankings = {name: hf_snapvit.ElasticRanking(
-        head_scores=np.array(s.pop("head_scores")), neuron_scores=np.array(s.pop("neuron_scores")),
-        shape=model_shape(model), provenance={"method": "snapvit", "defaults_sweep": info[name]}, **s)
-        for name, s in stored.items()}
+    rankings = {f.stem: read_ranking(f, model) for f in files}
+    info = {name: ranking.provenance["defaults_sweep"] for name, ranking in rankings.items()}
     eval_data = load_split(args.data, "validation", num_samples=args.num_val, seed=args.seed)
     bank_data = load_split(args.data, "train", num_samples=args.num_bank, seed=args.seed + 1)
     result = run_sweep(model, rankings, args.sparsities, eval_data, bank_data=bank_data,

@@ -25,7 +25,6 @@ from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit as hs
 from hf_snapvit.benchmark import hardware_info
-from hf_snapvit.budget import model_shape
 from hf_snapvit.data import to_rgb
 from hf_snapvit.distributed import resolve_precision
 from hf_snapvit.evaluation import load_split
@@ -33,7 +32,8 @@ from hf_snapvit.files import write_text_atomic
 from hf_snapvit.fitness import EmbeddingFitness
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rank_vit_tiny import SHARED  # noqa: E402  (benchmarks/ is not a package)
+from defaults_vit_tiny import read_ranking  # noqa: E402  (benchmarks/ is not a package)
+from rank_vit_tiny import SHARED  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,14 +54,8 @@ def load_rankings(folder: Path, model: torch.nn.Module) -> dict[str, hs.ElasticR
     files = [f for f in folder.glob("*.json") if re.search(r"-g\d+\.json$", f.name)]
     if not files:
         raise SystemExit(f"no NAME-gG.json rankings in {folder}")
-    rankings = {}
-    for path in sorted(files, key=lambda f: (f.name.rsplit("-g", 1)[0], int(f.stem.rsplit("-g", 1)[1]))):
-        stored = json.loads(path.read_text())
-        stored.pop("info", None)
-        rankings[path.stem] = hs.ElasticRanking(
-            head_scores=np.array(stored.pop("head_scores")), neuron_scores=np.array(stored.pop("neuron_scores")),
-            shape=model_shape(model), **stored)
-    return rankings
+    by_budget = sorted(files, key=lambda f: (f.name.rsplit("-g", 1)[0], int(f.stem.rsplit("-g", 1)[1])))
+    return {path.stem: read_ranking(path, model) for path in by_budget}
 
 
 def main(argv: list[str] | None = None) -> int:

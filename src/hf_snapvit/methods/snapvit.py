@@ -253,5 +253,5 @@ class SnapViTPruner:
         if checkpoint.is_new(search):
             checkpoint.save(*scores, search, trail)  # the end: a finished search is not run again
         self.history_ = [dict(record, best_factors=best, mean_factors=mean)
-                         for record, best, mean in zip(result.history, *trail.values())]
+                         for record, best, mean in zip(result.history, trail["best_factors"], trail["mean_factors"])]
         return result
