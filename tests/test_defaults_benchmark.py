@@ -15,8 +15,9 @@ from hf_snapvit.methods.snapvit import FITNESS_BATCH_SIZE
 from helpers import BENCHMARKS, load_benchmark
 
 defaults = load_benchmark("defaults_vit_tiny")
-# The grid's base: the fast preset in the scores' own unit order (defaults.BASE_ORDER); specs add the sigma.
-FAST = hf_snapvit.SnapViTConfig.preset("fast", unit_order=defaults.BASE_ORDER)
+# The grid's base: the fast preset in the scores' own unit order with the best candidate as the result
+# (defaults.BASE_ORDER, BASE_SOLUTION); specs add the sigma.
+FAST = hf_snapvit.SnapViTConfig.preset("fast", unit_order=defaults.BASE_ORDER, solution=defaults.BASE_SOLUTION)
 
 
 def test_plain_spec_changes_definition_mode_and_budget_only():
@@ -75,7 +76,11 @@ def test_options_set_the_fitness_images_the_measure_and_the_unit_order_only():
 def test_the_preset_option_takes_another_presets_images_and_crops():
     name, config = defaults.parse_config("obd:global:3:sigma=0.5:order=output:preset=default", seed=1)
     assert name == "obd-global-sigma0.5-orderoutput-presetdefault"
+    # The benchmark's base solution stays the best candidate, so its committed fits still reproduce.
+    assert config == hf_snapvit.SnapViTConfig(seed=1, solution="best") and config.preset_name() is None
+    name, config = defaults.parse_config("obd:global:3:sigma=0.5:order=output:solution=mean:preset=default", seed=1)
     assert config == hf_snapvit.SnapViTConfig(seed=1) and config.preset_name() == "default"
+    assert defaults.BASE_SOLUTION == "best" != hf_snapvit.SnapViTConfig().solution
 
 
 def test_unknown_option_names_the_valid_ones():

@@ -99,7 +99,7 @@ def test_snapvit_searches_on_the_cka_measure_when_asked():
     pixels = PROCESSOR(images=split.fitness, return_tensors="pt")["pixel_values"]
     fitness = EmbeddingFitness(model, pixels, sparsities=(0.1, 0.3), pca_components=8, precision=precision,
                                measure="cka")
-    assert fitness.loss(ranking) == pytest.approx(ranking.provenance["search"]["best_loss"], abs=1e-6)
+    assert fitness.loss(ranking) == pytest.approx(ranking.provenance["search"]["loss"], abs=1e-6)
     with pytest.raises(hs.SnapViTError, match=r"fitness_measure='l2'.*'cosine', 'cka', 'blocks'"):
         hs.SnapViTConfig(fitness_measure="l2")
 

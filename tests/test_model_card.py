@@ -196,22 +196,31 @@ def test_provenance_citation_and_preset(elastic):
     plain = replace(snap, provenance={**snap.provenance, "settings": {**settings, "unit_order": "scores"}})
     assert "order" not in next(line for line in make_model_card(plain).text.splitlines()
                                if line.startswith("- **Settings**"))
-    assert "mean" not in text
-    mean = replace(snap, provenance={**snap.provenance, "settings": {**settings, "solution": "mean"}})
-    assert "3 xNES generations, the search distribution's mean as the result" in make_model_card(mean).text
+    assert "3 xNES generations, the search distribution's mean as the result" in text  # the presets' result
+    best = replace(snap, provenance={**snap.provenance, "settings": {**settings, "solution": "best"}})
+    best_text = make_model_card(best).text
+    assert "3 xNES generations, the best candidate as the result" in best_text and "mean" not in best_text
+    del settings["solution"]  # recorded before the option existed: nothing said
+    assert "as the result" not in make_model_card(snap).text
 
 
 def test_search_line_says_when_the_search_stopped_early(elastic):
     _, ranking = elastic
 
-    def search_line(**search) -> str:
+    def search_line(solution=None, **search) -> str:
         provenance = {"method": "snapvit", "search": {"best_loss": 0.5, "evaluations": 45, "generations": 3, **search}}
+        if solution:
+            provenance["settings"] = {"solution": solution}
         text = make_model_card(replace(ranking.sorted(), provenance=provenance)).text
         return next(line for line in text.splitlines() if line.startswith("- **Search**"))
 
     assert search_line() == "- **Search**: 45 candidate evaluations in 3 generations, best loss 0.5"
     assert search_line(stopped_early=False) == search_line()
     assert search_line(stopped_early=True).endswith("best loss 0.5; stopped early, the loss no longer falling")
+    # The search's mean as the result: its own loss beside the best candidate's; not for the best as the result.
+    assert search_line("mean", loss=0.5123, stopped_early=True).endswith(
+        "best loss 0.5, the result's (the search's mean) 0.5123; stopped early, the loss no longer falling")
+    assert search_line("best", loss=0.5) == search_line() == search_line("mean", loss=None)
 
 
 def method_line(card: ModelCard) -> str:

@@ -191,12 +191,19 @@ def test_a_killed_snapvit_search_resumes_to_the_uninterrupted_ranking(tmp_path, 
     assert pruner.history_ == full_pruner.history_
     assert json.loads((tmp_path / STATE_FILE).read_text())["generations"] == 5
     assert not _temporaries(tmp_path)  # the torn write's leftover went with the next save
-    # The finished state answers a rerun without searching again.
+    # The finished state answers a rerun without searching again: the one evaluation left is the search's mean, the
+    # result, for its own loss.
+    evaluate, evaluated = snapvit_module.EmbeddingFitness.batch_loss, []
+
+    def counted(self, rankings, candidates):
+        evaluated.append(len(candidates))
+        return evaluate(self, rankings, candidates)
+
     with monkeypatch.context() as patch:
         patch.setattr(snapvit_module, "gradient_scores", no_gradients)
-        patch.setattr(snapvit_module.EmbeddingFitness, "batch_loss", no_gradients)
+        patch.setattr(snapvit_module.EmbeddingFitness, "batch_loss", counted)
         again_pruner, again = fit(hs.SnapViTConfig(**TINY, checkpoint_every=1, output_dir=str(tmp_path)))
-    assert again_pruner.resumed_from_ == 5
+    assert again_pruner.resumed_from_ == 5 and evaluated == [1]
     assert_same_ranking(again, full)
 
 

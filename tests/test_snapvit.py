@@ -57,19 +57,27 @@ def forward_precision(ranking) -> str:
     return {"fp32": "no", "bf16": "bf16"}[ranking.provenance["precision"]]
 
 
-def test_best_candidate_fitness_is_reproduced_by_the_returned_ranking():
+def test_the_returned_rankings_fitness_loss_is_recorded_for_either_solution():
     model = CASE["vit"].build()
-    pruner, ranking = fit(model, seed=1)
     split = split_calibration(images(12), 3, 6, seed=1)
-    fitness = EmbeddingFitness(model, PROCESSOR(images=split.fitness, return_tensors="pt")["pixel_values"],
-                               sparsities=(0.1, 0.3), pca_components=8, precision=forward_precision(ranking))
-    assert fitness.loss(ranking) == pytest.approx(ranking.provenance["search"]["best_loss"], abs=1e-6)
-    assert ranking.provenance["search"]["best_loss"] == min(h["best_fitness"] for h in pruner.history_)
+    for solution in ("best", "mean"):
+        pruner, ranking = fit(model, seed=1, solution=solution)
+        fitness = EmbeddingFitness(model, PROCESSOR(images=split.fitness, return_tensors="pt")["pixel_values"],
+                                   sparsities=(0.1, 0.3), pca_components=8, precision=forward_precision(ranking))
+        search = ranking.provenance["search"]
+        assert fitness.loss(ranking) == pytest.approx(search["loss"], abs=1e-6)
+        assert search["best_loss"] == min(h["best_fitness"] for h in pruner.history_)
+        if solution == "best":
+            assert search["loss"] == search["best_loss"]
+        else:  # the mean is not one of the candidates: its own loss is evaluated, not the best's copied
+            assert search["loss"] != search["best_loss"]
+    _, none = fit(model, seed=1, max_generations=0)
+    assert none.provenance["search"]["loss"] is None and none.provenance["search"]["evaluations"] == 0
 
 
 def test_each_generations_best_factors_rebuild_its_ranking():
     model = CASE["vit"].build()
-    pruner, ranking = fit(model, seed=1, max_generations=3)
+    pruner, ranking = fit(model, seed=1, max_generations=3, solution="best")
     last = pruner.ranking_from_factors(pruner.history_[-1]["best_factors"])
     assert np.array_equal(last.head_scores, ranking.head_scores)
     assert np.array_equal(last.neuron_scores, ranking.neuron_scores)
@@ -84,8 +92,8 @@ def test_each_generations_best_factors_rebuild_its_ranking():
 
 def test_the_mean_solution_is_the_search_distributions_mean_after_its_last_update():
     model = CASE["vit"].build()
-    best_pruner, best = fit(model, seed=1, max_generations=3)
-    pruner, mean = fit(model, seed=1, max_generations=3, solution="mean")
+    best_pruner, best = fit(model, seed=1, max_generations=3, solution="best")
+    pruner, mean = fit(model, seed=1, max_generations=3)  # the default
     # The solution only picks from the search: the search and its history are the same.
     assert pruner.history_ == best_pruner.history_
     last = pruner.ranking_from_factors(pruner.history_[-1]["mean_factors"])
@@ -115,7 +123,7 @@ def test_a_shorter_budget_equals_the_longer_runs_history():
     model = CASE["vit"].build()
     long, _ = fit(model, seed=2, max_generations=3)
     _, short = fit(model, seed=2, max_generations=1)
-    from_history = long.ranking_from_factors(long.history_[0]["best_factors"])
+    from_history = long.ranking_from_factors(long.history_[0]["mean_factors"])
     assert np.array_equal(from_history.head_scores, short.head_scores)
     assert np.array_equal(from_history.neuron_scores, short.neuron_scores)
 
@@ -126,12 +134,13 @@ def test_early_stopping_ends_the_search_on_its_patience_and_keeps_its_prefix():
     model = CASE["vit"].build()
     pruner, stopped = fit(model, seed=2, max_generations=6, early_stopping_patience=2, early_stopping_threshold=1e9)
     assert len(pruner.history_) == 3
-    assert stopped.provenance["search"] | {"best_loss": None} == {
-        "best_loss": None, "evaluations": 3 * pruner.history_[0]["evaluations"], "generations": 3,
+    assert stopped.provenance["search"] | {"best_loss": None, "loss": None} == {
+        "best_loss": None, "loss": None, "evaluations": 3 * pruner.history_[0]["evaluations"], "generations": 3,
         "stopped_early": True}
     assert stopped.provenance["settings"]["early_stopping_patience"] == 2
     _, budget = fit(model, seed=2, max_generations=3)
     assert budget.provenance["search"]["stopped_early"] is False
+    assert budget.provenance["search"]["loss"] == stopped.provenance["search"]["loss"]
     assert np.array_equal(stopped.head_scores, budget.head_scores)
     assert np.array_equal(stopped.neuron_scores, budget.neuron_scores)
     # threshold 0, patience 1: the first generation whose best loss is not lower than the one before is the last
@@ -215,6 +224,7 @@ def test_presets_and_config_validation():
     assert paper.max_evaluations == 50 and paper.mode == "paired" and paper.scores.definition == "accumulated"
     assert paper.scores.crops.num_global == 2 and paper.scores.crops.num_local == 10 and paper.pca_components == 192
     assert paper.sigma == 1.0 and paper.max_generations is None and paper.unit_order == "scores"
+    assert paper.solution == "best"
     fast = hs.SnapViTConfig.preset("fast", seed=9)
     assert fast.seed == 9 and fast.max_generations == 3
     # the measured choices (benchmarks/defaults_vit_tiny.py) are the defaults, and fast shares them
@@ -222,7 +232,7 @@ def test_presets_and_config_validation():
     assert default == hs.SnapViTConfig() and default.num_gradient_images == 1000
     for config in (default, fast):
         assert (config.scores.definition, config.mode, config.max_generations, config.max_evaluations,
-                config.sigma, config.unit_order) == ("obd", "global", 3, None, 0.5, "output")
+                config.sigma, config.unit_order, config.solution) == ("obd", "global", 3, None, 0.5, "output", "mean")
     with pytest.raises(hs.SnapViTError, match="Unknown preset 'turbo'"):
         hs.SnapViTConfig.preset("turbo")
     with pytest.raises(hs.SnapViTError, match="search budget"):

@@ -20,6 +20,7 @@ from .results import MetricColumns, percent
 from .source import CheckpointDescription
 from ..errors import BudgetError, ModelCardError
 from ..ranking import ElasticRanking
+from ..validation import is_real
 
 # datasets' packaged loaders: their name says only the file format, not where the images came from.
 _GENERIC_LOADERS = {"parquet", "imagefolder", "csv", "json", "arrow", "webdataset", "text"}
@@ -187,6 +188,10 @@ def _method_line(provenance: Mapping[str, Any]) -> str:
     return f"`{method}`" + (f", preset `{preset}`" if preset else ", custom settings")
 
 
+# What the search's result is, where the settings record it (rankings made before the option existed do not).
+_SOLUTIONS = {"mean": ", the search distribution's mean as the result", "best": ", the best candidate as the result"}
+
+
 def _settings_line(settings: Mapping[str, Any]) -> str:
     scores = settings.get("scores") or {}
     budget = [f"{settings[k]} {label}" for k, label in (("max_generations", "xNES generations"),
@@ -197,7 +202,7 @@ def _settings_line(settings: Mapping[str, Any]) -> str:
             f"score definition `{scores.get('definition', '?')}`"
             + (f", units within a block in `{order}` order" if order not in (None, "scores") else "")
             + f", search budget {' / '.join(budget) or '?'}"
-            + (", the search distribution's mean as the result" if settings.get("solution") == "mean" else ""))
+            + _SOLUTIONS.get(settings.get("solution"), ""))
 
 
 def _calibration_line(calibration: Any, method: str) -> str:
@@ -220,6 +225,14 @@ def _calibration_line(calibration: Any, method: str) -> str:
     return " ".join(parts) or json.dumps(dict(calibration))
 
 
+def _result_loss(search: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
+    """The returned ranking's own loss, where it is not the best candidate's (the search's mean as the result)."""
+    loss = search.get("loss")
+    if settings.get("solution") != "mean" or not is_real(loss):
+        return ""
+    return f", the result's (the search's mean) {loss:.4g}"
+
+
 def provenance_lines(ranking: ElasticRanking | None, base_text: str) -> list[tuple[str, str]]:
     """The "How the ranking was made" list: ``(name, value)`` pairs from the ranking's provenance."""
     if ranking is None:
@@ -234,6 +247,7 @@ def provenance_lines(ranking: ElasticRanking | None, base_text: str) -> list[tup
     if isinstance(search, Mapping) and search.get("evaluations") is not None:
         items.append(("Search", (f"{search.get('evaluations')} candidate evaluations in {search.get('generations')} "
                                 f"generations, best loss {search.get('best_loss', float('nan')):.4g}"
+                                + _result_loss(search, settings)
                                 + ("; stopped early, the loss no longer falling"
                                    if search.get("stopped_early") else ""))))
     items.append(("Calibration data", _calibration_line(p.get("calibration_data"), method)))

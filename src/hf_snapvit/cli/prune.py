@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ranking method (default: %(default)s; magnitude, lamp and random need no data)")
     parser.add_argument("--preset", default=None, choices=PRESETS,
                         help="SnapViT preset, also the image counts of snip/taylor-ce (default: \"default\": "
-                             "OBD scores, global mode, 3 xNES generations at sigma 0.5, 1000 + 1000 images)")
+                             "OBD scores, global mode, 3 xNES generations at sigma 0.5 and their mean as the result, "
+                             "1000 + 1000 images)")
     parser.add_argument("--mode", default=None, choices=("global", "paired"),
                         help="ranking mode (default: the preset's for snapvit, global otherwise)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the image draw, crops and search (default: 0)")

@@ -8,8 +8,8 @@
 3. an xNES search (:mod:`hf_snapvit.xnes`) over ``c`` = one factor per FFN block and one per head, where a candidate
    ranks unit ``u`` by ``score(u) · |c(u)|`` and is scored by :class:`~hf_snapvit.fitness.EmbeddingFitness` (ended
    early, when asked, once the best loss stops falling);
-4. the best candidate's scaled scores become the ranking (or, with ``solution="mean"``, the search distribution's
-   final mean's, which is not picked for its noise on the fitness images).
+4. the search distribution's final mean's scaled scores become the ranking (``solution="mean"``, the default: not
+   picked for its noise on the fitness images), or the best candidate's (``"best"``, the paper's).
 
 Under ``accelerate launch`` the gradient steps and each generation's candidates are split across processes
 (:mod:`hf_snapvit.distributed`); every process returns the same ranking, equal to the one-process ranking.
@@ -170,15 +170,11 @@ class SnapViTPruner:
                                    pca_components=config.pca_components, batch_size=fitness_batch_size,
                                    precision=precision, measure=config.fitness_measure)
         result = self._search(model, fitness, checkpoint, saved, (head_scores, neuron_scores), show_progress)
+        chosen, loss = self._solution(result, fitness)
         timings["search"] = time.perf_counter() - start
         timings["search_forward"] = fitness.forward_seconds
         self.timings_ = timings
-        # A zero-generation budget means no search: the starting factors.
-        if result.best_x is None:
-            chosen = self.initial_factors_
-        else:
-            chosen = result.mean if config.solution == "mean" else result.best_x
-        best = self.ranking_from_factors(chosen)
+        ranking = self.ranking_from_factors(chosen)
         provenance = {
             "method": "snapvit",
             "preset": config.preset_name(),
@@ -188,10 +184,21 @@ class SnapViTPruner:
             "seed": config.seed,
             "calibration_data": calibration,
             "base_model": public_name(getattr(model.config, "_name_or_path", None) or None),
-            "search": {"best_loss": result.best_fitness, "evaluations": result.evaluations,
+            # best_loss: the best candidate's; loss: the returned ranking's (the same for solution="best").
+            "search": {"best_loss": result.best_fitness, "loss": loss, "evaluations": result.evaluations,
                        "generations": result.generations, "stopped_early": result.stopped_early},
         }
-        return replace(best, provenance=provenance)
+        return replace(ranking, provenance=provenance)
+
+    def _solution(self, result: XNESResult, fitness: EmbeddingFitness) -> tuple[np.ndarray, float | None]:
+        """The factors ``config.solution`` takes from the search, and their fitness loss (``None``: no search ran,
+        the starting factors)."""
+        if result.best_x is None:
+            return self.initial_factors_, None
+        if self.config.solution == "best":
+            return result.best_x, result.best_fitness
+        # The mean is never a candidate: one more evaluation gives the result's own loss (on every process alike).
+        return result.mean, float(fitness.batch_loss(self.ranking_from_factors, result.mean[None])[0])
 
     def _local_scores(self, model: PreTrainedModel, gradient_images: Any, processor: Any, fitness_pixels: Any,
                       show_progress: bool, precision: str, timings: dict[str, float]
