@@ -6,10 +6,10 @@ which is what this sweep chose, and before unit orders and the mean as the resul
 written ``DEFINITION:MODE:GENERATIONS`` plus optional ``:key=value`` changes (``covariance=cka``, ``sigma=0.5``,
 ``head_rows=qkv``, ``init=1.0,1.0``, ``fitness=256``: the number of fitness images, ``measure=cka``: the fitness
 measure, ``order=obs``: the unit order within blocks, ``solution=mean``: the search's mean rather than its best sample,
-``preset=default``: another preset's images and crops). One fit per configuration runs the largest search budget; the
-rankings at the smaller budgets of ``--budgets`` come from its history (the best factors, or the mean, after g
-generations; g = 0 is the starting factors, i.e. no search), which is exactly what a fit with that budget returns,
-because the first g generations do not depend on the budget.
+``preset=default``: another preset's images and crops, ``sparsities=0.1,0.3,0.5``: the fitness sparsities). One fit per
+configuration runs the largest search budget; the rankings at the smaller budgets of ``--budgets`` come from its history
+(the best factors, or the mean, after g generations; g = 0 is the starting factors, i.e. no search), which is exactly
+what a fit with that budget returns, because the first g generations do not depend on the budget.
 
 Two stages, so a long grid can be run in pieces:
 
@@ -114,9 +114,11 @@ def parse_config(spec: str, seed: int) -> tuple[str, hf_snapvit.SnapViTConfig]:
             search[FIELD_NAMES.get(key, key)] = SEARCH_OPTIONS[key](value)
         elif key == "init":
             search["init_mean"] = tuple(float(v) for v in value.split(","))
+        elif key == "sparsities":
+            search["fitness_sparsities"] = tuple(float(v) for v in value.split(","))
         else:
             raise SystemExit(f"unknown option {key!r} in {spec!r}; use one of "
-                             f"{sorted([*SEARCH_OPTIONS, *SCORE_OPTIONS, 'init', 'preset'])}")
+                             f"{sorted([*SEARCH_OPTIONS, *SCORE_OPTIONS, 'init', 'preset', 'sparsities'])}")
     preset = hf_snapvit.SnapViTConfig.preset(base)
     config = dataclasses.replace(preset, scores=dataclasses.replace(preset.scores, **scores), mode=mode,
                                  max_generations=int(generations), seed=seed, **search)

@@ -68,6 +68,10 @@ def test_options_set_the_fitness_images_the_measure_and_the_unit_order_only():
     name, config = defaults.parse_config("obd:global:3:sigma=0.5:order=obs", seed=2)
     assert name == "obd-global-sigma0.5-orderobs"
     assert config == dataclasses.replace(FAST, max_generations=3, seed=2, sigma=0.5, unit_order="obs")
+    name, config = defaults.parse_config("obd:global:20:sigma=0.5:order=output:sparsities=0.1,0.3,0.5", seed=0)
+    assert name == "obd-global-sigma0.5-orderoutput-sparsities0.1_0.3_0.5"
+    assert config == dataclasses.replace(FAST, max_generations=20, sigma=0.5, unit_order="output",
+                                         fitness_sparsities=(0.1, 0.3, 0.5))
     name, config = defaults.parse_config("obd:global:20:sigma=0.5:order=output:solution=mean", seed=0)
     assert name == "obd-global-sigma0.5-orderoutput-solutionmean"
     assert config == dataclasses.replace(FAST, max_generations=20, sigma=0.5, unit_order="output", solution="mean")
