@@ -38,11 +38,13 @@ from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit
 from hf_snapvit.benchmark import hardware_info
-from hf_snapvit.budget import model_shape
 from hf_snapvit.correction import CorrectionConfig
 from hf_snapvit.data import to_rgb
 from hf_snapvit.evaluation import extract_features, load_split, top1_accuracy
 from hf_snapvit.files import public_name, write_text_atomic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from defaults_vit_tiny import read_ranking  # noqa: E402  (benchmarks/ is not a package)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -68,12 +70,8 @@ def parse_args() -> argparse.Namespace:
 
 def build_elastic(base: str, ranking_file: Path) -> str:
     """An elastic checkpoint of ``base`` from scores stored by ``benchmarks/defaults_vit_tiny.py``."""
-    stored = json.loads(ranking_file.read_text())
-    info = stored.pop("info")
     model = AutoModelForImageClassification.from_pretrained(base).eval()
-    ranking = hf_snapvit.ElasticRanking(
-        head_scores=np.array(stored.pop("head_scores")), neuron_scores=np.array(stored.pop("neuron_scores")),
-        shape=model_shape(model), provenance={"method": "snapvit", "defaults_sweep": info}, **stored)
+    ranking = read_ranking(ranking_file, model)
     folder = Path(tempfile.mkdtemp(prefix="correction-guard-")) / "elastic"
     hf_snapvit.save_elastic(model, ranking, folder, image_processor=AutoImageProcessor.from_pretrained(base))
     return str(folder)

@@ -215,7 +215,7 @@ def write_ranking(path: Path, spec: str, g: int, pruner: hf_snapvit.SnapViTPrune
 def read_ranking(path: Path, model: torch.nn.Module) -> hf_snapvit.ElasticRanking:
     """A ranking :func:`write_ranking` saved for ``model``; its ``info`` becomes the provenance's ``defaults_sweep``."""
     stored = json.loads(Path(path).read_text())
-    info = stored.pop("info")
+    info = stored.pop("info", {})
     return hf_snapvit.ElasticRanking(
         head_scores=np.array(stored.pop("head_scores")), neuron_scores=np.array(stored.pop("neuron_scores")),
         shape=model_shape(model), provenance={"method": "snapvit", "defaults_sweep": info}, **stored)

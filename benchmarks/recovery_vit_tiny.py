@@ -23,6 +23,7 @@ written next to it. Every row names the device and its wall times.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -39,6 +40,7 @@ from hf_snapvit.files import write_text_atomic
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The same top-1 and k-NN protocol as the correction benchmark (benchmarks/ is not a package).
 from correction_vit_tiny import evaluate  # noqa: E402
+from defaults_vit_tiny import read_ranking  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 VARIANTS = ("none", "correction", "recovery", "correction+recovery", "elastic")
@@ -182,16 +184,11 @@ def plot(results: dict, path: Path, preset: str | None = None) -> None:
 
 def stored_ranking(path: Path, base: Any) -> hf_snapvit.ElasticRanking:
     """A ranking of ``benchmarks/defaults_vit_tiny.py`` (scores and floors, no shape) or ``ElasticRanking.to_dict``."""
-    from hf_snapvit.budget import model_shape
-
     stored = json.loads(path.read_text())
     if "shape" in stored:
         return hf_snapvit.ElasticRanking.from_dict(stored)
-    info = stored.pop("info", {})
-    return hf_snapvit.ElasticRanking(
-        head_scores=np.array(stored.pop("head_scores")), neuron_scores=np.array(stored.pop("neuron_scores")),
-        shape=model_shape(base), provenance={"method": "snapvit", "stored_ranking": path.name, "defaults_sweep": info},
-        **stored)
+    ranking = read_ranking(path, base)
+    return dataclasses.replace(ranking, provenance={**ranking.provenance, "stored_ranking": path.name})
 
 
 def prepare(args: argparse.Namespace) -> tuple[str, Any, dict, dict]:

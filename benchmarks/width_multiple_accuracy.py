@@ -18,15 +18,15 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoImageProcessor, AutoModelForImageClassification  # noqa: E402
 
-import hf_snapvit  # noqa: E402
 from hf_snapvit.benchmark import hardware_info, sliced_copy  # noqa: E402
-from hf_snapvit.budget import model_shape  # noqa: E402
 from hf_snapvit.evaluation import Evaluator, load_split  # noqa: E402
 from hf_snapvit.files import write_text_atomic  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from defaults_vit_tiny import read_ranking  # noqa: E402  (benchmarks/ is not a package)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -51,20 +51,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_ranking(path: str, model) -> hf_snapvit.ElasticRanking:
-    stored = json.loads(Path(path).read_text())
-    stored.pop("info", None)
-    return hf_snapvit.ElasticRanking(head_scores=np.array(stored.pop("head_scores")),
-                                     neuron_scores=np.array(stored.pop("neuron_scores")), shape=model_shape(model),
-                                     **stored)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     model = AutoModelForImageClassification.from_pretrained(args.model).eval()
-    ranking = load_ranking(args.ranking, model)
+    ranking = read_ranking(args.ranking, model)
     evaluator = Evaluator(load_split(args.data, "validation", num_samples=args.num_val, seed=args.seed),
                           bank_data=load_split(args.data, "train", num_samples=args.num_bank, seed=args.seed + 1),
                           processor=AutoImageProcessor.from_pretrained(args.model), metrics=("top1", "knn"),
