@@ -60,9 +60,18 @@ BASE_SIGMA = 1.0
 BASE_ORDER = "scores"
 # ... and before the search's mean became the result: a spec without a solution option takes the best candidate.
 BASE_SOLUTION = "best"
-SEARCH_OPTIONS = {"covariance": str, "sigma": float, "fitness": int, "measure": str, "order": str, "solution": str}
+
+
+def floats(value: str) -> tuple[float, ...]:
+    """``1.0,1.0`` -> ``(1.0, 1.0)``."""
+    return tuple(float(v) for v in value.split(","))
+
+
+SEARCH_OPTIONS = {"covariance": str, "sigma": float, "fitness": int, "measure": str, "order": str, "solution": str,
+                  "init": floats, "sparsities": floats}
 # Spec keys that name a config field by a shorter word.
-FIELD_NAMES = {"fitness": "num_fitness_images", "measure": "fitness_measure", "order": "unit_order"}
+FIELD_NAMES = {"fitness": "num_fitness_images", "measure": "fitness_measure", "order": "unit_order",
+               "init": "init_mean", "sparsities": "fitness_sparsities"}
 SCORE_OPTIONS = {"head_rows": str}
 # Settings that fits recorded before they existed ran with: their whole budget, and the paper's cosine fitness.
 NEWER_SETTINGS = {"early_stopping_patience": None, "early_stopping_threshold": 0.0, "fitness_measure": "cosine",
@@ -112,13 +121,9 @@ def parse_config(spec: str, seed: int) -> tuple[str, hf_snapvit.SnapViTConfig]:
             scores[key] = SCORE_OPTIONS[key](value)
         elif key in SEARCH_OPTIONS:
             search[FIELD_NAMES.get(key, key)] = SEARCH_OPTIONS[key](value)
-        elif key == "init":
-            search["init_mean"] = tuple(float(v) for v in value.split(","))
-        elif key == "sparsities":
-            search["fitness_sparsities"] = tuple(float(v) for v in value.split(","))
         else:
             raise SystemExit(f"unknown option {key!r} in {spec!r}; use one of "
-                             f"{sorted([*SEARCH_OPTIONS, *SCORE_OPTIONS, 'init', 'preset', 'sparsities'])}")
+                             f"{sorted([*SEARCH_OPTIONS, *SCORE_OPTIONS, 'preset'])}")
     preset = hf_snapvit.SnapViTConfig.preset(base)
     config = dataclasses.replace(preset, scores=dataclasses.replace(preset.scores, **scores), mode=mode,
                                  max_generations=int(generations), seed=seed, **search)
