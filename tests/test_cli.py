@@ -195,6 +195,24 @@ def test_prune_snapvit_on_a_parquet_file(model_dir, data_file, tmp_path, capsys)
     assert provenance["calibration_data"]["num_gradient"] == 8  # the 8 images read, not the preset's 128
     small = hf_snapvit.ElasticViTModel.from_pretrained(output, sparsity=0.2)
     assert backbone_parameters(small) < result["dense_params"]
+    # the images the ranking read also fit the prefix correction, by default
+    record = PrefixFile(output / "prefix_correction.safetensors").record
+    assert record["num_images"] == 8 and result["prefix_correction"] == [
+        s["requested"] for s in record["sizes"] if s["kept"]]
+
+
+def test_prune_no_prefix_correction_leaves_the_file_out(model_dir, data_file, tmp_path, capsys):
+    output = tmp_path / "plain"
+    code, out, err = run(capsys, "prune", "--model", model_dir, "--data", data_file, "--method", "snip",
+                         "--num-samples", "8", "--no-prefix-correction", "--output", output, "--json", "-q")
+    assert code == 0, err
+    assert json.loads(out)["prefix_correction"] is None
+    assert (output / "config.json").is_file() and not (output / "prefix_correction.safetensors").exists()
+    code, out, err = run(capsys, "prune", "--model", model_dir, "--method", "magnitude", "--output", tmp_path / "m",
+                         "--json", "-q")  # a data-free method reads no images, so it fits no correction
+    assert code == 0, err
+    assert json.loads(out)["prefix_correction"] is None and not (tmp_path / "m" / "prefix_correction.safetensors"
+                                                                 ).exists()
 
 
 def test_prune_with_prefix_correction_stores_it_and_loads_corrected_where_it_helped(model_dir, data_file, tmp_path,

@@ -34,10 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SnapViT forward passes: auto = bf16 on CUDA and on CPUs with bf16 matrix units (AMX, "
                              "AVX512-BF16), float32 elsewhere, or accelerate's "
                              "--mixed_precision when it sets one; fp32 uses TF32 products on CUDA (default: auto)")
-    parser.add_argument("--prefix-correction", action="store_true",
-                        help="also fit the weight correction for every size on the --data images and store it beside "
-                             "the weights (prefix_correction.safetensors; applied at load where held-out images say "
-                             "it helps, see docs/correction.md)")
+    parser.add_argument("--prefix-correction", action=argparse.BooleanOptionalAction, default=None,
+                        help="also fit the weight correction for every size on the --data images the command read "
+                             "and store it beside the weights (prefix_correction.safetensors; applied at load where "
+                             "held-out images say it helps, see docs/correction.md). Default: on when the method "
+                             "reads images (snapvit, snip, taylor-ce); --no-prefix-correction leaves it out (a "
+                             "checkpoint half the size, switches without triangular solves)")
     add_data_arguments(parser, required=False, labels=True)
     hub = parser.add_argument_group("hub")
     hub.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="also upload the checkpoint to this repo")
@@ -73,7 +75,9 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     from ..distributed import process_state
     from ..methods import rank
 
-    needs_data = _reads_images(args.method) or args.prefix_correction
+    # On by default wherever images are read anyway: it is what lifts the plain slices most without training.
+    correct = _reads_images(args.method) if args.prefix_correction is None else args.prefix_correction
+    needs_data = _reads_images(args.method) or correct
     if args.prefix_correction and not args.data:
         raise ConfigError("--prefix-correction fits on calibration images: pass --data ID_OR_PATH.")
     if needs_data and not args.data:
@@ -110,7 +114,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
 
     stored = save_elastic(model, ranking, output, image_processor=processor)
     correction = None
-    if args.prefix_correction:
+    if correct:
         from ..saving import add_prefix_correction
 
         record = add_prefix_correction(output, data, processor, show_progress=show)
