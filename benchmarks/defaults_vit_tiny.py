@@ -1,8 +1,9 @@
 """Choose SnapViT's defaults from evidence: score definition x ranking mode x search budget on the shared ViT-Tiny.
 
-Every configuration is the ``fast`` preset at sigma 1, in the scores' own unit order and with the best candidate as the
-result (``BASE_SIGMA``, ``BASE_ORDER``, ``BASE_SOLUTION``: the grid was measured before the preset's sigma became 0.5,
-which is what this sweep chose, and before unit orders and the mean as the result existed) with some settings changed,
+Every configuration is the ``fast`` preset at sigma 1, in the scores' own unit order, with the best candidate as the
+result and the fitness at 10 / 30 / 50 / 60 % (``BASE_SIGMA``, ``BASE_ORDER``, ``BASE_SOLUTION``, ``BASE_SPARSITIES``:
+the grid was measured before the preset's sigma became 0.5, which is what this sweep chose, and before unit orders, the
+mean as the result and the preset's three fitness sparsities existed) with some settings changed,
 written ``DEFINITION:MODE:GENERATIONS`` plus optional ``:key=value`` changes (``covariance=cka``, ``sigma=0.5``,
 ``head_rows=qkv``, ``init=1.0,1.0``, ``fitness=256``: the number of fitness images, ``measure=cka``: the fitness
 measure, ``order=obs``: the unit order within blocks, ``solution=mean``: the search's mean rather than its best sample,
@@ -60,6 +61,8 @@ BASE_SIGMA = 1.0
 BASE_ORDER = "scores"
 # ... and before the search's mean became the result: a spec without a solution option takes the best candidate.
 BASE_SOLUTION = "best"
+# ... and before the fast preset left 60 % out of the fitness: a spec without a sparsities option measures all four.
+BASE_SPARSITIES = (0.1, 0.3, 0.5, 0.6)
 
 
 def floats(value: str) -> tuple[float, ...]:
@@ -112,7 +115,8 @@ def parse_config(spec: str, seed: int) -> tuple[str, hf_snapvit.SnapViTConfig]:
     definition, mode, generations, *options = spec.split(":")
     base = "fast"
     scores = {"definition": definition}
-    search = {"sigma": BASE_SIGMA, "unit_order": BASE_ORDER, "solution": BASE_SOLUTION}
+    search = {"sigma": BASE_SIGMA, "unit_order": BASE_ORDER, "solution": BASE_SOLUTION,
+              "fitness_sparsities": BASE_SPARSITIES}
     for option in options:
         key, _, value = option.partition("=")
         if key == "preset":

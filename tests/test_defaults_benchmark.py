@@ -15,9 +15,10 @@ from hf_snapvit.methods.snapvit import FITNESS_BATCH_SIZE
 from helpers import BENCHMARKS, load_benchmark
 
 defaults = load_benchmark("defaults_vit_tiny")
-# The grid's base: the fast preset in the scores' own unit order with the best candidate as the result
-# (defaults.BASE_ORDER, BASE_SOLUTION); specs add the sigma.
-FAST = hf_snapvit.SnapViTConfig.preset("fast", unit_order=defaults.BASE_ORDER, solution=defaults.BASE_SOLUTION)
+# The grid's base: the fast preset in the scores' own unit order with the best candidate as the result and the four
+# fitness sparsities (defaults.BASE_ORDER, BASE_SOLUTION, BASE_SPARSITIES); specs add the sigma.
+FAST = hf_snapvit.SnapViTConfig.preset("fast", unit_order=defaults.BASE_ORDER, solution=defaults.BASE_SOLUTION,
+                                       fitness_sparsities=defaults.BASE_SPARSITIES)
 
 
 def test_plain_spec_changes_definition_mode_and_budget_only():

@@ -233,6 +233,9 @@ def test_presets_and_config_validation():
     for config in (default, fast):
         assert (config.scores.definition, config.mode, config.max_generations, config.max_evaluations,
                 config.sigma, config.unit_order, config.solution) == ("obd", "global", 3, None, 0.5, "output", "mean")
+    # measured per preset: 60 % out of the fitness helped fast, not default (docs/defaults.md)
+    assert fast.fitness_sparsities == (0.1, 0.3, 0.5) and default.fitness_sparsities == (0.1, 0.3, 0.5, 0.6)
+    assert paper.fitness_sparsities == (0.1, 0.3, 0.5, 0.6)
     with pytest.raises(hs.SnapViTError, match="Unknown preset 'turbo'"):
         hs.SnapViTConfig.preset("turbo")
     with pytest.raises(hs.SnapViTError, match="search budget"):
