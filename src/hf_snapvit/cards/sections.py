@@ -198,11 +198,13 @@ def _settings_line(settings: Mapping[str, Any]) -> str:
                                                        ("max_evaluations", "candidate evaluations"))
               if settings.get(k) is not None]
     order = settings.get("unit_order")
+    sparsities = settings.get("fitness_sparsities")  # the presets differ in them
     return (f"{settings.get('num_gradient_images')} gradient + {settings.get('num_fitness_images')} fitness images, "
             f"score definition `{scores.get('definition', '?')}`"
             + (f", units within a block in `{order}` order" if order not in (None, "scores") else "")
             + f", search budget {' / '.join(budget) or '?'}"
-            + _SOLUTIONS.get(settings.get("solution"), ""))
+            + _SOLUTIONS.get(settings.get("solution"), "")
+            + (f", fitness at {' / '.join(f'{100 * s:g}' for s in sparsities)} % sparsity" if sparsities else ""))
 
 
 def _calibration_line(calibration: Any, method: str) -> str:
