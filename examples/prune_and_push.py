@@ -2,7 +2,8 @@
 
 Steps: stream calibration images from the Tiny-ImageNet train parquet (``hf_snapvit.data.load_image_dataset``),
 rank every head and FFN neuron (``hf_snapvit.rank``, SnapViT ``fast`` preset by default), write the elastic
-checkpoint (``hf_snapvit.save_elastic``), load it at each ``--sparsities`` value
+checkpoint (``hf_snapvit.save_elastic``) and, for the methods that read images, the weight correction of every size
+(``hf_snapvit.add_prefix_correction``), load it at each ``--sparsities`` value
 (``ElasticViTModel.from_pretrained``) and report parameters, GFLOPs and top-1 on the first validation images, print
 the per-block keep counts and draw the allocation heatmap, and upload with ``--push-to-hub``.
 
@@ -46,6 +47,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.3, 0.5])
     parser.add_argument("--num-eval", type=int, default=200, help="validation images for top-1 (0: skip)")
     parser.add_argument("--plot", default=None, help="allocation heatmap PNG (default: OUTPUT-allocation.png)")
+    parser.add_argument("--prefix-correction", action=argparse.BooleanOptionalAction, default=True,
+                        help="store the weight correction of every size, fitted on the calibration images, when the "
+                             "method reads them (default: on)")
     parser.add_argument("--push-to-hub", default=None, metavar="REPO_ID")
     parser.add_argument("--private", action="store_true")
     return parser.parse_args()
@@ -89,6 +93,10 @@ def main() -> None:
     stored = hf_snapvit.save_elastic(model, ranking, output, image_processor=processor)
     print(f"ranked with {args.method} in {seconds:.1f} s on {state.num_processes} process(es); "
           f"elastic checkpoint: {output}")
+    if data is not None and args.prefix_correction:  # as `hf-snapvit prune` does: no training, every size
+        record = hf_snapvit.add_prefix_correction(output, data, processor, show_progress=show)
+        kept = [f"{s['requested']:g}" for s in record["sizes"] if s["kept"]]
+        print(f"prefix correction stored; held-out images say it helps at sparsities: {', '.join(kept) or 'none'}")
 
     # 3. Load it at three sizes; each load reads only the weights that size keeps.
     pixel_values = labels = None
