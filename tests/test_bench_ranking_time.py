@@ -45,8 +45,9 @@ def test_the_ranking_benchmark_records_phases_and_the_forward_floor_for_each_pre
         assert {"data", "gradients", "search", "search_forward"} <= set(phases)
         assert 0 < phases["search_forward"] <= phases["search"] <= run["wall_seconds"]
         assert run["search_forward_fraction"] == pytest.approx(phases["search_forward"] / phases["search"])
-        # The teacher pass, then every evaluation at each of the preset's four fitness sparsities.
-        assert run["search_images_forwarded"] == 6 * (1 + 4 * run["evaluations"])
+        # The teacher pass, then every evaluation at each of the preset's fitness sparsities (fast 3, paper 4).
+        sparsities = {"fast": 3, "paper": 4}[preset]
+        assert run["search_images_forwarded"] == 6 * (1 + sparsities * run["evaluations"])
         assert run["search_forward_floor_seconds"] == pytest.approx(
             run["search_images_forwarded"] / run["dense_images_per_second"])
 
@@ -68,7 +69,7 @@ def test_each_fitness_image_count_runs_side_by_side_with_the_images_it_needs(tmp
                         "--data", str(data), "--fitness-batch-size", "4", "--output", str(output)]) == 0
     runs = json.loads(output.read_text())["runs"]
     assert [(r["num_gradient_images"], r["num_fitness_images"]) for r in runs] == [(4, 6), (4, 2)]
-    assert [r["search_images_forwarded"] for r in runs] == [n * (1 + 4 * r["evaluations"])
+    assert [r["search_images_forwarded"] for r in runs] == [n * (1 + 3 * r["evaluations"])  # fast: 3 sparsities
                                                            for n, r in zip((6, 2), runs)]
     with pytest.raises(SystemExit, match="holds 10 images; this run needs 11"):
         script.main(["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "--images", "4",
