@@ -179,13 +179,14 @@ class SnapViTConfig:
         """``"default"``: the field defaults (1000 + 1000 images, 2 + 10 crops at the input size, OBD scores = per-image
         squared gradients times w², each block's units in ``"output"`` order, 3 xNES generations at sigma 0.5, the
         search's mean as the result, global ranking). ``"fast"``: the same choices sized for a CPU (128 + 128 images, 2
-        global + 4 local 96-px crops), with the fitness at 10, 30 and 50 % sparsity only. ``"paper"``: the reference code's settings (squared accumulated gradients in
-        their own order, 50 evaluations at sigma 1, the best candidate as the result, paired ranking). On the shared
-        ViT-Tiny the OBD scores beat the reference's squared gradients by 3-4 points of mean top-1 at 10-50 % sparsity,
-        sigma 0.5 beat sigma 1 at the same 3-generation budget, the ``"output"`` order lifted top-1 at 30 % by 4 points,
-        and the search's mean kept 3.8 points at 30 % that the ``default`` preset's best candidate lost; leaving 60 %
-        out of the fitness lifted the ``fast`` preset's top-1 at 30 % by 2.6 points (three seeds) but not the
-        ``default`` preset's (two seeds) (``docs/defaults.md``)."""
+        global + 4 local 96-px crops), with the fitness at 10, 30 and 50 % sparsity only. ``"paper"``: the reference
+        code's settings (squared accumulated gradients in their own order, 50 evaluations at sigma 1, the best
+        candidate as the result, paired ranking). On the shared ViT-Tiny the OBD scores beat the reference's squared
+        gradients by 3-4 points of mean top-1 at 10-50 % sparsity, sigma 0.5 beat sigma 1 at the same 3-generation
+        budget, the ``"output"`` order lifted top-1 at 30 % by 4 points, and the search's mean kept 3.8 points at 30 %
+        that the ``default`` preset's best candidate lost; leaving 60 % out of the fitness lifted the ``fast``
+        preset's top-1 at 30 % by 2.6 points but cost the ``default`` preset's 1.0 (three seeds each;
+        ``docs/defaults.md``)."""
         presets = {
             "default": cls(),
             "paper": cls(
