@@ -195,10 +195,17 @@ def test_prune_snapvit_on_a_parquet_file(model_dir, data_file, tmp_path, capsys)
     assert provenance["calibration_data"]["num_gradient"] == 8  # the 8 images read, not the preset's 128
     small = hf_snapvit.ElasticViTModel.from_pretrained(output, sparsity=0.2)
     assert backbone_parameters(small) < result["dense_params"]
-    # the images the ranking read also fit the prefix correction, by default
+    # the images the ranking read also fit the prefix correction, by default, and the card says so
     record = PrefixFile(output / "prefix_correction.safetensors").record
     assert record["num_images"] == 8 and result["prefix_correction"] == [
         s["requested"] for s in record["sizes"] if s["kept"]]
+    card = (output / "README.md").read_text()
+    assert "`prefix_correction.safetensors` holds a least-squares weight correction" in card
+    (output / "README.md").write_text("# my own card\n")  # a hand-written card survives a re-run into the folder
+    assert run(capsys, "prune", "--model", model_dir, "--data", data_file, "--preset", "fast", "--num-samples", "8",
+               "--seed", "1", "--output", output, "-q")[0] == 0
+    assert (output / "README.md").read_text() == "# my own card\n"
+    assert (output / "prefix_correction.safetensors").is_file()
 
 
 def test_prune_no_prefix_correction_leaves_the_file_out(model_dir, data_file, tmp_path, capsys):
@@ -208,6 +215,7 @@ def test_prune_no_prefix_correction_leaves_the_file_out(model_dir, data_file, tm
     assert code == 0, err
     assert json.loads(out)["prefix_correction"] is None
     assert (output / "config.json").is_file() and not (output / "prefix_correction.safetensors").exists()
+    assert "prefix_correction.safetensors" not in (output / "README.md").read_text()
     code, out, err = run(capsys, "prune", "--model", model_dir, "--method", "magnitude", "--output", tmp_path / "m",
                          "--json", "-q")  # a data-free method reads no images, so it fits no correction
     assert code == 0, err

@@ -115,9 +115,13 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     stored = save_elastic(model, ranking, output, image_processor=processor)
     correction = None
     if correct:
-        from ..saving import add_prefix_correction
+        from ..saving import add_prefix_correction, hand_written_card
 
         record = add_prefix_correction(output, data, processor, show_progress=show)
+        if not hand_written_card(output):  # the card prune wrote, now with the correction's section
+            from ..cards.elastic import write_model_card
+
+            write_model_card(output, output)
         correction = [s["requested"] for s in record.get("sizes", []) if s["kept"]]
     dense = stored.keep_counts(sparsity=0.0)
     result: dict[str, Any] = {
