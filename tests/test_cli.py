@@ -221,6 +221,16 @@ def test_prune_no_prefix_correction_leaves_the_file_out(model_dir, data_file, tm
     assert code == 0, err
     assert json.loads(out)["prefix_correction"] is None and not (tmp_path / "m" / "prefix_correction.safetensors"
                                                                  ).exists()
+    # one image is too few for the correction's held-out check: a default one is left out, an asked-for one refused
+    code, out, err = run(capsys, "prune", "--model", model_dir, "--data", data_file, "--method", "snip",
+                         "--num-samples", "1", "--output", tmp_path / "one", "--json", "-q")
+    assert code == 0, err
+    assert json.loads(out)["prefix_correction"] is None and "too few to check the prefix correction" in err
+    assert not (tmp_path / "one" / "prefix_correction.safetensors").exists()
+    code, out, err = run(capsys, "prune", "--model", model_dir, "--data", data_file, "--method", "snip",
+                         "--num-samples", "1", "--prefix-correction", "--output", tmp_path / "two")
+    assert_one_line_error(code, err, "--prefix-correction", "at least 2 calibration images", "--num-samples 1")
+    assert not (tmp_path / "two").exists()  # refused before the ranking: nothing written
 
 
 def test_prune_with_prefix_correction_stores_it_and_loads_corrected_where_it_helped(model_dir, data_file, tmp_path,

@@ -62,6 +62,29 @@ def _reads_labels(method: str) -> bool:
     return GRADIENT_METHODS.get(method, {}).get("loss") == "ce"
 
 
+# The correction's size check holds some images out of the fit, so it needs at least two.
+MIN_CORRECTION_IMAGES = 2
+
+
+def _corrects(args: argparse.Namespace) -> bool:
+    """Whether to store the prefix correction: when asked, and by default when the method reads images (it is what
+    lifts the plain slices most without training). A default one is left out, with a warning, when the command reads
+    too few images to check it; an asked-for one is refused before the ranking."""
+    if args.prefix_correction is False or (args.prefix_correction is None and not _reads_images(args.method)):
+        return False
+    count = args.num_samples or _images_needed(args.method, args.preset)
+    if count >= MIN_CORRECTION_IMAGES:
+        return True
+    if args.prefix_correction:
+        raise ConfigError(f"--prefix-correction holds some of its images out to check where it helps, so it needs at "
+                          f"least {MIN_CORRECTION_IMAGES} calibration images; --num-samples {count} reads {count}. "
+                          "Read more, or leave --prefix-correction out.")
+    logger.warning("%d calibration image(s) are too few to check the prefix correction (it needs at least %d); the "
+                   "checkpoint is written without it. Pass --num-samples %d or more to store it.", count,
+                   MIN_CORRECTION_IMAGES, MIN_CORRECTION_IMAGES)
+    return False
+
+
 def _images_needed(method: str, preset: str | None) -> int:
     from ..methods.snapvit import SnapViTConfig
 
@@ -75,11 +98,10 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     from ..distributed import process_state
     from ..methods import rank
 
-    # On by default wherever images are read anyway: it is what lifts the plain slices most without training.
-    correct = _reads_images(args.method) if args.prefix_correction is None else args.prefix_correction
-    needs_data = _reads_images(args.method) or correct
     if args.prefix_correction and not args.data:
         raise ConfigError("--prefix-correction fits on calibration images: pass --data ID_OR_PATH.")
+    correct = _corrects(args)
+    needs_data = _reads_images(args.method) or correct
     if needs_data and not args.data:
         raise ConfigError(f"--method {args.method} ranks with calibration images: pass --data ID_OR_PATH.")
     if not needs_data and args.data:
