@@ -62,27 +62,30 @@ def _reads_labels(method: str) -> bool:
     return GRADIENT_METHODS.get(method, {}).get("loss") == "ce"
 
 
-# The correction's size check holds some images out of the fit, so it needs at least two.
-MIN_CORRECTION_IMAGES = 2
-
-
 def _corrects(args: argparse.Namespace) -> bool:
     """Whether to store the prefix correction: when asked, and by default when the method reads images (it is what
     lifts the plain slices most without training). A default one is left out, with a warning, when the command reads
     too few images to check it; an asked-for one is refused before the ranking."""
+    from ..correction.prefix import MIN_CHECKED_IMAGES
+
     if args.prefix_correction is False or (args.prefix_correction is None and not _reads_images(args.method)):
         return False
-    count = args.num_samples or _images_needed(args.method, args.preset)
-    if count >= MIN_CORRECTION_IMAGES:
+    count = _images_read(args)
+    if count >= MIN_CHECKED_IMAGES:
         return True
     if args.prefix_correction:
         raise ConfigError(f"--prefix-correction holds some of its images out to check where it helps, so it needs at "
-                          f"least {MIN_CORRECTION_IMAGES} calibration images; --num-samples {count} reads {count}. "
+                          f"least {MIN_CHECKED_IMAGES} calibration images; --num-samples {count} reads {count}. "
                           "Read more, or leave --prefix-correction out.")
     logger.warning("%d calibration image(s) are too few to check the prefix correction (it needs at least %d); the "
                    "checkpoint is written without it. Pass --num-samples %d or more to store it.", count,
-                   MIN_CORRECTION_IMAGES, MIN_CORRECTION_IMAGES)
+                   MIN_CHECKED_IMAGES, MIN_CHECKED_IMAGES)
     return False
+
+
+def _images_read(args: argparse.Namespace) -> int:
+    """How many images of ``--data`` the command reads: ``--num-samples``, else what the method needs."""
+    return args.num_samples or _images_needed(args.method, args.preset)
 
 
 def _images_needed(method: str, preset: str | None) -> int:
@@ -126,8 +129,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     data, label_column = None, None
     if needs_data:
         label_column = args.label_column if _reads_labels(args.method) else None
-        data = load_data(args, args.num_samples or _images_needed(args.method, args.preset),
-                         label_column=label_column, show_progress=show)
+        data = load_data(args, _images_read(args), label_column=label_column, show_progress=show)
     ranking = rank(model, method=args.method, data=data if _reads_images(args.method) else None,
                    preset=args.preset, processor=processor, mode=args.mode, seed=args.seed,
                    label_column=label_column or "label", show_progress=show, precision=args.precision)

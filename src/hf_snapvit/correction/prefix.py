@@ -38,6 +38,8 @@ from .solve import damped_cholesky
 
 #: The two column-pruned projections of a block, in the order :class:`PrefixCorrection` keeps them.
 KINDS = OUTPUT_KINDS
+#: The fewest calibration images the size check can work with: one to fit on, one held out to check.
+MIN_CHECKED_IMAGES = 2
 
 
 @dataclass

@@ -29,7 +29,7 @@ from ..slicing import prefixes, slice_model_
 from ..embedding import image_embedding, pooled_embedding
 from .guard import EVIDENCE, distances, final_outputs
 from .inputs import model_inputs_of
-from .prefix import PrefixCorrection, first_band
+from .prefix import MIN_CHECKED_IMAGES, PrefixCorrection, first_band
 
 #: Sparsities checked by default: every 5 % up to the ranking's maximum.
 GRID_STEP = 0.05
@@ -108,7 +108,8 @@ def check_sizes(correction: PrefixCorrection, model: PreTrainedModel, ranking: A
     """
     if not correction.held_out:
         raise CorrectionError("The size check needs held-out images: fit the correction with "
-                              "CorrectionConfig(guard=True) (the default) and at least 2 calibration images.")
+                              f"CorrectionConfig(guard=True) (the default) and at least {MIN_CHECKED_IMAGES} "
+                              "calibration images.")
     if sparsities is None:
         sparsities = default_grid(ranking.max_sparsity_for(width_multiple))
     spec = get_spec(model)
