@@ -68,6 +68,14 @@ def test_output_order_is_the_greedy_elimination_of_the_plain_slice_error(group, 
     assert order.tolist() == greedy_reference(W, H, 6, group, plain_error)
 
 
+def test_output_order_follows_the_definition_over_many_steps_and_breaks_ties_by_index():
+    W, H = layer_problem(40, 1, out=5, seed=3)
+    assert elimination_order(W, H, order="output").tolist() == greedy_reference(W, H, 40, 1, plain_error)
+    # Four units with equal, uncorrelated costs: removed in index order, so the most important first is the last.
+    tied = elimination_order(torch.ones(2, 4, dtype=torch.float64), torch.eye(4, dtype=torch.float64))
+    assert tied.tolist() == [3, 2, 1, 0]
+
+
 @pytest.mark.parametrize("group", [1, 3])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_obs_order_is_the_greedy_elimination_of_the_refit_error(group, seed):
