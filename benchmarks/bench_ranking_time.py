@@ -20,11 +20,17 @@ a user's images would be.
     # the default preset with its 1000 fitness images and with 256, side by side:
     python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
         --fitness-images 1000 256
+    # and with 16 and 64 images per gradient step (the per-image scores differ only by float rounding):
+    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
+        --fitness-images 256 --gradient-batch-sizes 16 64
+
+A count listed twice runs twice: the first ranking of a process also pays the device's one-time start-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -70,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fitness-images", type=int, nargs="+", default=[None],
                         help="fitness images; each count runs every preset once, side by side (default: the "
                              "preset's, or --images)")
+    parser.add_argument("--gradient-batch-sizes", type=int, nargs="+", default=[None],
+                        help="images per gradient step; each runs every preset once, side by side (default: the "
+                             "preset's)")
     parser.add_argument("--generations", type=int, default=None, help="cap on xNES generations (default: preset's)")
     parser.add_argument("--fitness-batch-size", type=int, default=None,
                         help="images per search forward (default: 256 on an accelerator, 64 on a CPU)")
@@ -126,7 +135,8 @@ def _synchronize(device: torch.device) -> None:
 
 
 def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str, precision: str,
-            args: argparse.Namespace, num_fitness: int | None = None) -> dict[str, Any]:
+            args: argparse.Namespace, num_fitness: int | None = None, gradient_batch: int | None = None
+            ) -> dict[str, Any]:
     """One ranking with its phase times, and the dense forward floor of its search."""
     overrides: dict[str, Any] = {"precision": precision, "seed": args.seed}
     if args.images is not None:
@@ -138,6 +148,8 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
     if args.fitness_batch_size is not None:
         overrides["fitness_batch_size"] = args.fitness_batch_size
     config = hf_snapvit.SnapViTConfig.preset(preset, **overrides)
+    if gradient_batch is not None:
+        config = dataclasses.replace(config, scores=dataclasses.replace(config.scores, batch_size=gradient_batch))
     size = model.config.image_size
     processor = transformers.ViTImageProcessor(size={"height": size, "width": size})
     pruner = hf_snapvit.SnapViTPruner(config)
@@ -155,6 +167,7 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
         "preset": preset, "precision": precision, "ran_in": ranking.provenance["precision"],
         "fitness_batch_size": batch_size,
         "num_gradient_images": config.num_gradient_images, "num_fitness_images": config.num_fitness_images,
+        "gradient_batch_size": config.scores.batch_size,
         "evaluations": search["evaluations"], "generations": search["generations"],
         "wall_seconds": wall, "phases": phases,
         "dense_images_per_second": throughput, "search_images_forwarded": forwarded,
@@ -166,7 +179,7 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
 def summary_line(shape: str, row: dict[str, Any]) -> str:
     p = row["phases"]
     return (f"{shape:<8} {row['preset']:<8} {row['ran_in']:<5} {row['num_fitness_images']:5d} fitness images "
-            f"wall {row['wall_seconds']:7.1f} s | data "
+            f"{row['gradient_batch_size']:4d} per step wall {row['wall_seconds']:7.1f} s | data "
             f"{p['data']:6.1f} gradients {p['gradients']:6.1f} search {p['search']:6.1f} (forwards "
             f"{p['search_forward']:6.1f}, {100 * (row['search_forward_fraction'] or 0):3.0f} %; dense floor "
             f"{row['search_forward_floor_seconds']:6.1f})")
@@ -188,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: v for k, v in vars(args).items() if k != "output"}, "runs": []}
     for shape in args.shapes:
         model = build(shape, args.seed, args.device)
-        for preset, precision, fitness in itertools.product(args.presets, args.precisions, args.fitness_images):
-            row = {"shape": shape, **run_one(model, images, preset, precision, args, fitness)}
+        for preset, precision, fitness, batch in itertools.product(args.presets, args.precisions,
+                                                                   args.fitness_images, args.gradient_batch_sizes):
+            row = {"shape": shape, **run_one(model, images, preset, precision, args, fitness, batch)}
             report["runs"].append(row)
             print(summary_line(shape, row), file=sys.stderr, flush=True)
             # Written after every run: a long GPU session that is cut off keeps what it measured.

@@ -6,7 +6,8 @@
 # step n in seconds. On a CPU, `DEV=cpu B=tiny S=tiny OUT=/tmp/out` runs the same steps on a tiny model (a dry run).
 #
 #   STEPS="2 4 5 3 1" bash benchmarks/h100_checks.sh 2>&1 | tee $OUT/log.txt     # what ran on 2026-11-26
-#   STEPS="9 8 7" ...                                                              # what is left to measure
+#   STEPS="9 8 7" ...                                                              # what ran on 2026-11-27 (7 cut off)
+#   STEPS="10 11" ...                                    # the ranking after the unit order fix, per gradient step size
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 DEV=${DEV:-cuda}; B=${B:-vit-b16}; S=${S:-vit-s16}; OUT=${OUT:-/tmp/out}; R=${R:-/tmp/r}
@@ -39,7 +40,12 @@ for step in ${STEPS:-2 4 5 3 1 6 7 8}; do case $step in
 8) timeout "${T8:-200}" python3 benchmarks/profile_latency.py --device "$DEV" --shapes "$B" --precision bf16 \
      --batch-sizes 32 256 --sparsities 0.5 --mode compile --output "$R/profile_latency_compile.json" ;;
 9) timeout "${T9:-150}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
-     --precisions bf16 --fitness-images 1000 256 --data .gpu/train.parquet --output "$R/ranking_time_fitness.json" ;;
+     --precisions bf16 --fitness-images 1000 512 256 --data .gpu/train.parquet --output "$R/ranking_time_fitness.json" ;;
+10) timeout "${T10:-240}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
+     --precisions bf16 --fitness-images 256 1000 512 256 --gradient-batch-sizes 16 64 --data .gpu/train.parquet \
+     --output "$R/ranking_time_steps.json" ;;
+11) timeout "${T11:-90}" python3 benchmarks/profile_ranking.py --device "$DEV" --shape "$B" --images 256 \
+     --batch-sizes 16 64 --data .gpu/train.parquet --output "$R/profile_ranking.json" ;;
 *) echo "unknown step $step"; continue ;;
 esac; save "$step" $?; done
 ls -la "$R"

@@ -12,6 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+import hf_snapvit
+
 from helpers import load_benchmark
 
 
@@ -74,3 +76,36 @@ def test_each_fitness_image_count_runs_side_by_side_with_the_images_it_needs(tmp
     with pytest.raises(SystemExit, match="holds 10 images; this run needs 11"):
         script.main(["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "--images", "4",
                      "--fitness-images", "7", "--data", str(data), "--output", str(output)])
+
+
+def test_each_gradient_step_size_runs_side_by_side_and_is_recorded(tmp_path):
+    script = load_benchmark("bench_ranking_time")
+    output = tmp_path / "ranking_time.json"
+    args = ["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "--precisions", "fp32", "--images", "4",
+            "--generations", "1", "--floor-repeats", "1", "--fitness-batch-size", "4", "--output", str(output)]
+    assert script.main(args + ["--gradient-batch-sizes", "2", "4"]) == 0
+    runs = json.loads(output.read_text())["runs"]
+    assert [r["gradient_batch_size"] for r in runs] == [2, 4]
+    assert all(r["phases"]["gradients"] > 0 for r in runs)
+    assert script.main(args) == 0  # without the option: the preset's own step
+    assert [r["gradient_batch_size"] for r in json.loads(output.read_text())["runs"]] == [
+        hf_snapvit.SnapViTConfig.preset("fast").scores.batch_size]
+
+
+def test_the_gradient_profile_times_each_step_size_its_crops_and_the_unit_order(tmp_path):
+    script = load_benchmark("profile_ranking")
+    output = tmp_path / "profile.json"
+    assert script.main(["--device", "cpu", "--shape", "tiny", "--images", "6", "--batch-sizes", "2", "3",
+                        "--profile-steps", "1", "--output", str(output)]) == 0
+    report = json.loads(output.read_text())
+    rows = report["gradients"]
+    assert [(r["batch_size"], r["images"], r["profile"]["images"]) for r in rows] == [(2, 6, 2), (3, 6, 3)]
+    for row in rows:
+        assert row["wall_seconds"] > row["crops_seconds"] > 0
+        assert row["ms_per_image"] == pytest.approx(row["wall_seconds"] * 1e3 / 6)
+        profile = row["profile"]
+        assert profile["kinds"]["gemm"]["ms"] > 0  # the forwards and the per-sample products were seen
+        assert profile["busy_ms"] == pytest.approx(sum(k["ms"] for k in profile["kinds"].values()))
+    assert report["unit_order_seconds"] > 0
+    with pytest.raises(SystemExit):
+        script.parse_args(["--batch-sizes", "0"])
