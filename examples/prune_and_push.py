@@ -94,7 +94,8 @@ def main() -> None:
     print(f"ranked with {args.method} in {seconds:.1f} s on {state.num_processes} process(es); "
           f"elastic checkpoint: {output}")
     if data is not None and args.prefix_correction:  # as `hf-snapvit prune` does: no training, every size
-        record = hf_snapvit.add_prefix_correction(output, data, processor, show_progress=show)
+        record = hf_snapvit.add_prefix_correction(output, data, processor, refresh_card=True,
+                                                  show_progress=show)
         kept = [f"{s['requested']:g}" for s in record["sizes"] if s["kept"]]
         print(f"prefix correction stored; held-out images say it helps at sparsities: {', '.join(kept) or 'none'}")
 

@@ -401,3 +401,22 @@ def test_an_offline_load_finds_a_cached_correction(tmp_path):
                                             local_files_only=True)
     local = ElasticViTModel.from_pretrained(folder, sparsity=0.3)
     assert model.config.elastic_correction == local.config.elastic_correction and local.config.elastic_correction
+
+
+def test_refresh_card_rewrites_only_a_generated_card_and_is_off_by_default(tmp_path):
+    case = FAST["vit-cls"]
+    model = case.build().eval()
+    ranking = hs.rank(model, method="random", seed=2)
+    pixels = {"pixel_values": case.inputs(12, 6)["pixel_values"]}
+    config = CorrectionConfig(num_samples=None, batch_size=8, guard=False)
+    folders = {name: tmp_path / name for name in ("default", "refreshed", "hand")}
+    for folder in folders.values():
+        hs.save_elastic(model, ranking, folder)
+    (folders["hand"] / "README.md").write_text("# my own card\n")
+    hs.add_prefix_correction(folders["default"], pixels, config=config, show_progress=False)
+    for name in ("refreshed", "hand"):
+        hs.add_prefix_correction(folders[name], pixels, config=config, refresh_card=True, show_progress=False)
+    section = "## Weight correction for every size"
+    assert section not in (folders["default"] / "README.md").read_text()  # left as it was
+    assert section in (folders["refreshed"] / "README.md").read_text()
+    assert (folders["hand"] / "README.md").read_text() == "# my own card\n"

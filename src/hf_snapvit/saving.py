@@ -130,6 +130,7 @@ def add_prefix_correction(
     processor: Any = None,
     config: CorrectionConfig | None = None,
     *,
+    refresh_card: bool = False,
     show_progress: bool = True,
 ) -> dict[str, Any]:
     """Fit the correction for every size of a local elastic checkpoint and store it beside its weights
@@ -148,6 +149,10 @@ def add_prefix_correction(
         config: Damping, ``num_samples``, batch size and seed. With ``guard`` (the default) a quarter of the images
             is held out and decides at which sizes the correction applies
             (:mod:`hf_snapvit.correction.prefix_sizes`); ``guard=False`` applies it at every size.
+        refresh_card: Rewrite the folder's ``README.md`` if hf_snapvit generated it, so that it describes the
+            correction: with :func:`~hf_snapvit.cards.elastic.write_model_card`'s defaults, so a card written with
+            other options (evaluations, ``card_options``) loses them; a hand-written card is always kept. By default
+            the card stays as it is.
         show_progress: Show progress bars.
 
     Returns:
@@ -172,4 +177,6 @@ def add_prefix_correction(
                     show_progress=show_progress)
     record = correction.record()
     write_prefix_file(folder, correction.factors, record)
+    if refresh_card and (folder / "README.md").is_file() and not hand_written_card(folder):
+        write_model_card(folder, folder)
     return record

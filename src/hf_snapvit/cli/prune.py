@@ -139,13 +139,10 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     stored = save_elastic(model, ranking, output, image_processor=processor)
     correction = None
     if correct:
-        from ..saving import add_prefix_correction, hand_written_card
+        from ..saving import add_prefix_correction
 
-        record = add_prefix_correction(output, data, processor, show_progress=show)
-        if not hand_written_card(output):  # the card prune wrote, now with the correction's section
-            from ..cards.elastic import write_model_card
-
-            write_model_card(output, output)
+        # The card save_elastic just wrote, rewritten with the correction's section (a hand-written one is kept).
+        record = add_prefix_correction(output, data, processor, refresh_card=True, show_progress=show)
         correction = [s["requested"] for s in record.get("sizes", []) if s["kept"]]
     dense = stored.keep_counts(sparsity=0.0)
     result: dict[str, Any] = {
