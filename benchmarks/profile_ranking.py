@@ -87,8 +87,11 @@ def crop_seconds(images: list, crops: Any, processor: Any, input_size: int, seed
 def profile_batch(model, images: list, processor: Any, scores: Any, args: argparse.Namespace) -> dict[str, Any]:
     """One step size: the timed gradient phase on every image, the crops alone, and the profile of a few steps."""
     device = next(model.parameters()).device
-    run = lambda pictures: gradient_scores(model, pictures, processor, scores, seed=args.seed,  # noqa: E731
-                                           show_progress=False, precision=args.precision)
+
+    def run(pictures: list) -> None:
+        gradient_scores(model, pictures, processor, scores, seed=args.seed, show_progress=False,
+                        precision=args.precision)
+
     run(images[:scores.batch_size])  # untimed: kernels chosen, memory allocated
     wall = timed(device, lambda: run(images))
     crops = crop_seconds(images, scores.crops, processor, model.config.image_size, args.seed, device)
