@@ -92,13 +92,13 @@ def save_elastic(
         permuted.save_pretrained(staging, **save_kwargs)
         if image_processor is not None:
             image_processor.save_pretrained(staging)
-        if model_card and not hand_written_card(save_directory):
+        if model_card and not _hand_written_card(save_directory):
             # From the folder just written: the card describes exactly the config.json beside it.
             write_model_card(staging, staging, base_model=base_model, evaluations=evaluations, **options)
     return ElasticRanking.from_dict(data)
 
 
-def hand_written_card(save_directory: str | os.PathLike) -> bool:
+def _hand_written_card(save_directory: str | os.PathLike) -> bool:
     """Whether ``save_directory`` holds a README.md that hf_snapvit did not generate: it is the user's, and kept."""
     readme = Path(save_directory) / "README.md"
     return readme.is_file() and GENERATED_MARKER not in readme.read_text(encoding="utf-8", errors="replace")
@@ -177,6 +177,6 @@ def add_prefix_correction(
                     show_progress=show_progress)
     record = correction.record()
     write_prefix_file(folder, correction.factors, record)
-    if refresh_card and (folder / "README.md").is_file() and not hand_written_card(folder):
+    if refresh_card and (folder / "README.md").is_file() and not _hand_written_card(folder):
         write_model_card(folder, folder)
     return record
