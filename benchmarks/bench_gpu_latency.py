@@ -40,7 +40,7 @@ import transformers  # noqa: E402
 
 import _latency_modes as modes  # noqa: E402
 import hf_snapvit  # noqa: E402
-from hf_snapvit.benchmark import hardware_info, latency_vs_sparsity  # noqa: E402
+from hf_snapvit.benchmark import device_slug, hardware_info, latency_vs_sparsity  # noqa: E402
 from hf_snapvit.files import write_text_atomic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     runs = [run for shape in args.shapes for run in measure_shape(shape, args)]
     hardware = hardware_info(device=args.device)
-    name = (hardware.get("gpu_name") or args.device).lower().replace(" ", "-")
+    name = device_slug(hardware)
     output = Path(args.output) if args.output else ROOT / "benchmarks" / "results" / f"gpu_latency_{name}.json"
     report = {"command": " ".join(["python", "benchmarks/bench_gpu_latency.py", *(argv or sys.argv[1:])]),
               "hardware": hardware, "settings": {k: v for k, v in vars(args).items() if k != "output"}, "runs": runs}

@@ -43,7 +43,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 import _latency_modes as modes  # noqa: E402
 import bench_gpu_latency  # noqa: E402
 import hf_snapvit  # noqa: E402
-from hf_snapvit.benchmark import dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
+from hf_snapvit.benchmark import device_slug, dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
 from hf_snapvit.benchmark.latency import compiled_graph_room  # noqa: E402
 from hf_snapvit.files import write_text_atomic  # noqa: E402
 from hf_snapvit.latency_table import synchronize  # noqa: E402
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += shape_rows
     add_shares_and_ratios(rows)
     hardware = hardware_info(device=args.device)
-    name = (hardware.get("gpu_name") or args.device).lower().replace(" ", "-")
+    name = device_slug(hardware)
     output = (Path(args.output) if args.output
               else bench_gpu_latency.ROOT / "benchmarks" / "results" / f"profile_latency_{name}.json")
     on_gpu = torch.device(args.device).type == "cuda"

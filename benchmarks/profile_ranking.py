@@ -34,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import bench_ranking_time  # noqa: E402
 import hf_snapvit  # noqa: E402
-from hf_snapvit.benchmark import hardware_info  # noqa: E402
+from hf_snapvit.benchmark import device_slug, hardware_info  # noqa: E402
 from hf_snapvit.correction import CorrectionConfig  # noqa: E402
 from hf_snapvit.files import write_text_atomic  # noqa: E402
 from hf_snapvit.latency_table import synchronize  # noqa: E402
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     show_progress=False))
     print(f"{args.shape} unit order on {args.images} images: {unit_order:.2f} s", file=sys.stderr)
     hardware = hardware_info(device=args.device)
-    name = (hardware.get("gpu_name") or args.device).lower().replace(" ", "-")
+    name = device_slug(hardware)
     output = Path(args.output) if args.output else ROOT / "benchmarks" / "results" / f"profile_ranking_{name}.json"
     report = {"command": " ".join(["python", "benchmarks/profile_ranking.py",
                                    *(argv if argv is not None else sys.argv[1:])]),

@@ -11,6 +11,7 @@ import hf_snapvit as hs
 from hf_snapvit.budget import layer_widths
 from hf_snapvit.benchmark import (
     add_load_ratios,
+    device_slug,
     format_latency_table,
     hardware_info,
     latency_vs_sparsity,
@@ -113,3 +114,9 @@ def test_hardware_info_names_the_machine():
     info = hardware_info(3)
     assert info["torch_threads"] == 3 and info["torch"] == torch.__version__
     assert info["cpu_count"] >= 1 and info["device"] == "cpu"
+
+
+def test_results_are_named_for_the_gpu_else_the_device():
+    assert device_slug(hardware_info(device="cpu")) == "cpu"
+    assert device_slug({"device": "cuda", "gpu_name": "NVIDIA H100 80GB HBM3"}) == "nvidia-h100-80gb-hbm3"
+    assert device_slug({"device": "cuda:1"}) == "cuda:1"

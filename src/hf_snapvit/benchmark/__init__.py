@@ -11,7 +11,7 @@ The wall time of a ranking, with SnapViT's phases, is in the ranking itself: ``r
 
 from __future__ import annotations
 
-from .environment import MIB, STATUS_FIELDS, MemoryPoller, hardware_info, read_status, reset_peak_rss
+from .environment import MIB, STATUS_FIELDS, MemoryPoller, device_slug, hardware_info, read_status, reset_peak_rss
 from .latency import dummy_inputs, format_latency_table, latency_vs_sparsity, measure_latency, sliced_copy
 from .loading import add_load_ratios, load_child_main, measure_load_config, measure_loading, run_load_child
 from .report import run_bench
@@ -21,6 +21,7 @@ __all__ = [
     "STATUS_FIELDS",
     "MemoryPoller",
     "add_load_ratios",
+    "device_slug",
     "dummy_inputs",
     "format_latency_table",
     "hardware_info",

@@ -73,6 +73,12 @@ def hardware_info(threads: int | None = None, device: str | torch.device | None 
     return info
 
 
+def device_slug(hardware: dict[str, Any]) -> str:
+    """The GPU's name, else the device, of a :func:`hardware_info` record as a file-name part, e.g.
+    ``nvidia-h200`` or ``cpu``: benchmark results are named for the machine that measured them."""
+    return (hardware.get("gpu_name") or hardware["device"]).lower().replace(" ", "-")
+
+
 def read_status(fields: tuple[str, ...] = STATUS_FIELDS) -> dict[str, int]:
     """Selected ``/proc/self/status`` fields, in bytes (missing fields, or a non-Linux system, give fewer keys)."""
     out: dict[str, int] = {}
