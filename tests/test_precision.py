@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit.distributed import bf16_supported, resolve_precision
+from hf_snapvit.distributed import bf16_supported, resolve_precision, tf32_matmuls
 from hf_snapvit.scoring import ScoreConfig
 from hf_snapvit.views import MultiCropConfig
 from helpers import CASES, PROCESSOR, images, spearman
@@ -167,3 +167,19 @@ def test_rank_records_the_precision_that_ran(no_accelerator):
     ranking = hs.rank(model, method="snapvit", data=images(6), processor=PROCESSOR, show_progress=False,
                       config=hs.SnapViTConfig(**config, precision="bf16"))
     assert ranking.provenance["precision"] == "bf16" and ranking.provenance["settings"]["precision"] == "bf16"
+
+
+def test_tf32_matmuls_allows_tf32_on_cuda_only_and_restores_the_setting():
+    """The per-sample products (and float32 rankings) turn TF32 on for CUDA only; the caller's setting comes back,
+    also after an error. The setting is a flag, so a CPU-only torch can check it."""
+    before = torch.get_float32_matmul_precision()
+    with tf32_matmuls(torch.device("cuda"), "no"):
+        assert torch.get_float32_matmul_precision() == "high"
+    assert torch.get_float32_matmul_precision() == before
+    for device, precision in (("cpu", "no"), ("cuda", "bf16")):
+        with tf32_matmuls(torch.device(device), precision):
+            assert torch.get_float32_matmul_precision() == before
+    with pytest.raises(RuntimeError, match="inside"):
+        with tf32_matmuls(torch.device("cuda"), "no"):
+            raise RuntimeError("inside")
+    assert torch.get_float32_matmul_precision() == before

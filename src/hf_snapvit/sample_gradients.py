@@ -16,6 +16,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from .distributed import tf32_matmuls
+
 # Largest per-sample gradient block formed at once, in elements (float32 then float64): bounds the transient memory
 # of a wide layer on a large batch to about 1.5 GB.
 _BLOCK_ELEMENTS = 128 * 1024 * 1024
@@ -86,5 +88,9 @@ def _add_squared(output_grads: torch.Tensor, inputs: torch.Tensor, total: torch.
     for start in range(0, output_grads.shape[0], per_block):
         g = output_grads[start:start + per_block].float()
         x = inputs[start:start + per_block].float()
-        per_sample = torch.bmm(g.transpose(1, 2), x)  # [b, out, in], float32 like a weight gradient
+        # On CUDA the products run on TF32 tensor cores: their factors come from a bf16 (autocast) or TF32 forward,
+        # so TF32's 10-bit mantissa keeps what they hold. In full float32 they were the gradient phase's largest
+        # kernel on an H200 (benchmarks/results/profile_ranking_nvidia-h200.json). A CPU computes in float32.
+        with tf32_matmuls(total.device, "no"):
+            per_sample = torch.bmm(g.transpose(1, 2), x)  # [b, out, in], float32 like a weight gradient
         total += per_sample.double().square_().sum(0)
