@@ -23,6 +23,9 @@ a user's images would be.
     # and with 16 and 64 images per gradient step (the per-image scores differ only by float rounding):
     python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
         --fitness-images 256 --gradient-batch-sizes 16 64
+    # every fitness sparsity on every fitness image (0) and on its own share of them (1):
+    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
+        --split-fitness-images 0 1
 
 A count listed twice runs twice: the first ranking of a process also pays the device's one-time start-up.
 """
@@ -48,7 +51,7 @@ from PIL import Image  # noqa: E402
 
 import hf_snapvit  # noqa: E402
 from hf_snapvit.embedding import image_embedding  # noqa: E402
-from hf_snapvit.benchmark import hardware_info  # noqa: E402
+from hf_snapvit.benchmark import device_slug, hardware_info  # noqa: E402
 from hf_snapvit.distributed import autocast, resolve_precision, tf32_matmuls  # noqa: E402
 from hf_snapvit.files import write_text_atomic  # noqa: E402
 
@@ -79,6 +82,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gradient-batch-sizes", type=int, nargs="+", default=[None],
                         help="images per gradient step; each runs every preset once, side by side (default: the "
                              "preset's)")
+    parser.add_argument("--split-fitness-images", type=int, nargs="+", default=[None], choices=[0, 1],
+                        help="1: each fitness sparsity on its own share of the fitness images "
+                             "(SnapViTConfig.split_fitness_images); each value runs every preset once, side by side "
+                             "(default: the preset's)")
     parser.add_argument("--generations", type=int, default=None, help="cap on xNES generations (default: preset's)")
     parser.add_argument("--fitness-batch-size", type=int, default=None,
                         help="images per search forward (default: 256 on an accelerator, 64 on a CPU)")
@@ -135,14 +142,16 @@ def _synchronize(device: torch.device) -> None:
 
 
 def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str, precision: str,
-            args: argparse.Namespace, num_fitness: int | None = None, gradient_batch: int | None = None
-            ) -> dict[str, Any]:
+            args: argparse.Namespace, num_fitness: int | None = None, gradient_batch: int | None = None,
+            split: int | None = None) -> dict[str, Any]:
     """One ranking with its phase times, and the dense forward floor of its search."""
     overrides: dict[str, Any] = {"precision": precision, "seed": args.seed}
     if args.images is not None:
         overrides.update(num_gradient_images=args.images, num_fitness_images=args.images)
     if num_fitness is not None:
         overrides["num_fitness_images"] = num_fitness
+    if split is not None:
+        overrides["split_fitness_images"] = bool(split)
     if args.generations is not None:
         overrides["max_generations"] = args.generations
     if args.fitness_batch_size is not None:
@@ -161,13 +170,15 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
     batch_size = ranking.provenance["settings"]["fitness_batch_size"]
     throughput = dense_throughput(model, batch_size, resolved, args.floor_repeats)
     search = ranking.provenance["search"]
-    forwarded = config.num_fitness_images * (1 + search["evaluations"] * len(config.fitness_sparsities))
+    # The teacher pass, then every evaluation at every sparsity: on every image, or each sparsity on its share.
+    per_evaluation = 1 if config.split_fitness_images else len(config.fitness_sparsities)
+    forwarded = config.num_fitness_images * (1 + search["evaluations"] * per_evaluation)
     phases = pruner.timings_
     return {
         "preset": preset, "precision": precision, "ran_in": ranking.provenance["precision"],
         "fitness_batch_size": batch_size,
         "num_gradient_images": config.num_gradient_images, "num_fitness_images": config.num_fitness_images,
-        "gradient_batch_size": config.scores.batch_size,
+        "gradient_batch_size": config.scores.batch_size, "split_fitness_images": config.split_fitness_images,
         "evaluations": search["evaluations"], "generations": search["generations"],
         "wall_seconds": wall, "phases": phases,
         "dense_images_per_second": throughput, "search_images_forwarded": forwarded,
@@ -179,6 +190,7 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
 def summary_line(shape: str, row: dict[str, Any]) -> str:
     p = row["phases"]
     return (f"{shape:<8} {row['preset']:<8} {row['ran_in']:<5} {row['num_fitness_images']:5d} fitness images "
+            f"{'(split) ' if row['split_fitness_images'] else ''}"
             f"{row['gradient_batch_size']:4d} per step wall {row['wall_seconds']:7.1f} s | data "
             f"{p['data']:6.1f} gradients {p['gradients']:6.1f} search {p['search']:6.1f} (forwards "
             f"{p['search_forward']:6.1f}, {100 * (row['search_forward_fraction'] or 0):3.0f} %; dense floor "
@@ -192,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                  for c in presets for n in args.fitness_images)
     images = load_images(args.data, needed, args.seed)
     hardware = hardware_info(device=args.device)
-    name = (hardware.get("gpu_name") or args.device).lower().replace(" ", "-")
+    name = device_slug(hardware)
     output = Path(args.output) if args.output else ROOT / "benchmarks" / "results" / f"ranking_time_{name}.json"
     report: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/bench_ranking_time.py", *(argv if argv is not None
@@ -201,9 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: v for k, v in vars(args).items() if k != "output"}, "runs": []}
     for shape in args.shapes:
         model = build(shape, args.seed, args.device)
-        for preset, precision, fitness, batch in itertools.product(args.presets, args.precisions,
-                                                                   args.fitness_images, args.gradient_batch_sizes):
-            row = {"shape": shape, **run_one(model, images, preset, precision, args, fitness, batch)}
+        for preset, precision, fitness, batch, split in itertools.product(
+                args.presets, args.precisions, args.fitness_images, args.gradient_batch_sizes,
+                args.split_fitness_images):
+            row = {"shape": shape, **run_one(model, images, preset, precision, args, fitness, batch, split)}
             report["runs"].append(row)
             print(summary_line(shape, row), file=sys.stderr, flush=True)
             # Written after every run: a long GPU session that is cut off keeps what it measured.

@@ -7,7 +7,8 @@ mean as the result and the preset's three fitness sparsities existed) with some 
 written ``DEFINITION:MODE:GENERATIONS`` plus optional ``:key=value`` changes (``covariance=cka``, ``sigma=0.5``,
 ``head_rows=qkv``, ``init=1.0,1.0``, ``fitness=256``: the number of fitness images, ``measure=cka``: the fitness
 measure, ``order=obs``: the unit order within blocks, ``solution=mean``: the search's mean rather than its best sample,
-``preset=default``: another preset's images and crops, ``sparsities=0.1,0.3,0.5``: the fitness sparsities). One fit per
+``preset=default``: another preset's images and crops, ``sparsities=0.1,0.3,0.5``: the fitness sparsities, ``split=1``:
+each fitness sparsity on its own share of the fitness images). One fit per
 configuration runs the largest search budget; the rankings at the smaller budgets of ``--budgets`` come from its history
 (the best factors, or the mean, after g generations; g = 0 is the starting factors, i.e. no search), which is exactly
 what a fit with that budget returns, because the first g generations do not depend on the budget.
@@ -70,15 +71,22 @@ def floats(value: str) -> tuple[float, ...]:
     return tuple(float(v) for v in value.split(","))
 
 
+def flag(value: str) -> bool:
+    """``1`` / ``0`` -> ``True`` / ``False``."""
+    if value not in ("0", "1"):
+        raise SystemExit(f"give 1 or 0, not {value!r}")
+    return value == "1"
+
+
 SEARCH_OPTIONS = {"covariance": str, "sigma": float, "fitness": int, "measure": str, "order": str, "solution": str,
-                  "init": floats, "sparsities": floats}
+                  "init": floats, "sparsities": floats, "split": flag}
 # Spec keys that name a config field by a shorter word.
 FIELD_NAMES = {"fitness": "num_fitness_images", "measure": "fitness_measure", "order": "unit_order",
-               "init": "init_mean", "sparsities": "fitness_sparsities"}
+               "init": "init_mean", "sparsities": "fitness_sparsities", "split": "split_fitness_images"}
 SCORE_OPTIONS = {"head_rows": str}
 # Settings that fits recorded before they existed ran with: their whole budget, and the paper's cosine fitness.
 NEWER_SETTINGS = {"early_stopping_patience": None, "early_stopping_threshold": 0.0, "fitness_measure": "cosine",
-                  "unit_order": "scores", "solution": "best"}
+                  "unit_order": "scores", "solution": "best", "split_fitness_images": False}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

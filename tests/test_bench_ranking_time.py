@@ -92,6 +92,19 @@ def test_each_gradient_step_size_runs_side_by_side_and_is_recorded(tmp_path):
         hf_snapvit.SnapViTConfig.preset("fast").scores.batch_size]
 
 
+def test_split_fitness_images_run_side_by_side_and_forward_each_image_once_per_evaluation(tmp_path):
+    script = load_benchmark("bench_ranking_time")
+    output = tmp_path / "ranking_time.json"
+    assert script.main(["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "--precisions", "fp32",
+                        "--images", "6", "--generations", "1", "--floor-repeats", "1", "--fitness-batch-size", "4",
+                        "--split-fitness-images", "0", "1", "--output", str(output)]) == 0
+    runs = json.loads(output.read_text())["runs"]
+    assert [r["split_fitness_images"] for r in runs] == [False, True]
+    # fast: 3 sparsities on every image, or each on its own share (6 images: 2 each).
+    assert [r["search_images_forwarded"] for r in runs] == [6 * (1 + 3 * runs[0]["evaluations"]),
+                                                           6 * (1 + runs[1]["evaluations"])]
+
+
 def test_the_gradient_profile_times_each_step_size_its_crops_and_the_unit_order(tmp_path):
     script = load_benchmark("profile_ranking")
     output = tmp_path / "profile.json"

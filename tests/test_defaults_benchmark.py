@@ -88,6 +88,16 @@ def test_the_preset_option_takes_another_presets_images_and_crops():
     assert defaults.BASE_SOLUTION == "best" != hf_snapvit.SnapViTConfig().solution
 
 
+def test_the_split_option_deals_the_fitness_images_out_among_the_sparsities():
+    spec = "obd:global:3:sigma=0.5:order=output:solution=mean:preset=default:split=1"
+    name, config = defaults.parse_config(spec, seed=2)
+    assert name == "obd-global-sigma0.5-orderoutput-solutionmean-presetdefault-split1"
+    assert config == hf_snapvit.SnapViTConfig(seed=2, split_fitness_images=True) and config.preset_name() is None
+    assert not defaults.parse_config("obd:global:3:split=0", seed=0)[1].split_fitness_images
+    with pytest.raises(SystemExit, match="give 1 or 0, not 'yes'"):
+        defaults.parse_config("obd:global:3:split=yes", seed=0)
+
+
 def test_unknown_option_names_the_valid_ones():
     with pytest.raises(SystemExit, match="unknown option 'temperature'.*covariance"):
         defaults.parse_config("obd:global:3:temperature=2", seed=0)

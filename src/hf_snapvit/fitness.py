@@ -2,7 +2,9 @@
 
 The dense (teacher) embeddings of the fitness images are computed once and reduced by PCA. A candidate ranking is
 scored at each fitness sparsity by the mean cosine similarity between the PCA projections of the teacher and of the
-pruned model's embeddings; the loss minimised by the search is one minus the average over sparsities.
+pruned model's embeddings; the loss minimised by the search is one minus the average over sparsities. Every sparsity
+scores every fitness image (the paper), or, with ``split_images``, each sparsity its own share of them: the search
+then sees every image for a quarter of the forwards (four sparsities).
 
 Pruned models are evaluated physically sliced, so a forward pass costs what the pruned model costs: one working copy
 of the model is re-sliced from the dense weights for every (candidate, sparsity), never copied again.
@@ -64,6 +66,10 @@ class EmbeddingFitness:
             ``"blocks"``: the cosine similarity of every block's output (averaged over tokens, centred on the dense
             model's mean), averaged over images and blocks: the pruned model must follow the dense one at every
             depth, not only at its output.
+        split_images: Deal the images out among the sparsities, in contiguous shares of (nearly) equal size, so that
+            each sparsity is scored on its own share: one forward per image and candidate instead of one per image,
+            candidate and sparsity. The images must be a random draw (as the ranking's are) for the shares to be
+            alike. :meth:`embed` and :meth:`image_similarities` still use every image.
     """
 
     def __init__(
@@ -77,9 +83,14 @@ class EmbeddingFitness:
         width_multiple: int | None = None,
         precision: str | None = None,
         measure: str = "cosine",
+        split_images: bool = False,
     ) -> None:
         if measure not in MEASURES:
             raise ConfigError(f"EmbeddingFitness(measure={measure!r}): choose one of {MEASURES}.")
+        if split_images and len(pixel_values) < 2 * len(sparsities):
+            raise ConfigError(f"EmbeddingFitness(split_images=True) deals {len(pixel_values)} fitness images out among "
+                              f"{len(sparsities)} sparsities; give at least {2 * len(sparsities)} (two per sparsity) "
+                              "or split_images=False.")
         self.measure = measure
         self.precision = mixed_precision() if precision is None else precision
         self.model = copy.deepcopy(model).to(torch.bfloat16) if self.precision == "bf16" else model
@@ -92,6 +103,9 @@ class EmbeddingFitness:
         # (the CKA covariance runs the caller's float32 model on it).
         self._inputs = self.pixel_values.to(self.model.dtype)
         self.sparsities = tuple(sparsities)
+        bounds = np.linspace(0, len(pixel_values), len(self.sparsities) + 1).round().astype(int)
+        self.shares = ([slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])] if split_images
+                       else [slice(None)] * len(self.sparsities))
         self.batch_size = batch_size
         self._clock = _ForwardClock(self.device)
         self.work = copy.deepcopy(self.model)  # re-sliced from ``model`` for every evaluation
@@ -116,20 +130,23 @@ class EmbeddingFitness:
     def forward_seconds(self, value: float) -> None:
         self._clock.reset(value)
 
-    def embed(self, keep) -> torch.Tensor:
-        """Embeddings ``[N, D]`` (float32) of the fitness images with only ``keep`` units active."""
-        return self._forward(keep)[0]
+    def embed(self, keep, rows: slice = slice(None)) -> torch.Tensor:
+        """Embeddings ``[N, D]`` (float32) of the fitness images (or of ``rows`` of them) with only ``keep`` units
+        active."""
+        return self._forward(keep, rows)[0]
 
     @torch.no_grad()
-    def _forward(self, keep) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The embeddings, and for the ``"blocks"`` measure every block's token-mean output ``[L, N, D]``."""
+    def _forward(self, keep, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The embeddings of ``rows``, and for the ``"blocks"`` measure every block's token-mean output
+        ``[L, N, D]``."""
         model = self.model if keep is None else slice_model_(self.work, self._on_device(keep), source=self.model)
         chunks = []
         cast = contextlib.nullcontext() if self.precision == "bf16" else autocast(self.device, precision=self.precision)
         blocks = _BlockOutputs(get_layers(model, self.spec)) if self.measure == "blocks" else None
+        inputs = self._inputs[rows]
         with self._clock, cast, blocks or contextlib.nullcontext():
-            for i in range(0, len(self._inputs), self.batch_size):
-                batch = {"pixel_values": self._inputs[i:i + self.batch_size]}
+            for i in range(0, len(inputs), self.batch_size):
+                batch = {"pixel_values": inputs[i:i + self.batch_size]}
                 chunks.append(image_embedding(model, batch, self.spec).float())
         return torch.cat(chunks), (None if blocks is None else blocks.outputs())
 
@@ -149,29 +166,32 @@ class EmbeddingFitness:
         """``[len(sparsities)]`` similarities in the fitness's measure (float32, on the device; nothing waits for
         them)."""
         limit = ranking.max_sparsity_for(self.width_multiple)
-        return torch.stack([self._similarity(ranking, min(s, limit)) for s in self.sparsities])
+        return torch.stack([self._similarity(ranking, min(s, limit), rows)
+                            for s, rows in zip(self.sparsities, self.shares)])
 
-    def _similarity(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
+    def _similarity(self, ranking: ElasticRanking, sparsity: float, rows: slice = slice(None)) -> torch.Tensor:
         if self.measure == "cka":
-            return linear_cka(self._pruned(ranking, sparsity), self.target)
+            return linear_cka(self._pruned(ranking, sparsity, rows), self.target[rows])
         if self.measure == "blocks":
-            _, blocks = self._forward(self._keep(ranking, sparsity))
-            return F.cosine_similarity(blocks - self.block_mean, self.block_target, dim=2).mean()
-        return self._image_similarities(ranking, sparsity).mean()
+            _, blocks = self._forward(self._keep(ranking, sparsity), rows)
+            return F.cosine_similarity(blocks - self.block_mean, self.block_target[:, rows], dim=2).mean()
+        return self._image_similarities(ranking, sparsity, rows).mean()
 
     def _keep(self, ranking: ElasticRanking, sparsity: float):
         """The units ``ranking`` keeps at ``sparsity``, at the widths this fitness scores."""
         return ranking.keep_indices(ranking.keep_counts(sparsity, width_multiple=self.width_multiple))
 
-    def _pruned(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
-        return self.project(self.embed(self._keep(ranking, sparsity)))
+    def _pruned(self, ranking: ElasticRanking, sparsity: float, rows: slice = slice(None)) -> torch.Tensor:
+        return self.project(self.embed(self._keep(ranking, sparsity), rows))
 
-    def _image_similarities(self, ranking: ElasticRanking, sparsity: float) -> torch.Tensor:
-        return F.cosine_similarity(self._pruned(ranking, sparsity), self.target, dim=1)
+    def _image_similarities(self, ranking: ElasticRanking, sparsity: float,
+                            rows: slice = slice(None)) -> torch.Tensor:
+        return F.cosine_similarity(self._pruned(ranking, sparsity, rows), self.target[rows], dim=1)
 
     def image_similarities(self, ranking: ElasticRanking) -> torch.Tensor:
         """``[len(sparsities), N]`` cosine similarity of each fitness image at each sparsity (float32, on the
-        device): what :meth:`similarities` averages, kept per image to measure the fitness's noise. The ``"cka"``
+        device): what :meth:`similarities` averages (every image at every sparsity, also with ``split_images``), kept
+        per image to measure the fitness's noise. The ``"cka"``
         and ``"blocks"`` measures have no per-image value."""
         if self.measure != "cosine":
             raise ConfigError(f"image_similarities needs measure='cosine'; the {self.measure!r} measure is a "
@@ -180,7 +200,7 @@ class EmbeddingFitness:
         return torch.stack([self._image_similarities(ranking, min(s, limit)) for s in self.sparsities])
 
     def similarity(self, ranking: ElasticRanking, sparsity: float) -> float:
-        """The similarity at one sparsity, in the fitness's measure."""
+        """The similarity at one sparsity, in the fitness's measure, over every fitness image."""
         limit = ranking.max_sparsity_for(self.width_multiple)
         return self._similarity(ranking, min(sparsity, limit)).item()
 
