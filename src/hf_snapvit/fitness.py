@@ -189,10 +189,10 @@ class EmbeddingFitness:
         return F.cosine_similarity(self._pruned(ranking, sparsity, rows), self.target[rows], dim=1)
 
     def image_similarities(self, ranking: ElasticRanking) -> torch.Tensor:
-        """``[len(sparsities), N]`` cosine similarity of each fitness image at each sparsity (float32, on the
-        device): what :meth:`similarities` averages (every image at every sparsity, also with ``split_images``), kept
-        per image to measure the fitness's noise. The ``"cka"``
-        and ``"blocks"`` measures have no per-image value."""
+        """``[len(sparsities), N]`` cosine similarity of every fitness image at each sparsity (float32, on the
+        device), kept per image to measure the fitness's noise: what :meth:`similarities` averages, or with
+        ``split_images`` each sparsity's share of it. The ``"cka"`` and ``"blocks"`` measures have no per-image
+        value."""
         if self.measure != "cosine":
             raise ConfigError(f"image_similarities needs measure='cosine'; the {self.measure!r} measure is a "
                               "statistic of the whole image set.")
