@@ -8,7 +8,8 @@ written ``DEFINITION:MODE:GENERATIONS`` plus optional ``:key=value`` changes (``
 ``head_rows=qkv``, ``init=1.0,1.0``, ``fitness=256``: the number of fitness images, ``measure=cka``: the fitness
 measure, ``order=obs``: the unit order within blocks, ``solution=mean``: the search's mean rather than its best sample,
 ``preset=default``: another preset's images and crops, ``sparsities=0.1,0.3,0.5``: the fitness sparsities, ``split=1``:
-each fitness sparsity on its own share of the fitness images). One fit per
+each fitness sparsity on its own share of the fitness images, ``local_size=96`` and ``num_local=4``: the gradient
+crops). One fit per
 configuration runs the largest search budget; the rankings at the smaller budgets of ``--budgets`` come from its history
 (the best factors, or the mean, after g generations; g = 0 is the starting factors, i.e. no search), which is exactly
 what a fit with that budget returns, because the first g generations do not depend on the budget.
@@ -84,6 +85,8 @@ SEARCH_OPTIONS = {"covariance": str, "sigma": float, "fitness": int, "measure": 
 FIELD_NAMES = {"fitness": "num_fitness_images", "measure": "fitness_measure", "order": "unit_order",
                "init": "init_mean", "sparsities": "fitness_sparsities", "split": "split_fitness_images"}
 SCORE_OPTIONS = {"head_rows": str}
+# Spec keys of the gradient crops (MultiCropConfig fields).
+CROP_OPTIONS = {"local_size": int, "num_local": int}
 # Settings that fits recorded before they existed ran with: their whole budget, and the paper's cosine fitness.
 NEWER_SETTINGS = {"early_stopping_patience": None, "early_stopping_threshold": 0.0, "fitness_measure": "cosine",
                   "unit_order": "scores", "solution": "best", "split_fitness_images": False}
@@ -122,7 +125,8 @@ def parse_config(spec: str, seed: int) -> tuple[str, hf_snapvit.SnapViTConfig]:
     ``BASE_SOLUTION`` with those changes)."""
     definition, mode, generations, *options = spec.split(":")
     base = "fast"
-    scores = {"definition": definition}
+    scores: dict = {"definition": definition}
+    crops: dict = {}
     search = {"sigma": BASE_SIGMA, "unit_order": BASE_ORDER, "solution": BASE_SOLUTION,
               "fitness_sparsities": BASE_SPARSITIES}
     for option in options:
@@ -131,12 +135,16 @@ def parse_config(spec: str, seed: int) -> tuple[str, hf_snapvit.SnapViTConfig]:
             base = value
         elif key in SCORE_OPTIONS:
             scores[key] = SCORE_OPTIONS[key](value)
+        elif key in CROP_OPTIONS:
+            crops[key] = CROP_OPTIONS[key](value)
         elif key in SEARCH_OPTIONS:
             search[FIELD_NAMES.get(key, key)] = SEARCH_OPTIONS[key](value)
         else:
             raise SystemExit(f"unknown option {key!r} in {spec!r}; use one of "
-                             f"{sorted([*SEARCH_OPTIONS, *SCORE_OPTIONS, 'preset'])}")
+                             f"{sorted([*SEARCH_OPTIONS, *SCORE_OPTIONS, *CROP_OPTIONS, 'preset'])}")
     preset = hf_snapvit.SnapViTConfig.preset(base)
+    if crops:
+        scores["crops"] = dataclasses.replace(preset.scores.crops, **crops)
     config = dataclasses.replace(preset, scores=dataclasses.replace(preset.scores, **scores), mode=mode,
                                  max_generations=int(generations), seed=seed, **search)
     name = "-".join([definition, mode] + [o.replace("=", "").replace(",", "_") for o in options])

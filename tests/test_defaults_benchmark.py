@@ -98,6 +98,14 @@ def test_the_split_option_deals_the_fitness_images_out_among_the_sparsities():
         defaults.parse_config("obd:global:3:split=yes", seed=0)
 
 
+def test_crop_options_change_only_the_gradient_crops():
+    name, config = defaults.parse_config("obd:global:0:solution=mean:preset=default:local_size=96:num_local=4", seed=0)
+    assert name == "obd-global-solutionmean-presetdefault-local_size96-num_local4"
+    preset = hf_snapvit.SnapViTConfig.preset("default")
+    assert config.scores.crops == dataclasses.replace(preset.scores.crops, local_size=96, num_local=4)
+    assert config.scores.definition == "obd" and config.num_gradient_images == preset.num_gradient_images
+
+
 def test_unknown_option_names_the_valid_ones():
     with pytest.raises(SystemExit, match="unknown option 'temperature'.*covariance"):
         defaults.parse_config("obd:global:3:temperature=2", seed=0)
