@@ -173,7 +173,8 @@ def test_the_search_scores_candidates_at_the_widths_users_load(monkeypatch, mult
                                width_multiple=multiple)
     seen = []
     embed = fitness.embed
-    monkeypatch.setattr(fitness, "embed", lambda keep: seen.append([len(n) for _, n in keep]) or embed(keep))
+    monkeypatch.setattr(fitness, "embed",
+                        lambda keep, *rows: seen.append([len(n) for _, n in keep]) or embed(keep, *rows))
     fitness.loss(hs.rank(model, method="random", seed=2))
     assert len(seen) == 2 and all(aligned(widths, expected, 256) for widths in seen)
     if expected > 1:
