@@ -8,7 +8,7 @@
 #   STEPS="2 4 5 3 1" bash benchmarks/h100_checks.sh 2>&1 | tee $OUT/log.txt     # what ran on 2026-11-26
 #   STEPS="9 8 7" ...                                                              # what ran on 2026-11-27 (7 cut off)
 #   STEPS="10 11" ...                                    # the ranking after the unit order fix, per gradient step size
-#   STEPS="12 11" ...          # split fitness images (the first split run warms up) and the TF32 per-sample products
+#   STEPS="12 11 13" ...  # split fitness images (the first split run warms up), the TF32 per-sample products, no search
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 DEV=${DEV:-cuda}; B=${B:-vit-b16}; S=${S:-vit-s16}; OUT=${OUT:-/tmp/out}; R=${R:-/tmp/r}
@@ -49,6 +49,8 @@ for step in ${STEPS:-2 4 5 3 1 6 7 8}; do case $step in
      --batch-sizes 16 64 --data .gpu/train.parquet --output "$R/profile_ranking.json" ;;
 12) timeout "${T12:-200}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
      --precisions bf16 --split-fitness-images 1 0 1 --data .gpu/train.parquet --output "$R/ranking_time_split.json" ;;
+13) timeout "${T13:-90}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
+     --precisions bf16 --generations 0 --data .gpu/train.parquet --output "$R/ranking_time_no_search.json" ;;
 *) echo "unknown step $step"; continue ;;
 esac; save "$step" $?; done
 ls -la "$R"
