@@ -125,7 +125,7 @@ def dense_throughput(model: transformers.ViTModel, batch_size: int, precision: s
     device = next(model.parameters()).device
     size = model.config.image_size
     pixels = torch.randn(batch_size, 3, size, size, device=device)
-    with torch.no_grad(), tf32_matmuls(device, precision), autocast(device, precision=precision):
+    with torch.no_grad(), tf32_matmuls(device, enabled=precision == "no"), autocast(device, precision=precision):
         for _ in range(2):  # warm-up: kernels chosen, memory allocated
             image_embedding(model, {"pixel_values": pixels})
         _synchronize(device)

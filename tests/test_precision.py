@@ -173,13 +173,13 @@ def test_tf32_matmuls_allows_tf32_on_cuda_only_and_restores_the_setting():
     """The per-sample products (and float32 rankings) turn TF32 on for CUDA only; the caller's setting comes back,
     also after an error. The setting is a flag, so a CPU-only torch can check it."""
     before = torch.get_float32_matmul_precision()
-    with tf32_matmuls(torch.device("cuda"), "no"):
+    with tf32_matmuls(torch.device("cuda")):
         assert torch.get_float32_matmul_precision() == "high"
     assert torch.get_float32_matmul_precision() == before
-    for device, precision in (("cpu", "no"), ("cuda", "bf16")):
-        with tf32_matmuls(torch.device(device), precision):
+    for device, enabled in (("cpu", True), ("cuda", False)):  # a CPU, or a bf16 ranking's forwards
+        with tf32_matmuls(torch.device(device), enabled=enabled):
             assert torch.get_float32_matmul_precision() == before
     with pytest.raises(RuntimeError, match="inside"):
-        with tf32_matmuls(torch.device("cuda"), "no"):
+        with tf32_matmuls(torch.device("cuda")):
             raise RuntimeError("inside")
     assert torch.get_float32_matmul_precision() == before

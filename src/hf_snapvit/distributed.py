@@ -162,15 +162,16 @@ def native_bf16_cpu() -> bool:
 
 
 @contextlib.contextmanager
-def tf32_matmuls(device: torch.device, precision: str) -> Iterator[None]:
-    """Allow TF32 float32 matrix products on a CUDA ``device`` while a float32 (``precision == "no"``) ranking runs,
-    or around float32 products of values that were computed in bf16 or TF32 (the per-sample gradients).
+def tf32_matmuls(device: torch.device, enabled: bool = True) -> Iterator[None]:
+    """Allow TF32 float32 matrix products on a CUDA ``device`` inside the block (``enabled``): for a whole float32
+    ranking (``enabled=precision == "no"``), or around float32 products of values that were computed in bf16 or TF32
+    (the per-sample gradients).
 
     TF32 keeps float32's range with a 10-bit mantissa in the products (a dense ViT-B/16 forward: 206 ms in float32,
     61 ms with TF32 on an H100, ``/work/shared/docs/gpu-device.md``); the global setting is restored afterwards.
     Elsewhere (CPU) nothing changes, so float32 CPU rankings stay exact float32.
     """
-    if device.type != "cuda" or precision != "no":
+    if device.type != "cuda" or not enabled:
         yield
         return
     before = torch.get_float32_matmul_precision()

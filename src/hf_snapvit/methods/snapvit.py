@@ -120,7 +120,7 @@ class SnapViTPruner:
         show_progress = show_progress and state.is_main_process
         with on_process_device(model, state) as device:
             precision = resolve_precision(self.config.precision, device)
-            with tf32_matmuls(device, precision):
+            with tf32_matmuls(device, enabled=precision == "no"):
                 ranking = self._fit(model, data, processor, image_column, show_progress, precision)
         recorded = "fp32" if precision == "no" else precision
         if precision == "no" and device.type == "cuda":
