@@ -9,6 +9,7 @@ import torch
 
 import hf_snapvit as hs
 from hf_snapvit.architectures import get_layers
+from hf_snapvit.calibration import split_calibration
 from hf_snapvit.cka import linear_cka
 from hf_snapvit.fitness import EmbeddingFitness
 from hf_snapvit.scoring import ScoreConfig
@@ -97,8 +98,6 @@ def test_snapvit_searches_on_split_images_and_records_it():
     ranking = hs.SnapViTPruner(config).fit(model, images(11), processor=PROCESSOR, show_progress=False)
     assert ranking.provenance["settings"]["split_fitness_images"] is True
     assert ranking.provenance["preset"] is None  # no preset splits its images
-    from hf_snapvit.calibration import split_calibration
-
     calibration = split_calibration(images(11), 3, 8, seed=1)
     precision = {"fp32": "no", "bf16": "bf16"}[ranking.provenance["precision"]]
     pixels = PROCESSOR(images=calibration.fitness, return_tensors="pt")["pixel_values"]
