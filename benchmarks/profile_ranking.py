@@ -27,7 +27,6 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
@@ -40,7 +39,7 @@ from hf_snapvit.files import write_text_atomic  # noqa: E402
 from hf_snapvit.latency_table import synchronize  # noqa: E402
 from hf_snapvit.methods.block_order import block_orders  # noqa: E402
 from hf_snapvit.scoring import gradient_scores  # noqa: E402
-from hf_snapvit.views import Normalizer, multi_crops, processor_inputs  # noqa: E402
+from hf_snapvit.views import Normalizer, processor_inputs, seeded_multi_crops  # noqa: E402
 from profile_latency import group_events  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,13 +74,14 @@ def timed(device: torch.device, work) -> float:
     return time.perf_counter() - start
 
 
-def crop_seconds(images: list, crops: Any, processor: Any, input_size: int, seed: int, device: torch.device) -> float:
-    """The multi-crops of ``images`` alone, made as the gradient steps make them (one generator per image; on the
-    device when it is an accelerator)."""
+def crop_seconds(images: list, scores: Any, processor: Any, input_size: int, seed: int, device: torch.device) -> float:
+    """The multi-crops of ``images`` alone, made as the gradient steps make them (a step's images at a time, one
+    generator per image; on the device when it is an accelerator)."""
     normalizer = Normalizer(processor)
     on = None if device.type == "cpu" else device
-    return timed(device, lambda: [multi_crops([image], crops, normalizer, input_size,
-                                              np.random.default_rng([seed, i]), on) for i, image in enumerate(images)])
+    step = scores.batch_size
+    return timed(device, lambda: [seeded_multi_crops(images[i:i + step], i, seed, scores.crops, normalizer, input_size,
+                                                     on) for i in range(0, len(images), step)])
 
 
 def profile_batch(model, images: list, processor: Any, scores: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -94,7 +94,7 @@ def profile_batch(model, images: list, processor: Any, scores: Any, args: argpar
 
     run(images[:scores.batch_size])  # untimed: kernels chosen, memory allocated
     wall = timed(device, lambda: run(images))
-    crops = crop_seconds(images, scores.crops, processor, model.config.image_size, args.seed, device)
+    crops = crop_seconds(images, scores, processor, model.config.image_size, args.seed, device)
     profiled = images[:scores.batch_size * args.profile_steps]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_snapvit.views import MultiCropConfig, Normalizer, multi_crops
+from hf_snapvit.views import MultiCropConfig, Normalizer, multi_crops, seeded_multi_crops
 from hf_snapvit.scoring import ScoreConfig, dino_loss, gradient_scores
 from helpers import CASES, FEW_CROPS, PROCESSOR, images
 
@@ -55,6 +55,24 @@ def test_crops_made_on_a_device_take_the_same_boxes_as_pil_crops():
         assert (a - b).abs().mean() < 0.05 and torch.equal(b, c)
     other = multi_crops(images(3), config, Normalizer(PROCESSOR), 32, np.random.default_rng(5), device="cpu")
     assert (other[0] - on_device[0]).abs().mean() > 0.1  # other boxes: the seed still drives them
+
+
+def test_seeded_crops_do_not_depend_on_the_batch_an_image_came_in():
+    # What makes scores independent of the step size and of the split across processes: image i's crops come from
+    # generator [seed, i] whether it is crops of 4 images at once or of 1 + 3 starting at index 1.
+    config = MultiCropConfig(num_global=2, num_local=2, local_size=16)
+    normalizer = Normalizer(PROCESSOR)
+    pictures = images(4)
+    whole = seeded_multi_crops(pictures, 0, 7, config, normalizer, 32)
+    first = seeded_multi_crops(pictures[:1], 0, 7, config, normalizer, 32)
+    rest = seeded_multi_crops(pictures[1:], 1, 7, config, normalizer, 32)
+    for group, (a, b) in enumerate(zip(first, rest)):
+        assert whole[group].shape[:2] == (4, 2) and torch.equal(whole[group], torch.cat([a, b]))
+    alone = multi_crops(pictures[2:3], config, normalizer, 32, np.random.default_rng([7, 2]))
+    assert torch.equal(whole[0][2:3], alone[0]) and torch.equal(whole[1][2:3], alone[1])
+    shifted = seeded_multi_crops(pictures[1:], 0, 7, config, normalizer, 32)  # wrong first index: other boxes
+    assert not torch.equal(shifted[0], rest[0])
+    assert seeded_multi_crops(pictures[:1], 0, 7, MultiCropConfig(num_global=1, num_local=0), normalizer, 32)[1] is None
 
 
 @pytest.mark.parametrize("case", PIXEL_CASES, ids=lambda c: c.name)

@@ -38,7 +38,7 @@ from transformers import PreTrainedModel
 from .embedding import input_size as architecture_input_size
 from .architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
 from .embedding import image_embedding
-from .views import MultiCropConfig, Normalizer, multi_crops, processor_inputs
+from .views import MultiCropConfig, Normalizer, processor_inputs, seeded_multi_crops
 from .errors import ConfigError, DataError
 from .validation import require_choice, require_int
 from .calibration import GradientSteps
@@ -131,16 +131,6 @@ def _reduce(stats: list[list[torch.Tensor]], unit_rows: int, squared_sum: bool) 
     return np.stack(rows)
 
 
-def _crops(chunk, first_index: int, seed: int, config: ScoreConfig, normalizer, input_size: int,
-           device: torch.device | None = None):
-    """Multi-crops of a step's images, image ``first_index + j`` drawn from its own generator ``[seed, index]``
-    (made on ``device`` when it is an accelerator)."""
-    views = [multi_crops(chunk[j:j + 1], config.crops, normalizer, input_size,
-                         np.random.default_rng([seed, first_index + j]), device) for j in range(len(chunk))]
-    local = None if views[0][1] is None else torch.cat([v[1] for v in views])
-    return torch.cat([v[0] for v in views]), local
-
-
 def _add_step(loss_of, chunk, labels, first: int, recorder: SquaredSampleGradients | None,
               weights: list[torch.Tensor], sums: list[torch.Tensor], precision_context) -> None:
     """Add one gradient step to ``sums``: every image's squared gradient (with a ``recorder``), else the step's
@@ -164,8 +154,8 @@ def _batch_loss(model, spec, chunk, labels, *, processor, normalizer, config, in
     if config.loss == "ce":
         logits = model(pixel_values=processor_inputs(chunk, processor).to(device)).logits
         return F.cross_entropy(logits.float(), labels.to(device))
-    global_views, local_views = _crops(chunk, first_index, seed, config, normalizer, input_size,
-                                       None if device.type == "cpu" else device)
+    global_views, local_views = seeded_multi_crops(chunk, first_index, seed, config.crops, normalizer, input_size,
+                                                   None if device.type == "cpu" else device)
     global_views = global_views.to(device)
     b, g = global_views.shape[:2]
     with torch.no_grad():

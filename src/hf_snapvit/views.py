@@ -11,7 +11,7 @@ import math
 import numbers
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,6 +217,18 @@ def multi_crops(
             batch = normalizer(batch.flatten(0, 1)).view(b, v, *batch.shape[2:])
         out.append(batch)
     return out[0], out[1]
+
+
+def seeded_multi_crops(images: Sequence[Any] | torch.Tensor, first_index: int, seed: int, config: MultiCropConfig,
+                       normalizer: Normalizer | None, input_size: int, device: torch.device | str | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`multi_crops` of ``images`` with image ``first_index + j`` drawn from its own generator
+    ``[seed, first_index + j]``: an image's crops do not depend on the batch it came in, so results do not depend on
+    the batch size or on how images are shared out across processes."""
+    views = [multi_crops(images[j:j + 1], config, normalizer, input_size,
+                         np.random.default_rng([seed, first_index + j]), device) for j in range(len(images))]
+    local = None if views[0][1] is None else torch.cat([v[1] for v in views])
+    return torch.cat([v[0] for v in views]), local
 
 
 def image_tensor(image: Any, device: torch.device | str) -> torch.Tensor:
