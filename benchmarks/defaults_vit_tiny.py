@@ -41,6 +41,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -239,7 +240,12 @@ def write_ranking(path: Path, spec: str, g: int, pruner: hf_snapvit.SnapViTPrune
 
 def read_ranking(path: Path, model: torch.nn.Module) -> hf_snapvit.ElasticRanking:
     """A ranking :func:`write_ranking` saved for ``model``; its ``info`` becomes the provenance's ``defaults_sweep``."""
-    stored = json.loads(Path(path).read_text())
+    return ranking_from_stored(json.loads(Path(path).read_text()), model)
+
+
+def ranking_from_stored(stored: dict[str, Any], model: torch.nn.Module) -> hf_snapvit.ElasticRanking:
+    """:func:`read_ranking` of a file already parsed (``stored`` is not changed)."""
+    stored = dict(stored)
     info = stored.pop("info", {})
     return hf_snapvit.ElasticRanking(
         head_scores=np.array(stored.pop("head_scores")), neuron_scores=np.array(stored.pop("neuron_scores")),

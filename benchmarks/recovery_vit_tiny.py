@@ -40,7 +40,7 @@ from hf_snapvit.files import write_text_atomic
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The same top-1 and k-NN protocol as the correction benchmark (benchmarks/ is not a package).
 from correction_vit_tiny import evaluate  # noqa: E402
-from defaults_vit_tiny import read_ranking  # noqa: E402
+from defaults_vit_tiny import ranking_from_stored  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 VARIANTS = ("none", "correction", "recovery", "correction+recovery", "elastic")
@@ -187,7 +187,7 @@ def stored_ranking(path: Path, base: Any) -> hf_snapvit.ElasticRanking:
     stored = json.loads(path.read_text())
     if "shape" in stored:
         return hf_snapvit.ElasticRanking.from_dict(stored)
-    ranking = read_ranking(path, base)
+    ranking = ranking_from_stored(stored, base)
     return dataclasses.replace(ranking, provenance={**ranking.provenance, "stored_ranking": path.name})
 
 

@@ -60,3 +60,26 @@ def test_one_run_records_every_variant_and_plots(bench, tmp_path):
     bench.plot({"rows": rows, "device": "cpu"}, out)
     assert out.stat().st_size > 1000
     json.dumps(rows, default=str)  # what main() writes
+
+
+def test_a_stored_ranking_is_read_in_either_format(bench, tmp_path):
+    # The defaults sweep's unsorted scores (no shape: the model gives it) and ElasticRanking.to_dict (with a shape).
+    import numpy as np
+
+    from helpers import CASES
+
+    model = next(c for c in CASES if c.name == "vit").build()
+    ranking = hf_snapvit.rank(model, method="magnitude", show_progress=False)
+    sweep = {"head_scores": ranking.head_scores.tolist(), "neuron_scores": ranking.neuron_scores.tolist(),
+             "mode": ranking.mode, "info": {"spec": "x"}}
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    # The stored format holds scores in rank order, compactly: the expected values are its own round trip.
+    stored = hf_snapvit.ElasticRanking.from_dict(ranking.sorted().to_dict())
+    (tmp_path / "full.json").write_text(json.dumps(ranking.sorted().to_dict()))
+    from_sweep = bench.stored_ranking(tmp_path / "sweep.json", model)
+    from_dict = bench.stored_ranking(tmp_path / "full.json", model)
+    for read, expected in ((from_sweep, ranking), (from_dict, stored)):
+        np.testing.assert_array_equal(read.neuron_scores, expected.neuron_scores)
+        np.testing.assert_array_equal(read.head_scores, expected.head_scores)
+    assert from_sweep.provenance["stored_ranking"] == "sweep.json" and from_sweep.provenance["defaults_sweep"] == {
+        "spec": "x"}
