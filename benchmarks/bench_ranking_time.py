@@ -59,6 +59,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {
     "vit-b16": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "vit-s16": dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536),
+    # The shared ViT-Tiny's shape: a CPU's ranking times without the shared checkpoint.
+    "vit-ti16": dict(hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768),
     # For tests: small enough for a CPU.
     "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
                  patch_size=8),

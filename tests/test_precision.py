@@ -38,6 +38,27 @@ def test_auto_is_bf16_on_a_cpu_with_bf16_units_else_float32_and_follows_accelera
     assert resolve_precision("auto", CPU) == "fp16"
 
 
+def test_bf16_on_a_cpu_that_emulates_it_warns_and_is_still_allowed(no_accelerator, caplog):
+    import hf_snapvit.distributed as distributed
+
+    for native in (False, True):
+        no_accelerator.setattr(distributed, "native_bf16_cpu", lambda native=native: native)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hf_snapvit.distributed"):
+            assert resolve_precision("bf16", CPU) == "bf16"
+            assert resolve_precision("fp32", CPU) == "no" and resolve_precision("auto", CPU) == (
+                "bf16" if native else "no")
+        warned = [r.getMessage() for r in caplog.records]
+        # Emulated: one warning, for the explicit bf16 only, naming the way out; with bf16 units, none.
+        assert (warned == []) if native else (len(warned) == 1 and "precision='fp32' or 'auto'" in warned[0])
+    no_accelerator.setattr(distributed, "native_bf16_cpu", lambda: False)
+    no_accelerator.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # accelerate's bf16 on such a CPU warns too
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hf_snapvit.distributed"):
+        assert resolve_precision("auto", CPU) == "bf16"
+    assert len(caplog.records) == 1 and "--mixed_precision no" in caplog.records[0].getMessage()
+
+
 def test_native_bf16_cpu_reads_the_cpus_bf16_units(monkeypatch):
     import hf_snapvit.distributed as distributed
 

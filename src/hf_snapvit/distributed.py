@@ -28,6 +28,7 @@ Without a launcher there is one process and every function here reduces to the s
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Callable, Iterator, Sequence, TypeVar
 
 import torch
@@ -35,6 +36,8 @@ from accelerate import PartialState
 from accelerate.utils import gather_object, reduce
 
 from .errors import ConfigError, ProcessFailedError
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -118,10 +121,10 @@ def resolve_precision(precision: str, device: torch.device) -> str:
                           "elsewhere), 'fp32' or 'bf16'.")
     configured = mixed_precision()
     if precision == "auto":
-        if configured != "no":
-            return configured
-        fast = bf16_supported(device) if device.type == "cuda" else device.type == "cpu" and native_bf16_cpu()
-        return "bf16" if fast else "no"
+        if configured == "no":
+            fast = bf16_supported(device) if device.type == "cuda" else device.type == "cpu" and native_bf16_cpu()
+            return "bf16" if fast else "no"
+        return _checked_cpu_bf16(configured, device)
     wanted = "no" if precision == "fp32" else "bf16"
     if configured != "no" and configured != wanted:
         raise ConfigError(f"precision={precision!r} conflicts with accelerate's mixed precision {configured!r} "
@@ -130,7 +133,17 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if wanted == "bf16" and not bf16_supported(device):
         raise ConfigError(f"precision='bf16' but the device {device} does not support bfloat16; choose one of "
                           f"{PRECISIONS} other than 'bf16' ('auto' picks float32 there).")
-    return wanted
+    return _checked_cpu_bf16(wanted, device)
+
+
+def _checked_cpu_bf16(precision: str, device: torch.device) -> str:
+    """``precision``, with a warning when it is bf16 on a CPU that emulates bf16: allowed, but slow."""
+    if precision == "bf16" and device.type == "cpu" and not native_bf16_cpu():
+        logger.warning("Ranking in bf16 on a CPU without bf16 matrix units (AMX or AVX512-BF16): bf16 is emulated "
+                       "there and several times slower than float32 (the gradient phase 13x on an AMD EPYC with "
+                       "AVX2, docs/results.md). Use precision='fp32' or 'auto' (float32 on such CPUs), or "
+                       "accelerate's --mixed_precision no.")
+    return precision
 
 
 def bf16_supported(device: torch.device) -> bool:
