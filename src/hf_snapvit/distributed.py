@@ -140,8 +140,8 @@ def _checked_cpu_bf16(precision: str, device: torch.device) -> str:
     """``precision``, with a warning when it is bf16 on a CPU that emulates bf16: allowed, but slow."""
     if precision == "bf16" and device.type == "cpu" and not native_bf16_cpu():
         logger.warning("Ranking in bf16 on a CPU without bf16 matrix units (AMX or AVX512-BF16): bf16 is emulated "
-                       "there and several times slower than float32 (the gradient phase 13x on an AMD EPYC with "
-                       "AVX2, docs/results.md). Use precision='fp32' or 'auto' (float32 on such CPUs), or "
+                       "there and several times slower than float32 (on an AMD EPYC with AVX2: the gradient phase "
+                       "15x, forwards 8x; docs/results.md). Use precision='fp32' or 'auto' (float32 on such CPUs), or "
                        "accelerate's --mixed_precision no.")
     return precision
 
@@ -162,7 +162,8 @@ def native_bf16_cpu() -> bool:
 
     There a SnapViT ranking's forward passes run in bf16 by default: on an Intel Xeon with AMX the ``fast`` preset
     ranks the shared ViT-Tiny in 108 s instead of 194 s at the same accuracy (``docs/results.md``). Elsewhere bf16
-    is emulated and no faster, so ``"auto"`` keeps float32 there.
+    is emulated and much slower (an AMD EPYC with AVX2: the gradient phase 15x, forwards 8x;
+    ``benchmarks/results/ranking_time_cpu_avx2_precisions.json``), so ``"auto"`` keeps float32 there.
     """
     for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
         check = getattr(torch.cpu, probe, None)  # private probes of torch.cpu: a torch without them answers "no"
