@@ -208,6 +208,30 @@ def test_prune_snapvit_on_a_parquet_file(model_dir, data_file, tmp_path, capsys)
     assert (output / "prefix_correction.safetensors").is_file()
 
 
+def test_prune_generations_sets_the_search_length_and_is_checked_first(model_dir, data_file, tmp_path, capsys):
+    common = ["prune", "--model", model_dir, "--data", data_file, "--preset", "fast", "--num-samples", "8", "--seed",
+              "2", "--no-prefix-correction", "--json", "-q"]
+    code, out, err = run(capsys, *common, "--generations", "0", "--mode", "paired", "--output", tmp_path / "g0")
+    assert code == 0, err
+    assert json.loads(out)["generations"] == 0
+    provenance = json.loads((tmp_path / "g0" / "config.json").read_text())["elastic_ranking"]["provenance"]
+    settings = provenance["settings"]
+    # The preset's other settings, the seed and the mode are kept; only the search length changes.
+    fast = hf_snapvit.SnapViTConfig.preset("fast")
+    assert settings["max_generations"] == 0 and settings["num_gradient_images"] == fast.num_gradient_images
+    assert settings["fitness_sparsities"] == list(fast.fitness_sparsities) and provenance["seed"] == 2
+    assert json.loads((tmp_path / "g0" / "config.json").read_text())["elastic_ranking"]["mode"] == "paired"
+    assert provenance["timings"]["phases"].get("search", 0.0) < 1.0  # no xNES generation ran
+    assert "none (0 generations)" in (tmp_path / "g0" / "README.md").read_text()  # the card says so
+    code, out, _ = run(capsys, *common, "--output", tmp_path / "g3")
+    assert code == 0 and json.loads(out)["generations"] == fast.max_generations
+    assert "candidate evaluations in 3 generations" in (tmp_path / "g3" / "README.md").read_text()
+    for bad, words in ((["--generations", "-1"], "--generations -1: give 0"),
+                       (["--generations", "1", "--method", "snip"], "--generations 1 sets SnapViT's search")):
+        code, _, err = run(capsys, *common, *bad, "--output", tmp_path / "bad")
+        assert code != 0 and words in err and not (tmp_path / "bad").exists()
+
+
 def test_prune_no_prefix_correction_leaves_the_file_out(model_dir, data_file, tmp_path, capsys):
     output = tmp_path / "plain"
     code, out, err = run(capsys, "prune", "--model", model_dir, "--data", data_file, "--method", "snip",

@@ -227,6 +227,15 @@ def _calibration_line(calibration: Any, method: str) -> str:
     return " ".join(parts) or json.dumps(dict(calibration))
 
 
+def _search_line(search: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
+    best = search.get("best_loss")
+    if not search.get("evaluations") or not is_real(best):  # max_generations=0: the starting factors, unsearched
+        return "none (0 generations): the gradient scores and each block's unit order alone"
+    return (f"{search.get('evaluations')} candidate evaluations in {search.get('generations')} generations, best "
+            f"loss {best:.4g}" + _result_loss(search, settings)
+            + ("; stopped early, the loss no longer falling" if search.get("stopped_early") else ""))
+
+
 def _result_loss(search: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
     """The returned ranking's own loss, where it is not the best candidate's (the search's mean as the result)."""
     loss = search.get("loss")
@@ -247,11 +256,7 @@ def provenance_lines(ranking: ElasticRanking | None, base_text: str) -> list[tup
         items.append(("Settings", _settings_line(settings)))
     search = p.get("search")
     if isinstance(search, Mapping) and search.get("evaluations") is not None:
-        items.append(("Search", (f"{search.get('evaluations')} candidate evaluations in {search.get('generations')} "
-                                f"generations, best loss {search.get('best_loss', float('nan')):.4g}"
-                                + _result_loss(search, settings)
-                                + ("; stopped early, the loss no longer falling"
-                                   if search.get("stopped_early") else ""))))
+        items.append(("Search", _search_line(search, settings)))
     items.append(("Calibration data", _calibration_line(p.get("calibration_data"), method)))
     if "seed" in p:
         items.append(("Seed", str(p["seed"])))

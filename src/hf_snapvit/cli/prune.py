@@ -30,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", default=None, choices=("global", "paired"),
                         help="ranking mode (default: the preset's for snapvit, global otherwise)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the image draw, crops and search (default: 0)")
+    parser.add_argument("--generations", type=int, default=None, metavar="N",
+                        help="xNES generations of the SnapViT search (default: the preset's, 3 for default and fast); "
+                             "0 ranks by the gradient scores and each block's unit order alone. On a CPU without bf16 "
+                             "matrix units the fast preset then took 41 s instead of 396 s, with 2.4 points less "
+                             "top-1 at 30 %% on the shared ViT-Tiny (docs/results.md)")
     parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
                         help="SnapViT forward passes: auto = bf16 on CUDA and on CPUs with bf16 matrix units (AMX, "
                              "AVX512-BF16), float32 elsewhere, or accelerate's "
@@ -95,6 +100,23 @@ def _images_needed(method: str, preset: str | None) -> int:
     return config.num_gradient_images + (config.num_fitness_images if method == "snapvit" else 0)
 
 
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """rank()'s settings: the preset, mode, seed and precision, or with --generations the SnapViT config they make."""
+    chosen = dict(preset=args.preset, mode=args.mode, seed=args.seed, precision=args.precision)
+    if args.generations is None:
+        return chosen
+    from ..methods.snapvit import SnapViTConfig
+
+    if args.method != "snapvit":
+        raise ConfigError(f"--generations {args.generations} sets SnapViT's search, but --method is {args.method!r}; "
+                          "leave --generations out, or use --method snapvit.")
+    if args.generations < 0:
+        raise ConfigError(f"--generations {args.generations}: give 0 (no search) or more generations, e.g. 3.")
+    overrides = {"mode": args.mode} if args.mode else {}
+    return {"config": SnapViTConfig.preset(args.preset or "default", max_generations=args.generations,
+                                           seed=args.seed, precision=args.precision, **overrides)}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
     """Rank ``--model`` with ``--method`` and save the elastic checkpoint; ``None`` on non-main processes."""
     from ..saving import save_elastic
@@ -104,6 +126,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.prefix_correction and not args.data:
         raise ConfigError("--prefix-correction fits on calibration images: pass --data ID_OR_PATH.")
     correct = _corrects(args)
+    settings = _settings(args)  # a bad --generations fails now, not after loading the model and the data
     needs_data = _reads_images(args.method) or correct
     if needs_data and not args.data:
         raise ConfigError(f"--method {args.method} ranks with calibration images: pass --data ID_OR_PATH.")
@@ -131,8 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         label_column = args.label_column if _reads_labels(args.method) else None
         data = load_data(args, _images_read(args), label_column=label_column, show_progress=show)
     ranking = rank(model, method=args.method, data=data if _reads_images(args.method) else None,
-                   preset=args.preset, processor=processor, mode=args.mode, seed=args.seed,
-                   label_column=label_column or "label", show_progress=show, precision=args.precision)
+                   processor=processor, label_column=label_column or "label", show_progress=show, **settings)
     if not state.is_main_process:  # every process ranks (the work is split); one writes
         return None
 
@@ -152,6 +174,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "preset": (args.preset or "default") if needs_data else None,
         "mode": stored.mode,
         "seed": args.seed,
+        "generations": ranking.provenance.get("settings", {}).get("max_generations") if args.method == "snapvit"
+        else None,
         "num_images": len(data) if data is not None else 0,
         "num_processes": state.num_processes,
         "seconds": round(ranking.provenance["timings"]["wall_seconds"], 3),
@@ -172,7 +196,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
 def render(r: dict[str, Any]) -> str:
     """The result of :func:`run` as text."""
     how = [f"method {r['method']}"] + ([f"preset {r['preset']}"] if r["preset"] else []) + [
-        f"mode {r['mode']}", f"seed {r['seed']}"]
+        f"mode {r['mode']}", f"seed {r['seed']}"] + ([f"{r['generations']} generations"]
+                                                     if r.get("generations") is not None else [])
     if r["num_images"]:
         how.append(f"{r['num_images']} images")
     how.append(f"{r['num_processes']} process{'es' if r['num_processes'] > 1 else ''}, {r['seconds']:.1f} s")
