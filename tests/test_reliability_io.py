@@ -57,10 +57,13 @@ def test_an_optimizer_made_before_the_save_steps_every_tensor(tmp_path):
     optimizer.step()
     optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
     assert optimized == {id(p) for p in model.parameters()}
-    # Every tensor with a gradient that moves it changes (k_proj biases get ~1e-10: softmax ignores them).
+    # Every tensor with a gradient that moves it changes, and only tensors with a gradient change. k_proj biases get
+    # tiny gradients (softmax ignores them in exact arithmetic): whether lr x 1e-10 moves one depends on the CPU's
+    # rounding, so they may change or not.
     moved = {k for k, v in model.named_parameters() if v.grad is not None and v.grad.abs().max() > 1e-6}
+    nonzero = {k for k, v in model.named_parameters() if v.grad is not None and bool(v.grad.any())}
     changed = {k for k, v in model.named_parameters() if not torch.equal(v.detach(), before[k])}
-    assert changed == moved and len(moved) > 0.9 * len(before)
+    assert moved <= changed <= nonzero and len(moved) > 0.9 * len(before)
 
 
 def _set_grads(model):
