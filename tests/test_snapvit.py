@@ -260,6 +260,24 @@ def test_rank_entry_point_runs_snapvit():
     assert ranking.provenance["settings"]["fitness_batch_size"] == 64 and ranking.provenance["preset"] == "fast"
 
 
+def test_rank_sets_the_search_length_beside_the_preset_and_refuses_it_elsewhere():
+    model = CASE["vit"].build()
+    data = torch.randn(12, 3, 32, 32)
+    with pytest.warns(UserWarning, match="overlap"):
+        ranking = hs.rank(model, method="snapvit", data=data, preset="fast", seed=3, max_generations=0,
+                          show_progress=False)
+    settings = ranking.provenance["settings"]
+    fast = hs.SnapViTConfig.preset("fast")
+    assert settings["max_generations"] == 0 and ranking.provenance["search"]["evaluations"] == 0
+    assert settings["num_fitness_images"] == fast.num_fitness_images and ranking.provenance["seed"] == 3
+    with pytest.raises(hs.SnapViTError, match=r"max_generations=-1\): max_generations must be an integer >= 0"):
+        hs.rank(model, method="snapvit", data=data, preset="fast", max_generations=-1)
+    with pytest.raises(hs.SnapViTError, match=r"max_generations=2 sets the length of SnapViT's search.*'magnitude'"):
+        hs.rank(model, method="magnitude", max_generations=2)
+    with pytest.raises(hs.SnapViTError, match=r"Give either config=SnapViTConfig.*max_generations"):
+        hs.rank(model, method="snapvit", data=data, config=fast, max_generations=1)
+
+
 def test_search_batch_defaults_to_the_device_and_a_given_one_wins():
     pruner = hs.SnapViTPruner(hs.SnapViTConfig.preset("paper"))
     assert pruner.fitness_batch_size(torch.device("cpu")) == 64

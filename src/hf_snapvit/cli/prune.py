@@ -101,20 +101,14 @@ def _images_needed(method: str, preset: str | None) -> int:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    """rank()'s settings: the preset, mode, seed and precision, or with --generations the SnapViT config they make."""
-    chosen = dict(preset=args.preset, mode=args.mode, seed=args.seed, precision=args.precision)
-    if args.generations is None:
-        return chosen
-    from ..methods.snapvit import SnapViTConfig
-
-    if args.method != "snapvit":
+    """rank()'s settings from the flags; a bad --generations fails here, before anything is loaded."""
+    if args.generations is not None and args.method != "snapvit":
         raise ConfigError(f"--generations {args.generations} sets SnapViT's search, but --method is {args.method!r}; "
                           "leave --generations out, or use --method snapvit.")
-    if args.generations < 0:
+    if args.generations is not None and args.generations < 0:
         raise ConfigError(f"--generations {args.generations}: give 0 (no search) or more generations, e.g. 3.")
-    overrides = {"mode": args.mode} if args.mode else {}
-    return {"config": SnapViTConfig.preset(args.preset or "default", max_generations=args.generations,
-                                           seed=args.seed, precision=args.precision, **overrides)}
+    return dict(preset=args.preset, mode=args.mode, seed=args.seed, precision=args.precision,
+                max_generations=args.generations)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:

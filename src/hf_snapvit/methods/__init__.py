@@ -56,6 +56,7 @@ def rank(
     processor: Any = None,
     mode: RankingMode | None = None,
     seed: int = 0,
+    max_generations: int | None = None,
     min_head_keep_ratio: float = Floors.min_head_keep_ratio,
     min_neuron_keep_ratio: float = Floors.min_neuron_keep_ratio,
     paired_head_offset: float = Floors.paired_head_offset,
@@ -82,12 +83,14 @@ def rank(
         mode: ``"global"`` (heads and neurons compete by score per parameter) or ``"paired"`` (the reference code);
             default: the preset's mode for SnapViT, ``"global"`` otherwise.
         seed: Seed of every random choice, recorded in the provenance.
+        max_generations: SnapViT's search length in xNES generations (0: the gradient scores and each block's unit
+            order alone); default: the preset's (3 for ``"default"`` and ``"fast"``).
         min_head_keep_ratio, min_neuron_keep_ratio, paired_head_offset: The floors (see
             :class:`~hf_snapvit.ranking.Floors`).
         label_column: The label column of ``data`` for label-based methods (``taylor-ce``).
         show_progress: Show progress bars for long phases.
-        precision: SnapViT's forward precision, ``"auto"`` (bf16 on CUDA and on CPUs with bf16 matrix units, else float32, or accelerate's
-            ``--mixed_precision``), ``"fp32"`` or ``"bf16"`` (see :class:`SnapViTConfig`).
+        precision: SnapViT's forward precision, ``"auto"`` (bf16 on CUDA and on CPUs with bf16 matrix units, else
+            float32, or accelerate's ``--mixed_precision``), ``"fp32"`` or ``"bf16"`` (see :class:`SnapViTConfig`).
 
     Example:
         >>> ranking = hf_snapvit.rank(model, method="magnitude")  # doctest: +SKIP
@@ -97,6 +100,9 @@ def rank(
     floors = Floors(min_head_keep_ratio, min_neuron_keep_ratio, paired_head_offset)
     if method not in _METHODS and method not in GRADIENT_METHODS and method != "snapvit":
         raise ConfigError(f"Unknown ranking method {method!r}. Available: {', '.join(available_methods())}.")
+    if max_generations is not None and method != "snapvit":
+        raise ConfigError(f"max_generations={max_generations!r} sets the length of SnapViT's search, and "
+                          f"method={method!r} has none: leave max_generations out, or use method='snapvit'.")
     heads, neurons = layer_widths(model)
     if len(set(heads)) != 1 or len(set(neurons)) != 1:
         raise ConfigError(
@@ -107,7 +113,8 @@ def rank(
         if data is None:
             raise DataError(f"method={method!r} needs calibration images: pass data=... (images, a dataset or a "
                             "tensor).")
-        config = _config(config, preset, mode if method == "snapvit" else None, seed, floors, method, precision)
+        config = _config(config, preset, mode if method == "snapvit" else None, seed, floors, method, precision,
+                         max_generations)
     if method == "snapvit":
         pruner = SnapViTPruner(config)
         ranking = pruner.fit(model, data, processor=processor, show_progress=show_progress)
@@ -146,18 +153,22 @@ def _baseline(model: PreTrainedModel, method: str, data: Any, config: SnapViTCon
 
 
 def _config(config: SnapViTConfig | None, preset: str | None, mode: RankingMode | None, seed: int, floors: Floors,
-            method: str, precision: str = "auto") -> SnapViTConfig:
-    """The run's settings: ``config`` as given, or the preset with the caller's mode, seed, floors and precision."""
+            method: str, precision: str = "auto", max_generations: int | None = None) -> SnapViTConfig:
+    """The run's settings: ``config`` as given, or the preset with the caller's mode, seed, floors, precision and
+    search length."""
     if config is None:
         overrides: dict[str, Any] = dict(seed=seed, precision=precision, **floors.to_dict())
         if mode is not None:
             overrides["mode"] = mode
+        if max_generations is not None:
+            overrides["max_generations"] = max_generations
         return SnapViTConfig.preset(preset or "default", **overrides)
     if not isinstance(config, SnapViTConfig):
         raise ConfigError(f"config must be a SnapViTConfig, got {type(config).__name__}.")
-    if preset is not None or mode is not None or seed != 0 or floors != Floors() or precision != "auto":
-        raise ConfigError(f"Give either config=SnapViTConfig(...) or preset/mode/seed/floors/precision for "
-                          f"method={method!r}, "
+    if (preset is not None or mode is not None or seed != 0 or floors != Floors() or precision != "auto"
+            or max_generations is not None):
+        raise ConfigError(f"Give either config=SnapViTConfig(...) or preset/mode/seed/floors/precision/"
+                          f"max_generations for method={method!r}, "
                           "not both: put them in the config (dataclasses.replace(config, seed=...)).")
     return config
 
