@@ -34,12 +34,13 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from .architectures import get_layers, get_spec
+from .architectures import get_layers, get_spec, vision_config
 from .cka import linear_cka
 from .embedding import image_embedding
 from .distributed import autocast, map_across_processes, mixed_precision, process_state
 from .errors import ConfigError
 from .slicing import slice_model_
+from .token_subset import TokenSubset
 from .ranking import ElasticRanking
 
 
@@ -70,6 +71,12 @@ class EmbeddingFitness:
             each sparsity is scored on its own share: one forward per image and candidate instead of one per image,
             candidate and sparsity. The images must be a random draw (as the ranking's are) for the shares to be
             alike. :meth:`embed` and :meth:`image_similarities` still use every image.
+        image_size: Forward the images resized to this side (bilinear, antialiased; position embeddings
+            interpolated), the teacher and every candidate alike; ``None``: as given. ``pixel_values`` keeps the
+            images as given.
+        token_fraction: Forward, of each image, this share of its patch tokens (a fixed random subset per image,
+            the same for the teacher and every candidate, :class:`~hf_snapvit.token_subset.TokenSubset`); 1: all.
+        seed: Seeds the token subsets.
     """
 
     def __init__(
@@ -84,6 +91,9 @@ class EmbeddingFitness:
         precision: str | None = None,
         measure: str = "cosine",
         split_images: bool = False,
+        image_size: int | None = None,
+        token_fraction: float = 1.0,
+        seed: int = 0,
     ) -> None:
         if measure not in MEASURES:
             raise ConfigError(f"EmbeddingFitness(measure={measure!r}): choose one of {MEASURES}.")
@@ -91,17 +101,27 @@ class EmbeddingFitness:
             raise ConfigError(f"EmbeddingFitness(split_images=True) deals {len(pixel_values)} fitness images out among "
                               f"{len(sparsities)} sparsities; give at least {2 * len(sparsities)} (two per sparsity) "
                               "or split_images=False.")
+        if isinstance(token_fraction, bool) or not isinstance(token_fraction, (int, float)) or not (
+                0 < token_fraction <= 1):
+            raise ConfigError(f"EmbeddingFitness(token_fraction={token_fraction!r}): give the share of each image's "
+                              "patch tokens to forward, in (0, 1], e.g. 0.5, or 1 for all of them.")
+        self.spec = get_spec(model)
+        if token_fraction != 1 and not self.spec.token_subsets:
+            raise ConfigError(f"EmbeddingFitness(token_fraction={token_fraction!r}): a {self.spec.model_type!r} "
+                              "model's blocks cannot be given part of the tokens (positions enter inside them, or "
+                              "its embeddings reorder or mask the patches); give token_fraction=1 "
+                              "(SnapViTConfig.fitness_token_fraction=1.0) for this model.")
         self.measure = measure
+        self.token_fraction, self.seed = float(token_fraction), seed
         self.precision = mixed_precision() if precision is None else precision
         self.model = copy.deepcopy(model).to(torch.bfloat16) if self.precision == "bf16" else model
         # Candidates are scored at the widths a user loads (aligned by default), so the search optimises those models.
         self.width_multiple = width_multiple
-        self.spec = get_spec(model)
         self.device = next(model.parameters()).device
         self.pixel_values = pixel_values.to(self.device)
         # In the weights' dtype once (the same tensor in float32); pixel_values stays as given for other readers
         # (the CKA covariance runs the caller's float32 model on it).
-        self._inputs = self.pixel_values.to(self.model.dtype)
+        self._inputs = _resized(self.pixel_values, image_size, model).to(self.model.dtype)
         self.sparsities = tuple(sparsities)
         bounds = np.linspace(0, len(pixel_values), len(self.sparsities) + 1).round().astype(int)
         self.shares = ([slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])] if split_images
@@ -143,10 +163,15 @@ class EmbeddingFitness:
         chunks = []
         cast = contextlib.nullcontext() if self.precision == "bf16" else autocast(self.device, precision=self.precision)
         blocks = _BlockOutputs(get_layers(model, self.spec)) if self.measure == "blocks" else None
-        inputs = self._inputs[rows]
-        with self._clock, cast, blocks or contextlib.nullcontext():
+        inputs, images = self._inputs[rows], range(len(self._inputs))[rows]
+        tokens = None if self.token_fraction == 1 else TokenSubset(
+            get_layers(model, self.spec)[0], self.spec.extra_tokens(model.config), self.token_fraction, self.seed,
+            self.spec.model_type)
+        with self._clock, cast, blocks or contextlib.nullcontext(), tokens or contextlib.nullcontext():
             for i in range(0, len(inputs), self.batch_size):
                 batch = {"pixel_values": inputs[i:i + self.batch_size]}
+                if tokens is not None:
+                    tokens.images = images[i:i + self.batch_size]
                 chunks.append(image_embedding(model, batch, self.spec).float())
         return torch.cat(chunks), (None if blocks is None else blocks.outputs())
 
@@ -225,6 +250,19 @@ class EmbeddingFitness:
             return np.array(map_across_processes(lambda c: self.loss(rankings(c)), list(candidates)))
         similarities = torch.stack([self.similarities(rankings(c)) for c in candidates]).cpu().numpy()
         return np.array([_loss(row) for row in similarities])
+
+
+def _resized(pixels: torch.Tensor, size: int | None, model: PreTrainedModel) -> torch.Tensor:
+    """``pixels`` at ``size`` x ``size`` (``None``: as they are)."""
+    if size is None or tuple(pixels.shape[-2:]) == (size, size):
+        return pixels
+    patch = getattr(vision_config(model.config), "patch_size", 1)
+    patch = max(patch) if isinstance(patch, (tuple, list)) else patch
+    if isinstance(size, bool) or not isinstance(size, int) or size < patch:
+        raise ConfigError(f"EmbeddingFitness(image_size={size!r}): give a side of at least the model's patch size "
+                          f"({patch} pixels), e.g. 128, or None for the images as given.")
+    return F.interpolate(pixels.float(), size=(size, size), mode="bilinear", antialias=True,
+                         align_corners=False).to(pixels.dtype)
 
 
 def _loss(similarities: np.ndarray) -> float:

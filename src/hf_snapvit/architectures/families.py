@@ -63,8 +63,10 @@ for _family in (
             MlpSpec(("up_proj",), "down_proj"),
         ),
         extra_tokens=lambda config: 1 + config.num_register_tokens,
+        token_subsets=False,
     ),
-    _vit_like("vit_mae", "layers", inference_config=(("mask_ratio", 0.0),)),  # inference sees every patch
+    _vit_like("vit_mae", "layers", inference_config=(("mask_ratio", 0.0),),  # inference sees every patch
+              token_subsets=False),
     _vit_like("vit_msn", "layers"),
     _vit_like(  # pooler_output: the layer-normed patch-token mean (use_mean_pooling), as its classifier reads
         "beit",
@@ -72,6 +74,7 @@ for _family in (
         embedding="pooled",
         head_tables=("relative_position_bias.relative_position_bias_table",),
         unsupported_config=_SHARED_BIAS,
+        token_subsets=False,
     ),
     _spec(  # the BERT-style layout: q/k/v in attention.attention, the FFN split over intermediate and output
         "data2vec-vision",
@@ -89,6 +92,7 @@ for _family in (
         head_tables=("attention.attention.relative_position_bias.relative_position_bias_table",),
         embedding="pooled",
         unsupported_config=_SHARED_BIAS,
+        token_subsets=False,
     ),
     _clip_like("siglip_vision_model", embedding="pooled", extra_tokens=lambda config: 0),
     _clip_like(
@@ -97,6 +101,7 @@ for _family in (
         extra_tokens=lambda config: 0,
         num_patches=lambda c: c.num_patches,
         patch_inputs=True,
+        token_subsets=False,
     ),
     _clip_like("clip_vision_model", embedding="pooled"),  # pooler_output is the post-layernorm CLS token
     # *ForImageClassification of the dual-tower families: only the vision tower is pruned.
@@ -114,6 +119,7 @@ for _family in (
         extra_tokens=lambda config: 0,
         num_patches=lambda c: vision_config(c).num_patches,
         patch_inputs=True,
+        token_subsets=False,
     ),
     _clip_like(
         "clip",

@@ -68,6 +68,10 @@ class ArchitectureSpec:
             :func:`get_layers` refuses a model that has one.
         patch_inputs: The backbone takes flattened patch sequences with a mask and the patch grid (SigLIP2's
             variable-resolution inputs) instead of ``[B, C, H, W]`` images; :func:`image_embedding` patchifies images.
+        token_subsets: The blocks can be given part of an image's tokens (``SnapViTConfig.fitness_token_fraction``):
+            ``False`` where positions enter inside the blocks (BEiT's relative position bias, DINOv3's rotary
+            embeddings), where the embeddings shuffle the patches (ViTMAE) or where the inputs are masked patch
+            sequences (SigLIP2).
         inference_config: ``(attribute, value)`` pairs set on the vision config while the backbone embeds images
             for ranking and evaluation, then restored (ViTMAE: ``mask_ratio`` 0, every patch seen, as in inference).
         encoder: Dotted path from the top-level model to the vision model that ``backbone`` is found in: ``""``,
@@ -97,6 +101,7 @@ class ArchitectureSpec:
     head_tables: tuple[str, ...] = ()
     unsupported_config: tuple[tuple[str, object, str], ...] = ()
     patch_inputs: bool = False
+    token_subsets: bool = True
     inference_config: tuple[tuple[str, object], ...] = ()
     encoder: str = ""
     task: TaskModelSpec | None = None

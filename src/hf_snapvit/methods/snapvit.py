@@ -169,7 +169,8 @@ class SnapViTPruner:
         fitness = EmbeddingFitness(model, fitness_pixels, sparsities=config.fitness_sparsities,
                                    pca_components=config.pca_components, batch_size=fitness_batch_size,
                                    precision=precision, measure=config.fitness_measure,
-                                   split_images=config.split_fitness_images)
+                                   split_images=config.split_fitness_images, image_size=config.fitness_image_size,
+                                   token_fraction=config.fitness_token_fraction, seed=config.seed)
         result = self._search(model, fitness, checkpoint, saved, (head_scores, neuron_scores), show_progress)
         chosen, loss = self._solution(result, fitness)
         timings["search"] = time.perf_counter() - start

@@ -50,6 +50,15 @@ class SnapViTConfig:
         split_fitness_images: Score each fitness sparsity on its own share of the fitness images (1000 images and
             four sparsities: 250 each) rather than every sparsity on every image (the paper): the search's forwards
             fall to a quarter while it still sees every image (:class:`~hf_snapvit.fitness.EmbeddingFitness`).
+        fitness_image_size: Side in pixels at which the search forwards the fitness images (the dense teacher and
+            every candidate alike; position embeddings interpolated, as for the gradients' small crops); ``None``:
+            the model's input size (the paper). A ViT forward's cost grows faster than its token count, so a smaller
+            side makes the search's forwards several times cheaper; the gradient scores and unit order still see
+            the images at the input size.
+        fitness_token_fraction: Share of each fitness image's patch tokens the search forwards (a fixed random
+            subset per image, the same for the teacher and every candidate; the tokens before the patches are always
+            kept); 1: every token (the paper). A block's cost follows its tokens, so 0.5 about halves the search's
+            forwards; unlike a smaller side, every kept patch is as the model was trained to see it.
         pca_components: PCA dimensions of the embedding similarity.
         fitness_measure: How a candidate's embeddings are compared with the dense model's: ``"cosine"`` (the
             paper: the mean per-image cosine similarity of the PCA projections) or ``"cka"`` (their linear CKA over
@@ -104,6 +113,8 @@ class SnapViTConfig:
     unit_order: UnitOrder = "output"
     fitness_sparsities: tuple[float, ...] = (0.1, 0.3, 0.5, 0.6)
     split_fitness_images: bool = False
+    fitness_image_size: int | None = None
+    fitness_token_fraction: float = 1.0
     pca_components: int = 192
     fitness_measure: Literal["cosine", "cka", "blocks"] = "cosine"
     max_generations: int | None = 3
@@ -133,6 +144,7 @@ class SnapViTConfig:
                               ("seed", 0)):
             require_int(owner, name, getattr(self, name), minimum)
         require_int(owner, "fitness_batch_size", self.fitness_batch_size, 1, optional=True)
+        require_int(owner, "fitness_image_size", self.fitness_image_size, 1, optional=True)
         for name, minimum in (("max_generations", 0), ("max_evaluations", 0), ("population_size", 2),
                               ("early_stopping_patience", 1)):
             require_int(owner, name, getattr(self, name), minimum, optional=True)
@@ -142,6 +154,9 @@ class SnapViTConfig:
             raise ConfigError(f"{owner}(fitness_sparsities={sparsities!r}): give a non-empty tuple of sparsities in "
                               "[0, 1) to evaluate candidates at, e.g. (0.1, 0.3, 0.5, 0.6).")
         object.__setattr__(self, "fitness_sparsities", tuple(float(s) for s in sparsities))
+        if not is_real(self.fitness_token_fraction) or not 0 < self.fitness_token_fraction <= 1:
+            raise ConfigError(f"{owner}(fitness_token_fraction={self.fitness_token_fraction!r}): give the share of "
+                              "each fitness image's patch tokens to forward, in (0, 1], e.g. 0.5, or 1 for all.")
         if not isinstance(self.split_fitness_images, bool):
             raise ConfigError(f"{owner}(split_fitness_images={self.split_fitness_images!r}): give True or False.")
         if self.split_fitness_images and self.num_fitness_images < 2 * len(sparsities):
