@@ -14,9 +14,16 @@ other train images, keeping every image's similarity at every sparsity, and repo
   against the spread of the losses across the population;
 * **sparsity agreement**: the rank correlation of the candidates' losses at each pair of fitness sparsities, and
   between the full loss and the loss without each sparsity (a sparsity that changes nothing costs forwards for
-  nothing).
+  nothing);
+* **cheaper forwards** (``--image-sizes``, ``--token-fractions``: ``SnapViTConfig.fitness_image_size`` and
+  ``fitness_token_fraction``): the same candidates scored on the same images with cheaper forwards; their rank
+  correlation with the full fitness on the same images, and, split half by half as above, how well choosing on one
+  set with the cheaper fitness agrees with and chooses for the full fitness on the other set (the split halves of the
+  full fitness are what a second image set gives).
 
     python benchmarks/fitness_noise.py --num-fitness 1000 --subset-sizes 32 64 128 256 500
+    python benchmarks/fitness_noise.py --num-fitness 256 --subset-sizes 128 --sparsities 0.1 0.3 0.5 \
+        --image-sizes 128 --token-fractions 0.5 --output benchmarks/results/fitness_cheaper_forwards.json
 
 Writes JSON (``--output``) with the per-candidate losses, the measurements and the settings.
 """
@@ -29,6 +36,7 @@ import sys
 import time
 from itertools import combinations
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sparsities", type=float, nargs="+", default=list(hs.SnapViTConfig().fitness_sparsities))
     parser.add_argument("--sigma", type=float, default=hs.SnapViTConfig().sigma)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--image-sizes", type=int, nargs="*", default=[], help="cheaper forwards: fitness image sides")
+    parser.add_argument("--token-fractions", type=float, nargs="*", default=[],
+                        help="cheaper forwards: shares of each image's patch tokens")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "fitness_noise.json")
     args = parser.parse_args(argv)
     if max(args.subset_sizes) * 2 > args.num_fitness:
@@ -74,16 +85,20 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(*ranks)[0, 1])
 
 
-def split_halves(per_image: np.ndarray, size: int, draws: int, rng: np.random.Generator) -> dict[str, float]:
+def split_halves(per_image: np.ndarray, size: int, draws: int, rng: np.random.Generator,
+                 chooser: np.ndarray | None = None) -> dict[str, float]:
     """Losses of every candidate on two disjoint random sets of ``size`` images (``per_image``: [candidates,
     images], each image's similarity averaged over the sparsities): their median rank correlation over ``draws``
     draws and its 10th percentile, and the regret of choosing on the first set: the second set's loss of the
     candidate the first picks, above the second set's best (mean over draws; two near-equal best candidates swap
-    places between the sets without costing anything, which "the same best" would count as a miss)."""
+    places between the sets without costing anything, which "the same best" would count as a miss). ``chooser``:
+    the first set's losses come from these similarities (a cheaper fitness of the same images) instead."""
+    chooser = per_image if chooser is None else chooser
     correlations, regrets = [], []
     for _ in range(draws):
         order = rng.permutation(per_image.shape[1])
-        first, second = (1 - per_image[:, order[i * size:(i + 1) * size]].mean(1) for i in (0, 1))
+        first = 1 - chooser[:, order[:size]].mean(1)
+        second = 1 - per_image[:, order[size:2 * size]].mean(1)
         correlations.append(spearman(first, second))
         regrets.append(float(second[np.argmin(first)] - second.min()))
     return {"images": size, "spearman_median": float(np.median(correlations)),
@@ -111,8 +126,15 @@ def sparsity_agreement(similarities: np.ndarray, sparsities: list[float]) -> dic
     return {"between_sparsities": pairs, "full_vs_without": without}
 
 
-def score_population(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, float]]:
-    """``[candidates, sparsities, images]`` similarities of one population drawn around the search's start."""
+def cheaper_settings(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The fitnesses to score the population with: the full one, then each cheaper forward asked for."""
+    return {"full": {}, **{f"image_size={s}": {"image_size": s} for s in args.image_sizes},
+            **{f"token_fraction={f:g}": {"token_fraction": f} for f in args.token_fractions}}
+
+
+def score_population(args: argparse.Namespace) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """``[candidates, sparsities, images]`` similarities of one population drawn around the search's start, for each
+    of :func:`cheaper_settings`."""
     transformers.utils.logging.set_verbosity_error()
     model = AutoModelForImageClassification.from_pretrained(args.model).eval()
     processor = AutoImageProcessor.from_pretrained(args.model)
@@ -126,33 +148,49 @@ def score_population(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, fl
     pruner.fit(model, images[:129], processor=processor, show_progress=False)
     timings = {"scores": time.perf_counter() - start}
     pixels = processor(images=images[129:], return_tensors="pt")["pixel_values"]
-    start = time.perf_counter()
-    fitness = EmbeddingFitness(model, pixels, sparsities=args.sparsities,
-                               pca_components=hs.SnapViTConfig().pca_components,
-                               precision=resolve_precision("auto", torch.device("cpu")))
     mean = pruner.initial_factors_
     rng = np.random.default_rng(args.seed)
     count = args.candidates or default_population_size(len(mean))
     candidates = mean + args.sigma * rng.standard_normal((count, len(mean)))
-    similarities = np.stack([fitness.image_similarities(pruner.ranking_from_factors(c)).cpu().numpy()
-                             for c in candidates])
-    timings["fitness"] = time.perf_counter() - start
-    return similarities.astype(np.float64), timings
+    similarities = {}
+    for name, options in cheaper_settings(args).items():
+        start = time.perf_counter()
+        fitness = EmbeddingFitness(model, pixels, sparsities=args.sparsities,
+                                   pca_components=hs.SnapViTConfig().pca_components,
+                                   precision=resolve_precision("auto", torch.device("cpu")), seed=args.seed, **options)
+        similarities[name] = np.stack([fitness.image_similarities(pruner.ranking_from_factors(c)).cpu().numpy()
+                                       for c in candidates]).astype(np.float64)
+        timings["fitness" if name == "full" else f"fitness {name}"] = time.perf_counter() - start
+    return similarities, timings
+
+
+def cheaper_agreement(full: np.ndarray, cheap: np.ndarray, sizes: list[int], draws: int,
+                      seed: int) -> dict[str, object]:
+    """How a cheaper fitness's choices agree with the full one's (both ``[candidates, sparsities, images]`` of the
+    same candidates and images): the rank correlation of their losses on every image, and the split halves of
+    :func:`split_halves` with the first set's losses from the cheaper fitness, on the full fitness's draws."""
+    per_full, per_cheap = full.mean(1), cheap.mean(1)
+    rng = np.random.default_rng(seed + 1)  # the draws of the full fitness's own split halves
+    return {"spearman_same_images": spearman(1 - per_full.mean(1), 1 - per_cheap.mean(1)),
+            "split_halves": [split_halves(per_full, size, draws, rng, chooser=per_cheap) for size in sizes]}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    similarities, timings = score_population(args)
+    scored, timings = score_population(args)
+    similarities = scored.pop("full")
     per_image = similarities.mean(1)  # [candidates, images]: what the loss averages
     rng = np.random.default_rng(args.seed + 1)
     halves = [split_halves(per_image, size, args.draws, rng) for size in args.subset_sizes]
     noise = [noise_and_spread(per_image[:, :size]) for size in [*args.subset_sizes, per_image.shape[1]]]
     agreement = sparsity_agreement(similarities, args.sparsities)
+    cheaper = {name: cheaper_agreement(similarities, cheap, args.subset_sizes, args.draws, args.seed)
+               for name, cheap in scored.items()}
     command = ["python", "benchmarks/fitness_noise.py", *(argv if argv is not None else sys.argv[1:])]
     report = {"command": " ".join(command), "hardware": hardware_info(),
               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "timings": timings, "candidate_losses": (1 - per_image.mean(1)).tolist(),
-              "split_halves": halves, "noise": noise, "sparsities": agreement}
+              "split_halves": halves, "noise": noise, "sparsities": agreement, "cheaper_forwards": cheaper}
     write_text_atomic(args.output, json.dumps(report, indent=1) + "\n")
     print(f"{'images':>7} {'spearman median':>16} {'p10':>6} {'regret':>8}  (loss spread "
           f"{noise[-1]['loss_spread']:.4f})")
@@ -164,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
               f"loss spread {row['loss_spread']:.5f}")
     print("sparsity pairs:", {k: round(v, 3) for k, v in agreement["between_sparsities"].items()})
     print("full vs without:", {k: round(v, 3) for k, v in agreement["full_vs_without"].items()})
+    for name, row in cheaper.items():
+        print(f"{name}: spearman with the full fitness on the same images {row['spearman_same_images']:.3f}; "
+              "choosing on one half: " + ", ".join(f"{h['images']} images {h['spearman_median']:.3f} / "
+                                                   f"regret {h['regret_mean']:.5f}" for h in row["split_halves"]))
     print(f"wrote {args.output}")
     return 0
 

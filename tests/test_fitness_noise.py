@@ -49,6 +49,29 @@ def test_a_sparsity_that_repeats_another_agrees_with_it_and_leaving_it_out_chang
     assert all(-1 <= value <= 1 for value in result["between_sparsities"].values())
 
 
+def test_a_cheaper_fitness_that_keeps_the_order_agrees_fully_and_one_that_reverses_it_chooses_the_worst():
+    rng = np.random.default_rng(4)
+    full = (np.linspace(0.5, 0.9, 6)[:, None, None] + 0.01 * rng.standard_normal((6, 2, 200)))
+    same_order = script.cheaper_agreement(full, 0.5 * full + 0.1, [50], 20, seed=0)
+    assert same_order["spearman_same_images"] == pytest.approx(1.0)
+    assert same_order["split_halves"][0]["regret_mean"] == 0.0
+    reversed_order = script.cheaper_agreement(full, 1.4 - full, [50], 20, seed=0)
+    assert reversed_order["spearman_same_images"] == pytest.approx(-1.0)
+    worst = (1 - full.mean(1).mean(1)).max() - (1 - full.mean(1).mean(1)).min()
+    assert reversed_order["split_halves"][0]["regret_mean"] == pytest.approx(worst, abs=0.01)
+    # chooser=None is the full fitness's own split halves, on the same draws
+    own = script.split_halves(full.mean(1), 50, 20, np.random.default_rng(1))
+    assert script.cheaper_agreement(full, full, [50], 20, seed=0)["split_halves"][0] == own
+
+
+def test_the_cheaper_forwards_asked_for_are_scored_beside_the_full_fitness():
+    args = script.parse_args(["--num-fitness", "128", "--subset-sizes", "64", "--image-sizes", "128",
+                              "--token-fractions", "0.5"])
+    assert script.cheaper_settings(args) == {"full": {}, "image_size=128": {"image_size": 128},
+                                             "token_fraction=0.5": {"token_fraction": 0.5}}
+    assert script.cheaper_settings(script.parse_args([])) == {"full": {}}
+
+
 def test_subsets_need_two_disjoint_halves_of_the_scored_images():
     with pytest.raises(SystemExit):
         script.parse_args(["--num-fitness", "100", "--subset-sizes", "64"])
