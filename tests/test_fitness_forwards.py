@@ -1,15 +1,18 @@
-"""``fitness_token_fraction``: the search forwards a fixed random share of each fitness image's patch tokens, checked
-against a hand-run ViT on the same tokens, the teacher and candidates seeing the same subsets, batch independence,
-the architectures that cannot take it, and a fit's recorded loss."""
+"""Cheaper search forwards: ``fitness_image_size`` (the fitness images at another side) and
+``fitness_token_fraction`` (a fixed random share of each image's patch tokens), the teacher and every candidate alike.
+Checked against embeddings of independently resized images and a hand-run ViT on the kept tokens, the tokens each
+block sees, batch independence, the architectures that cannot take part of the tokens, and a fit's recorded loss."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import hf_snapvit as hs
 from hf_snapvit.architectures import get_backbone, get_layers, get_spec
 from hf_snapvit.calibration import split_calibration
+from hf_snapvit.embedding import image_embedding
 from hf_snapvit.fitness import EmbeddingFitness
 from hf_snapvit.scoring import ScoreConfig
 from hf_snapvit.token_subset import TokenSubset
@@ -18,6 +21,48 @@ from helpers import CASES, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}
 
+
+def resized(pixels: torch.Tensor, side: int) -> torch.Tensor:
+    return F.interpolate(pixels, size=(side, side), mode="bilinear", antialias=True, align_corners=False)
+
+
+@pytest.mark.parametrize("case", ["vit", "dinov2"])
+def test_the_teacher_and_the_candidates_see_the_images_at_the_given_side(case):
+    model = CASE[case].build()
+    pixels = torch.randn(6, 3, 32, 32)
+    fitness = EmbeddingFitness(model, pixels, sparsities=(0.3,), pca_components=4, image_size=16)
+    torch.testing.assert_close(fitness.pixel_values, pixels)  # kept as given for other readers
+    with torch.no_grad():
+        teacher = image_embedding(model, {"pixel_values": resized(pixels, 16)}).float()
+    torch.testing.assert_close(fitness.embed(None), teacher)
+    tokens = []
+    handle = get_layers(fitness.work)[0].register_forward_hook(
+        lambda module, args, kwargs, output: tokens.append((args[0] if args else kwargs["hidden_states"]).shape[1]),
+        with_kwargs=True)
+    ranking = hs.rank(model, method="random", seed=3)
+    small = fitness.loss(ranking)
+    handle.remove()
+    assert tokens and set(tokens) == {(16 // 8) ** 2 + 1}  # 2 x 2 patches of 8 pixels and the CLS token
+    full = EmbeddingFitness(model, pixels, sparsities=(0.3,), pca_components=4)
+    assert small != pytest.approx(full.loss(ranking), abs=1e-6)  # another fitness, not the full-size one
+
+
+def test_the_given_side_of_the_images_changes_nothing():
+    model = CASE["vit"].build()
+    pixels = torch.randn(6, 3, 32, 32)
+    ranking = hs.rank(model, method="random", seed=2)
+    same = EmbeddingFitness(model, pixels, sparsities=(0.1, 0.5), pca_components=4, image_size=32)
+    plain = EmbeddingFitness(model, pixels, sparsities=(0.1, 0.5), pca_components=4)
+    assert same.loss(ranking) == plain.loss(ranking)
+
+
+def test_a_side_below_the_patch_size_or_not_an_integer_is_refused():
+    model = CASE["vit"].build()
+    with pytest.raises(hs.SnapViTError, match=r"image_size=4.*patch size \(8 pixels\).*e\.g\. 128"):
+        EmbeddingFitness(model, torch.randn(4, 3, 32, 32), image_size=4)
+    for bad in (0, "128", 12.5, True):
+        with pytest.raises(hs.SnapViTError, match=r"fitness_image_size=.*integer >= 1 or None"):
+            hs.SnapViTConfig(fitness_image_size=bad)
 
 def test_the_blocks_see_the_kept_tokens_of_an_ordinary_input():
     model = CASE["vit"].build()  # 32 px, patch 8: 16 patches and the CLS token
@@ -86,19 +131,21 @@ def test_bad_fractions_are_refused():
             hs.SnapViTConfig(fitness_token_fraction=bad)
 
 
-def test_snapvit_searches_on_the_token_subsets_and_records_it():
+@pytest.mark.parametrize("setting, options", [("fitness_image_size", {"image_size": 24}),
+                                              ("fitness_token_fraction", {"token_fraction": 0.5})])
+def test_snapvit_searches_with_the_cheaper_forward_and_records_it(setting, options):
     model = CASE["vit"].build()
+    value = next(iter(options.values()))
     config = hs.SnapViTConfig(num_gradient_images=3, num_fitness_images=6, pca_components=6,
                               scores=ScoreConfig(crops=MultiCropConfig(num_local=2)), max_generations=2,
-                              fitness_sparsities=(0.1, 0.3), fitness_token_fraction=0.5, seed=2)
+                              fitness_sparsities=(0.1, 0.3), seed=2, **{setting: value})
     ranking = hs.SnapViTPruner(config).fit(model, images(9), processor=PROCESSOR, show_progress=False)
-    assert ranking.provenance["settings"]["fitness_token_fraction"] == 0.5 and ranking.provenance["preset"] is None
+    assert ranking.provenance["settings"][setting] == value and ranking.provenance["preset"] is None
     calibration = split_calibration(images(9), 3, 6, seed=2)
     precision = {"fp32": "no", "bf16": "bf16"}[ranking.provenance["precision"]]
     pixels = PROCESSOR(images=calibration.fitness, return_tensors="pt")["pixel_values"]
-    fitness = EmbeddingFitness(model, pixels, sparsities=(0.1, 0.3), pca_components=6, precision=precision,
-                               token_fraction=0.5, seed=2)
-    assert fitness.loss(ranking) == pytest.approx(ranking.provenance["search"]["loss"], abs=1e-6)
-    other_seed = EmbeddingFitness(model, pixels, sparsities=(0.1, 0.3), pca_components=6, precision=precision,
-                                  token_fraction=0.5, seed=3)
-    assert other_seed.loss(ranking) != pytest.approx(ranking.provenance["search"]["loss"], abs=1e-6)
+    common = dict(sparsities=(0.1, 0.3), pca_components=6, precision=precision)
+    recorded = ranking.provenance["search"]["loss"]
+    assert EmbeddingFitness(model, pixels, seed=2, **common, **options).loss(ranking) == pytest.approx(recorded,
+                                                                                                       abs=1e-6)
+    assert EmbeddingFitness(model, pixels, **common).loss(ranking) != pytest.approx(recorded, abs=1e-6)
