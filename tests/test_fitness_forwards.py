@@ -105,7 +105,7 @@ def test_the_teacher_and_each_candidate_see_the_same_tokens_whatever_the_batch(c
     assert every.loss(ranking) == whole.loss(ranking)
 
 
-@pytest.mark.parametrize("case", ["beit", "data2vec-vision", "dinov3", "vit-mae"])
+@pytest.mark.parametrize("case", ["beit", "data2vec-vision", "dinov3", "vit-mae", "siglip2-vision"])
 def test_architectures_whose_blocks_cannot_take_part_of_the_tokens_are_refused(case):
     model = CASE[case].build()
     with pytest.raises(hs.SnapViTError, match=r"token_fraction=0.5\): a '.+' model's blocks cannot.*token_fraction=1"):
