@@ -26,6 +26,9 @@ a user's images would be.
     # every fitness sparsity on every fitness image (0) and on its own share of them (1):
     python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
         --split-fitness-images 0 1
+    # the search on every token and on half of each fitness image's patch tokens (the floor stays the full-token one):
+    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
+        --fitness-token-fractions 1 0.5
 
 A count listed twice runs twice: the first ranking of a process also pays the device's one-time start-up.
 """
@@ -88,6 +91,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="1: each fitness sparsity on its own share of the fitness images "
                              "(SnapViTConfig.split_fitness_images); each value runs every preset once, side by side "
                              "(default: the preset's)")
+    parser.add_argument("--fitness-token-fractions", type=float, nargs="+", default=[None],
+                        help="share of each fitness image's patch tokens the search forwards "
+                             "(SnapViTConfig.fitness_token_fraction); each value runs every preset once, side by side "
+                             "(default: the preset's, every token)")
     parser.add_argument("--generations", type=int, default=None, help="cap on xNES generations (default: preset's)")
     parser.add_argument("--fitness-batch-size", type=int, default=None,
                         help="images per search forward (default: 256 on an accelerator, 64 on a CPU)")
@@ -145,7 +152,7 @@ def _synchronize(device: torch.device) -> None:
 
 def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str, precision: str,
             args: argparse.Namespace, num_fitness: int | None = None, gradient_batch: int | None = None,
-            split: int | None = None) -> dict[str, Any]:
+            split: int | None = None, tokens: float | None = None) -> dict[str, Any]:
     """One ranking with its phase times, and the dense forward floor of its search."""
     overrides: dict[str, Any] = {"precision": precision, "seed": args.seed}
     if args.images is not None:
@@ -154,6 +161,8 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
         overrides["num_fitness_images"] = num_fitness
     if split is not None:
         overrides["split_fitness_images"] = bool(split)
+    if tokens is not None:
+        overrides["fitness_token_fraction"] = tokens
     if args.generations is not None:
         overrides["max_generations"] = args.generations
     if args.fitness_batch_size is not None:
@@ -181,6 +190,7 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
         "fitness_batch_size": batch_size,
         "num_gradient_images": config.num_gradient_images, "num_fitness_images": config.num_fitness_images,
         "gradient_batch_size": config.scores.batch_size, "split_fitness_images": config.split_fitness_images,
+        "fitness_token_fraction": config.fitness_token_fraction,
         "evaluations": search["evaluations"], "generations": search["generations"],
         "wall_seconds": wall, "phases": phases,
         "dense_images_per_second": throughput, "search_images_forwarded": forwarded,
@@ -189,10 +199,14 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
     }
 
 
+def _tokens(fraction: float) -> str:
+    return "" if fraction == 1 else f"({fraction:g} of the tokens) "
+
+
 def summary_line(shape: str, row: dict[str, Any]) -> str:
     p = row["phases"]
     return (f"{shape:<8} {row['preset']:<8} {row['ran_in']:<5} {row['num_fitness_images']:5d} fitness images "
-            f"{'(split) ' if row['split_fitness_images'] else ''}"
+            f"{'(split) ' if row['split_fitness_images'] else ''}{_tokens(row['fitness_token_fraction'])}"
             f"{row['gradient_batch_size']:4d} per step wall {row['wall_seconds']:7.1f} s | data "
             f"{p['data']:6.1f} gradients {p['gradients']:6.1f} search {p['search']:6.1f} (forwards "
             f"{p['search_forward']:6.1f}, {100 * (row['search_forward_fraction'] or 0):3.0f} %; dense floor "
@@ -215,10 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: v for k, v in vars(args).items() if k != "output"}, "runs": []}
     for shape in args.shapes:
         model = build(shape, args.seed, args.device)
-        for preset, precision, fitness, batch, split in itertools.product(
+        for preset, precision, fitness, batch, split, tokens in itertools.product(
                 args.presets, args.precisions, args.fitness_images, args.gradient_batch_sizes,
-                args.split_fitness_images):
-            row = {"shape": shape, **run_one(model, images, preset, precision, args, fitness, batch, split)}
+                args.split_fitness_images, args.fitness_token_fractions):
+            row = {"shape": shape, **run_one(model, images, preset, precision, args, fitness, batch, split, tokens)}
             report["runs"].append(row)
             print(summary_line(shape, row), file=sys.stderr, flush=True)
             # Written after every run: a long GPU session that is cut off keeps what it measured.

@@ -9,6 +9,7 @@
 #   STEPS="9 8 7" ...                                                              # what ran on 2026-11-27 (7 cut off)
 #   STEPS="10 11" ...                                    # the ranking after the unit order fix, per gradient step size
 #   STEPS="12 11 13" ...  # split fitness images (the first split run warms up), the TF32 per-sample products, no search
+#   STEPS="14" ...        # the default preset on half of each fitness image's patch tokens (the first run warms up)
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 DEV=${DEV:-cuda}; B=${B:-vit-b16}; S=${S:-vit-s16}; OUT=${OUT:-/tmp/out}; R=${R:-/tmp/r}
@@ -51,6 +52,9 @@ for step in ${STEPS:-2 4 5 3 1 6 7 8}; do case $step in
      --precisions bf16 --split-fitness-images 1 0 1 --data .gpu/train.parquet --output "$R/ranking_time_split.json" ;;
 13) timeout "${T13:-90}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
      --precisions bf16 --generations 0 --data .gpu/train.parquet --output "$R/ranking_time_no_search.json" ;;
+14) timeout "${T14:-200}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
+     --precisions bf16 --fitness-token-fractions 0.5 1 0.5 --data .gpu/train.parquet \
+     --output "$R/ranking_time_tokens.json" ;;
 *) echo "unknown step $step"; continue ;;
 esac; save "$step" $?; done
 ls -la "$R"

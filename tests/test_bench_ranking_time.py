@@ -105,6 +105,20 @@ def test_split_fitness_images_run_side_by_side_and_forward_each_image_once_per_e
                                                            6 * (1 + runs[1]["evaluations"])]
 
 
+def test_token_fractions_run_side_by_side_and_are_recorded(tmp_path):
+    script = load_benchmark("bench_ranking_time")
+    output = tmp_path / "ranking_time.json"
+    assert script.main(["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "--precisions", "fp32",
+                        "--images", "6", "--generations", "1", "--floor-repeats", "1", "--fitness-batch-size", "4",
+                        "--fitness-token-fractions", "1", "0.5", "--output", str(output)]) == 0
+    runs = json.loads(output.read_text())["runs"]
+    assert [r["fitness_token_fraction"] for r in runs] == [1.0, 0.5]
+    # the same images forwarded, on fewer tokens each
+    assert runs[0]["search_images_forwarded"] == runs[1]["search_images_forwarded"]
+    assert "(0.5 of the tokens)" in script.summary_line("tiny", runs[1])
+    assert "of the tokens" not in script.summary_line("tiny", runs[0])
+
+
 def test_the_gradient_profile_times_each_step_size_its_crops_and_the_unit_order(tmp_path):
     script = load_benchmark("profile_ranking")
     output = tmp_path / "profile.json"
