@@ -92,13 +92,18 @@ def test_each_gradient_step_size_runs_side_by_side_and_is_recorded(tmp_path):
         hf_snapvit.SnapViTConfig.preset("fast").scores.batch_size]
 
 
-def test_split_fitness_images_run_side_by_side_and_forward_each_image_once_per_evaluation(tmp_path):
+def _side_by_side(tmp_path: Path, *option: str) -> tuple[object, list[dict]]:
+    """The fast preset on 6 tiny images, one generation, once per value of ``option``: the script and its runs."""
     script = load_benchmark("bench_ranking_time")
     output = tmp_path / "ranking_time.json"
     assert script.main(["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "--precisions", "fp32",
                         "--images", "6", "--generations", "1", "--floor-repeats", "1", "--fitness-batch-size", "4",
-                        "--split-fitness-images", "0", "1", "--output", str(output)]) == 0
-    runs = json.loads(output.read_text())["runs"]
+                        *option, "--output", str(output)]) == 0
+    return script, json.loads(output.read_text())["runs"]
+
+
+def test_split_fitness_images_run_side_by_side_and_forward_each_image_once_per_evaluation(tmp_path):
+    _, runs = _side_by_side(tmp_path, "--split-fitness-images", "0", "1")
     assert [r["split_fitness_images"] for r in runs] == [False, True]
     # fast: 3 sparsities on every image, or each on its own share (6 images: 2 each).
     assert [r["search_images_forwarded"] for r in runs] == [6 * (1 + 3 * runs[0]["evaluations"]),
@@ -106,12 +111,7 @@ def test_split_fitness_images_run_side_by_side_and_forward_each_image_once_per_e
 
 
 def test_token_fractions_run_side_by_side_and_are_recorded(tmp_path):
-    script = load_benchmark("bench_ranking_time")
-    output = tmp_path / "ranking_time.json"
-    assert script.main(["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "--precisions", "fp32",
-                        "--images", "6", "--generations", "1", "--floor-repeats", "1", "--fitness-batch-size", "4",
-                        "--fitness-token-fractions", "1", "0.5", "--output", str(output)]) == 0
-    runs = json.loads(output.read_text())["runs"]
+    script, runs = _side_by_side(tmp_path, "--fitness-token-fractions", "1", "0.5")
     assert [r["fitness_token_fraction"] for r in runs] == [1.0, 0.5]
     # the same images forwarded, on fewer tokens each
     assert runs[0]["search_images_forwarded"] == runs[1]["search_images_forwarded"]

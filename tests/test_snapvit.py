@@ -159,7 +159,8 @@ def test_zero_generations_means_the_starting_factors():
     assert np.array_equal(start.neuron_scores, ranking.neuron_scores)
     # the starting factors decrease from the first block to the last
     last_block = model.config.num_hidden_layers - 1
-    assert pruner.initial_factors_[0] == pytest.approx(1.2) and pruner.initial_factors_[last_block] == pytest.approx(0.8)
+    assert pruner.initial_factors_[0] == pytest.approx(1.2)
+    assert pruner.initial_factors_[last_block] == pytest.approx(0.8)
 
 
 def test_ranking_from_factors_needs_a_fit_and_the_right_shape():
