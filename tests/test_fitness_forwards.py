@@ -69,7 +69,7 @@ def test_the_blocks_see_the_kept_tokens_of_an_ordinary_input():
     pixels = torch.randn(5, 3, 32, 32)
     fitness = EmbeddingFitness(model, pixels, sparsities=(0.3,), pca_components=4, token_fraction=0.5, seed=7,
                                batch_size=2)
-    subsets = TokenSubset(get_layers(model)[0], 1, 0.5, 7, "vit")
+    subsets = TokenSubset(1, 0.5, 7, "vit")
     backbone = get_backbone(model, get_spec(model))
     with torch.no_grad():  # by hand: embed, keep each image's tokens, run the blocks and the final norm
         hidden = backbone.embeddings(pixels)
@@ -84,7 +84,7 @@ def test_the_blocks_see_the_kept_tokens_of_an_ordinary_input():
         assert len(index) == 1 + 8 and index[0] == 0 and torch.all(index[1:] > 0)  # the CLS token and 8 patches
         assert torch.equal(index, index.sort().values)
     assert not torch.equal(subsets.kept(0, 17), subsets.kept(1, 17))  # each image its own subset
-    assert not torch.equal(subsets.kept(0, 17), TokenSubset(None, 1, 0.5, 8, "vit").kept(0, 17))  # and seed
+    assert not torch.equal(subsets.kept(0, 17), TokenSubset(1, 0.5, 8, "vit").kept(0, 17))  # and seed
 
 
 @pytest.mark.parametrize("case", ["vit", "deit", "dinov2-registers", "siglip-vision", "clip-vision"])
@@ -114,9 +114,9 @@ def test_architectures_whose_blocks_cannot_take_part_of_the_tokens_are_refused(c
 
 def test_a_registered_spec_whose_blocks_take_per_token_inputs_fails_clearly():
     layer = torch.nn.Identity()
-    subset = TokenSubset(layer, 1, 0.5, 0, "my_vit")
+    subset = TokenSubset(1, 0.5, 0, "my_vit")
     subset.images = range(2)
-    with subset:
+    with subset.on(layer):
         with pytest.raises(hs.SnapViTError, match=r"'my_vit'.*per-token inputs.*fitness_token_fraction at 1.0"):
             layer(torch.randn(2, 17, 8), torch.zeros(2, 1, 17, 17))  # hidden states and an attention mask
     assert not layer._forward_pre_hooks  # the hook is removed on leaving

@@ -41,6 +41,7 @@ from .distributed import autocast, map_across_processes, mixed_precision, proces
 from .errors import ConfigError
 from .slicing import slice_model_
 from .token_subset import TokenSubset
+from .validation import is_real
 from .ranking import ElasticRanking
 
 
@@ -101,8 +102,7 @@ class EmbeddingFitness:
             raise ConfigError(f"EmbeddingFitness(split_images=True) deals {len(pixel_values)} fitness images out among "
                               f"{len(sparsities)} sparsities; give at least {2 * len(sparsities)} (two per sparsity) "
                               "or split_images=False.")
-        if isinstance(token_fraction, bool) or not isinstance(token_fraction, (int, float)) or not (
-                0 < token_fraction <= 1):
+        if not is_real(token_fraction) or not 0 < token_fraction <= 1:
             raise ConfigError(f"EmbeddingFitness(token_fraction={token_fraction!r}): give the share of each image's "
                               "patch tokens to forward, in (0, 1], e.g. 0.5, or 1 for all of them.")
         self.spec = get_spec(model)
@@ -112,7 +112,8 @@ class EmbeddingFitness:
                               "its embeddings reorder or mask the patches); give token_fraction=1 "
                               "(SnapViTConfig.fitness_token_fraction=1.0) for this model.")
         self.measure = measure
-        self.token_fraction, self.seed = float(token_fraction), seed
+        self._tokens = None if token_fraction == 1 else TokenSubset(
+            self.spec.extra_tokens(model.config), float(token_fraction), seed, self.spec.model_type)
         self.precision = mixed_precision() if precision is None else precision
         self.model = copy.deepcopy(model).to(torch.bfloat16) if self.precision == "bf16" else model
         # Candidates are scored at the widths a user loads (aligned by default), so the search optimises those models.
@@ -164,10 +165,9 @@ class EmbeddingFitness:
         cast = contextlib.nullcontext() if self.precision == "bf16" else autocast(self.device, precision=self.precision)
         blocks = _BlockOutputs(get_layers(model, self.spec)) if self.measure == "blocks" else None
         inputs, images = self._inputs[rows], range(len(self._inputs))[rows]
-        tokens = None if self.token_fraction == 1 else TokenSubset(
-            get_layers(model, self.spec)[0], self.spec.extra_tokens(model.config), self.token_fraction, self.seed,
-            self.spec.model_type)
-        with self._clock, cast, blocks or contextlib.nullcontext(), tokens or contextlib.nullcontext():
+        tokens = self._tokens
+        subset = contextlib.nullcontext() if tokens is None else tokens.on(get_layers(model, self.spec)[0])
+        with self._clock, cast, blocks or contextlib.nullcontext(), subset:
             for i in range(0, len(inputs), self.batch_size):
                 batch = {"pixel_values": inputs[i:i + self.batch_size]}
                 if tokens is not None:
