@@ -121,6 +121,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also save the rankings of the search's mean (NAME-mean-gG.json) beside its best "
                              "sample's: the solution picks from the search, so one fit gives both")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--device", default="cpu", help="where the model ranks and is evaluated (cpu, cuda, ...)")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results" / "defaults_vit_tiny")
     return parser.parse_args(argv)
 
@@ -178,7 +179,7 @@ def fitted(spec: str, config: hf_snapvit.SnapViTConfig, fit_path: Path, reuse: b
     if recorded is None:
         fit = {"spec": spec, "settings": settings,  # what ran (the search batch resolved)
                "wall_seconds": wall, "timings": pruner.timings_, "history": pruner.history_,
-               "hardware": hardware_info()}
+               "hardware": hardware_info(device=next(model.parameters()).device)}
         write_text_atomic(fit_path, json.dumps(fit, indent=1, default=str))
         return pruner, fit
     # The solution picks from the history and does not change the search: a fit recorded with either serves both.
@@ -192,7 +193,7 @@ def fitted(spec: str, config: hf_snapvit.SnapViTConfig, fit_path: Path, reuse: b
 def rank_stage(args: argparse.Namespace) -> None:
     folder = args.output_dir / "rankings"
     folder.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForImageClassification.from_pretrained(args.model).eval()
+    model = AutoModelForImageClassification.from_pretrained(args.model).eval().to(args.device)
     processor = AutoImageProcessor.from_pretrained(args.model)
     calibration = load_split(args.data, "train")
     for spec in args.configs:
@@ -260,7 +261,7 @@ def eval_stage(args: argparse.Namespace) -> None:
     files = sorted(f for f in (args.output_dir / "rankings").glob("*.json") if re.search(r"-g\d+\.json$", f.name))
     if not files:
         raise SystemExit(f"no rankings in {args.output_dir / 'rankings'}; run the 'rank' stage first")
-    model = AutoModelForImageClassification.from_pretrained(args.model).eval()
+    model = AutoModelForImageClassification.from_pretrained(args.model).eval().to(args.device)
     rankings = {f.stem: read_ranking(f, model) for f in files}
     info = {name: ranking.provenance["defaults_sweep"] for name, ranking in rankings.items()}
     eval_data = load_split(args.data, "validation", num_samples=args.num_val, seed=args.seed)
@@ -269,7 +270,8 @@ def eval_stage(args: argparse.Namespace) -> None:
                        processor=AutoImageProcessor.from_pretrained(args.model), output_dir=args.output_dir,
                        metrics=("top1", "knn"), latency=False, ranking_info=info, width_multiple=args.width_multiple)
     summary = {"dense": result.dense, "sparsities": args.sparsities,
-               "num_val": args.num_val, "num_bank": args.num_bank, "hardware": hardware_info(), "rankings": {}}
+               "num_val": args.num_val, "num_bank": args.num_bank,
+               "hardware": hardware_info(device=args.device), "rankings": {}}
     for name in rankings:
         rows = [r for r in result.rows if r["method"] == name]
         summary["rankings"][name] = {

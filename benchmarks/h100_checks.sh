@@ -10,6 +10,8 @@
 #   STEPS="10 11" ...                                    # the ranking after the unit order fix, per gradient step size
 #   STEPS="12 11 13" ...  # split fitness images (the first split run warms up), the TF32 per-sample products, no search
 #   STEPS="14" ...        # the default preset on half of each fitness image's patch tokens (the first run warms up)
+#   STEPS="15 16" ...     # 15: the default preset's accuracy on the shared ViT-Tiny, all or half of the tokens, seeds
+#                         # 0-2 (bring the model as .acc/vit, train/validation rows as .acc/data); 16: 512 fitness images
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 DEV=${DEV:-cuda}; B=${B:-vit-b16}; S=${S:-vit-s16}; OUT=${OUT:-/tmp/out}; R=${R:-/tmp/r}
@@ -23,6 +25,7 @@ fi
 python3 -c "import torch, transformers, hf_snapvit; print(torch.__version__, transformers.__version__)" || exit 1
 save() { tar -cf "$OUT/results.tar" -C "$R" . ; echo "== step $1 rc=$2 at $SECONDS s"; }
 # Compiled latency runs: bf16, widths multiples of 64, without the switchable model (it recompiles once per size).
+DEFAULT=obd:global:3:sigma=0.5:order=output:solution=mean:preset=default  # the default preset, as defaults_vit_tiny names it
 LATENCY=(python3 benchmarks/bench_gpu_latency.py --device "$DEV" --precisions bf16 --multiples 64 --no-switchable)
 for step in ${STEPS:-2 4 5 3 1 6 7 8}; do case $step in
 1) timeout "${T1:-150}" python3 benchmarks/bench_gpu_latency.py --device "$DEV" --shapes "$B" "$S" --precisions bf16 \
@@ -55,6 +58,15 @@ for step in ${STEPS:-2 4 5 3 1 6 7 8}; do case $step in
 14) timeout "${T14:-200}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
      --precisions bf16 --fitness-token-fractions 0.5 1 0.5 --data .gpu/train.parquet \
      --output "$R/ranking_time_tokens.json" ;;
+15) for seed in ${SEEDS:-0 1 2}; do  # each seed's two rankings evaluated on the same images (eval's own seed, 0)
+      timeout "${T15:-240}" python3 benchmarks/defaults_vit_tiny.py rank --device "$DEV" --model .acc/vit --data .acc/data \
+        --budgets 3 --seed "$seed" --output-dir "$R/tokens_default/s$seed" --configs ${ACC_CONFIGS:-$DEFAULT $DEFAULT:tokens=0.5} \
+      && timeout "${T15:-240}" python3 benchmarks/defaults_vit_tiny.py eval --device "$DEV" --model .acc/vit \
+        --data .acc/data --output-dir "$R/tokens_default/s$seed" --num-val "${NV:-1000}" \
+        --num-bank "${NV:-1000}" --sparsities 0.1 0.3 0.5 || break; done ;;
+16) timeout "${T16:-150}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
+     --precisions bf16 --fitness-images 512 512 --gradient-batch-sizes 16 64 --data .gpu/train.parquet \
+     --output "$R/ranking_time_512.json" ;;
 *) echo "unknown step $step"; continue ;;
 esac; save "$step" $?; done
 ls -la "$R"
