@@ -173,11 +173,16 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
     size = model.config.image_size
     processor = transformers.ViTImageProcessor(size={"height": size, "width": size})
     pruner = hf_snapvit.SnapViTPruner(config)
-    _synchronize(next(model.parameters()).device)
+    device = next(model.parameters()).device
+    _synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     ranking = pruner.fit(model, images, processor=processor, show_progress=False)
     wall = time.perf_counter() - start
-    resolved = resolve_precision(precision, next(model.parameters()).device)
+    # What a larger gradient step costs in memory: the ranking's peak, the model's weights included (CUDA only).
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    resolved = resolve_precision(precision, device)
     batch_size = ranking.provenance["settings"]["fitness_batch_size"]
     throughput = dense_throughput(model, batch_size, resolved, args.floor_repeats)
     search = ranking.provenance["search"]
@@ -192,7 +197,7 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
         "gradient_batch_size": config.scores.batch_size, "split_fitness_images": config.split_fitness_images,
         "fitness_token_fraction": config.fitness_token_fraction,
         "evaluations": search["evaluations"], "generations": search["generations"],
-        "wall_seconds": wall, "phases": phases,
+        "wall_seconds": wall, "phases": phases, "peak_memory_bytes": peak,
         "dense_images_per_second": throughput, "search_images_forwarded": forwarded,
         "search_forward_floor_seconds": forwarded / throughput,
         "search_forward_fraction": phases["search_forward"] / phases["search"] if phases["search"] else None,
@@ -210,7 +215,8 @@ def summary_line(shape: str, row: dict[str, Any]) -> str:
             f"{row['gradient_batch_size']:4d} per step wall {row['wall_seconds']:7.1f} s | data "
             f"{p['data']:6.1f} gradients {p['gradients']:6.1f} search {p['search']:6.1f} (forwards "
             f"{p['search_forward']:6.1f}, {100 * (row['search_forward_fraction'] or 0):3.0f} %; dense floor "
-            f"{row['search_forward_floor_seconds']:6.1f})")
+            f"{row['search_forward_floor_seconds']:6.1f})"
+            + (f" peak {row['peak_memory_bytes'] / 2**30:.1f} GiB" if row["peak_memory_bytes"] is not None else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

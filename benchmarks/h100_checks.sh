@@ -10,8 +10,11 @@
 #   STEPS="10 11" ...                                    # the ranking after the unit order fix, per gradient step size
 #   STEPS="12 11 13" ...  # split fitness images (the first split run warms up), the TF32 per-sample products, no search
 #   STEPS="14" ...        # the default preset on half of each fitness image's patch tokens (the first run warms up)
+#   STEPS="14 12 11 13", then "15 16": what ran on 2026-11-27 (an H200), in two calls
 #   STEPS="15 16" ...     # 15: the default preset's accuracy on the shared ViT-Tiny, all or half of the tokens, seeds
-#                         # 0-2 (bring the model as .acc/vit, train/validation rows as .acc/data); 16: 512 fitness images
+#                         # 0-2 (bring the model as .acc/vit, train/validation rows as .acc/data: parquet_rows.py); 16:
+#                         # 512 fitness images at 16 and 64 per gradient step
+#   STEPS="17" ...        # half of the tokens at 16 and 64 per gradient step, with each run's peak GPU memory
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 DEV=${DEV:-cuda}; B=${B:-vit-b16}; S=${S:-vit-s16}; OUT=${OUT:-/tmp/out}; R=${R:-/tmp/r}
@@ -67,6 +70,9 @@ for step in ${STEPS:-2 4 5 3 1 6 7 8}; do case $step in
 16) timeout "${T16:-150}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
      --precisions bf16 --fitness-images 512 512 --gradient-batch-sizes 16 64 --data .gpu/train.parquet \
      --output "$R/ranking_time_512.json" ;;
+17) timeout "${T17:-150}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
+     --precisions bf16 --fitness-token-fractions 0.5 --gradient-batch-sizes 16 64 16 64 --data .gpu/train.parquet \
+     --output "$R/ranking_time_tokens_steps.json" ;;
 *) echo "unknown step $step"; continue ;;
 esac; save "$step" $?; done
 ls -la "$R"
