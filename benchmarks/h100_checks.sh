@@ -27,8 +27,8 @@ if [ "$DEV" = cuda ]; then
 fi
 python3 -c "import torch, transformers, hf_snapvit; print(torch.__version__, transformers.__version__)" || exit 1
 save() { tar -cf "$OUT/results.tar" -C "$R" . ; echo "== step $1 rc=$2 at $SECONDS s"; }
-# Compiled latency runs: bf16, widths multiples of 64, without the switchable model (it recompiles once per size).
 DEFAULT=obd:global:3:sigma=0.5:order=output:solution=mean:preset=default  # the default preset, as defaults_vit_tiny names it
+# Compiled latency runs: bf16, widths multiples of 64, without the switchable model (it recompiles once per size).
 LATENCY=(python3 benchmarks/bench_gpu_latency.py --device "$DEV" --precisions bf16 --multiples 64 --no-switchable)
 for step in ${STEPS:-2 4 5 3 1 6 7 8}; do case $step in
 1) timeout "${T1:-150}" python3 benchmarks/bench_gpu_latency.py --device "$DEV" --shapes "$B" "$S" --precisions bf16 \
