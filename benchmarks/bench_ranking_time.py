@@ -151,22 +151,18 @@ def _synchronize(device: torch.device) -> None:
 
 
 def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str, precision: str,
-            args: argparse.Namespace, num_fitness: int | None = None, gradient_batch: int | None = None,
-            split: int | None = None, tokens: float | None = None) -> dict[str, Any]:
-    """One ranking with its phase times, and the dense forward floor of its search."""
+            args: argparse.Namespace, settings: dict[str, Any] | None = None,
+            gradient_batch: int | None = None) -> dict[str, Any]:
+    """One ranking with its phase times, and the dense forward floor of its search. ``settings``: this run's
+    :class:`~hf_snapvit.SnapViTConfig` fields (``None`` values keep the preset's), after the command's own."""
     overrides: dict[str, Any] = {"precision": precision, "seed": args.seed}
     if args.images is not None:
         overrides.update(num_gradient_images=args.images, num_fitness_images=args.images)
-    if num_fitness is not None:
-        overrides["num_fitness_images"] = num_fitness
-    if split is not None:
-        overrides["split_fitness_images"] = bool(split)
-    if tokens is not None:
-        overrides["fitness_token_fraction"] = tokens
     if args.generations is not None:
         overrides["max_generations"] = args.generations
     if args.fitness_batch_size is not None:
         overrides["fitness_batch_size"] = args.fitness_batch_size
+    overrides.update({k: v for k, v in (settings or {}).items() if v is not None})
     config = hf_snapvit.SnapViTConfig.preset(preset, **overrides)
     if gradient_batch is not None:
         config = dataclasses.replace(config, scores=dataclasses.replace(config.scores, batch_size=gradient_batch))
@@ -238,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         for preset, precision, fitness, batch, split, tokens in itertools.product(
                 args.presets, args.precisions, args.fitness_images, args.gradient_batch_sizes,
                 args.split_fitness_images, args.fitness_token_fractions):
-            row = {"shape": shape, **run_one(model, images, preset, precision, args, fitness, batch, split, tokens)}
+            settings = {"num_fitness_images": fitness, "fitness_token_fraction": tokens,
+                        "split_fitness_images": None if split is None else bool(split)}
+            row = {"shape": shape, **run_one(model, images, preset, precision, args, settings, batch)}
             report["runs"].append(row)
             print(summary_line(shape, row), file=sys.stderr, flush=True)
             # Written after every run: a long GPU session that is cut off keeps what it measured.
