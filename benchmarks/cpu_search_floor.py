@@ -4,9 +4,10 @@ A fit record (``defaults_vit_tiny.py``'s ``*.fit.json``) gives the search's forw
 ranking of the same settings stands in for every candidate's theoretical GFLOPs at each fitness sparsity (the paper's
 formulas: candidates of one sparsity remove the same share of parameters and differ only in their mix of heads and
 neurons). Measured in this run, beside them: the CPU's float32 matrix-multiply rate (square products, the best of
-``--sizes``) and the dense model's float32 forward rate at the search's batch size. The **floor** is the search's
-GFLOPs at that matrix-multiply rate: what no faster forward (compiled, fused, other kernels) can go below without
-forwarding fewer images or cheaper ones. The fit must come from this machine's CPU model.
+``--sizes``) and the dense model's float32 forward rate at the search's batch size (as ``bench_ranking_time``
+measures it). The **floor** is the search's GFLOPs at that matrix-multiply rate: what no faster forward (compiled,
+fused, other kernels) can go below without forwarding fewer images or cheaper ones. The fit must come from this
+machine's CPU model.
 
     python benchmarks/cpu_search_floor.py --fit benchmarks/results/fast_preset_generations_avx2/seed0.fresh.fit.json \\
         --ranking benchmarks/results/snapvit_fast_three_sparsities/rankings/fast-seed0-g3.json --threads 2
@@ -30,7 +31,8 @@ from hf_snapvit.budget import estimate_gflops
 from hf_snapvit.files import write_text_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from defaults_vit_tiny import read_ranking  # noqa: E402  (benchmarks/ is not a package)
+from bench_ranking_time import dense_throughput  # noqa: E402  (benchmarks/ is not a package)
+from defaults_vit_tiny import read_ranking  # noqa: E402
 from rank_vit_tiny import SHARED  # noqa: E402
 
 # Fit settings this floor cannot count: it assumes every fitness image is forwarded whole at every sparsity.
@@ -70,13 +72,6 @@ def matmul_gflops(sizes: list[int], repeats: int) -> dict[int, float]:
     return rates
 
 
-@torch.no_grad()
-def forward_images_per_second(model: torch.nn.Module, batch_size: int, repeats: int) -> float:
-    size = model.config.image_size
-    pixels = torch.randn(batch_size, 3, size, size)
-    return batch_size / _timed(lambda: model(pixel_values=pixels), repeats)
-
-
 def search_work(fit: dict[str, Any], ranking, dense_gflops: float) -> dict[str, Any]:
     """The images the fit's search forwarded and their GFLOPs: the teacher's dense pass over the fitness images, then
     every evaluation at every fitness sparsity."""
@@ -108,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     matmul = matmul_gflops(args.sizes, args.repeats)
     peak = max(matmul.values())
     batch = fit["settings"]["fitness_batch_size"]
-    dense_rate = forward_images_per_second(model, batch, args.repeats)
+    dense_rate = dense_throughput(model, batch, "no", args.repeats)  # float32, as the fit's search ran here
     timings = fit["timings"]
     achieved = work["gflops"] / timings["search_forward"]
     floor = work["gflops"] / peak
