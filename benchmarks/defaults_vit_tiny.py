@@ -3,7 +3,7 @@
 Every configuration is the ``fast`` preset at sigma 1, in the scores' own unit order, with the best candidate as the
 result and the fitness at 10 / 30 / 50 / 60 % (``BASE_SIGMA``, ``BASE_ORDER``, ``BASE_SOLUTION``, ``BASE_SPARSITIES``:
 the grid was measured before the preset's sigma became 0.5, which is what this sweep chose, and before unit orders, the
-mean as the result and the preset's three fitness sparsities existed) with some settings changed,
+mean as the result and the preset's own fitness sparsities existed) with some settings changed,
 written ``DEFINITION:MODE:GENERATIONS`` plus optional ``:key=value`` changes (``covariance=cka``, ``sigma=0.5``,
 ``head_rows=qkv``, ``init=1.0,1.0``, ``fitness=256``: the number of fitness images, ``measure=cka``: the fitness
 measure, ``order=obs``: the unit order within blocks, ``solution=mean``: the search's mean rather than its best sample,

@@ -47,8 +47,9 @@ def test_the_ranking_benchmark_records_phases_and_the_forward_floor_for_each_pre
         assert {"data", "gradients", "search", "search_forward"} <= set(phases)
         assert 0 < phases["search_forward"] <= phases["search"] <= run["wall_seconds"]
         assert run["search_forward_fraction"] == pytest.approx(phases["search_forward"] / phases["search"])
-        # The teacher pass, then every evaluation at each of the preset's fitness sparsities (fast 3, paper 4).
-        sparsities = {"fast": 3, "paper": 4}[preset]
+        # The teacher pass, then every evaluation at each of the preset's fitness sparsities (fast 1, paper 4).
+        sparsities = len(hf_snapvit.SnapViTConfig.preset(preset).fitness_sparsities)
+        assert sparsities == {"fast": 1, "paper": 4}[preset]
         assert run["search_images_forwarded"] == 6 * (1 + sparsities * run["evaluations"])
         assert run["search_forward_floor_seconds"] == pytest.approx(
             run["search_images_forwarded"] / run["dense_images_per_second"])
@@ -71,7 +72,7 @@ def test_each_fitness_image_count_runs_side_by_side_with_the_images_it_needs(tmp
                         "--data", str(data), "--fitness-batch-size", "4", "--output", str(output)]) == 0
     runs = json.loads(output.read_text())["runs"]
     assert [(r["num_gradient_images"], r["num_fitness_images"]) for r in runs] == [(4, 6), (4, 2)]
-    assert [r["search_images_forwarded"] for r in runs] == [n * (1 + 3 * r["evaluations"])  # fast: 3 sparsities
+    assert [r["search_images_forwarded"] for r in runs] == [n * (1 + r["evaluations"])  # fast: 1 sparsity
                                                            for n, r in zip((6, 2), runs)]
     with pytest.raises(SystemExit, match="holds 10 images; this run needs 11"):
         script.main(["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "--images", "4",
@@ -92,22 +93,22 @@ def test_each_gradient_step_size_runs_side_by_side_and_is_recorded(tmp_path):
         hf_snapvit.SnapViTConfig.preset("fast").scores.batch_size]
 
 
-def _side_by_side(tmp_path: Path, *option: str) -> tuple[object, list[dict]]:
-    """The fast preset on 6 tiny images, one generation, once per value of ``option``: the script and its runs."""
+def _side_by_side(tmp_path: Path, *option: str, preset: str = "fast", images: int = 6) -> tuple[object, list[dict]]:
+    """``preset`` on tiny images, one generation, once per value of ``option``: the script and its runs."""
     script = load_benchmark("bench_ranking_time")
     output = tmp_path / "ranking_time.json"
-    assert script.main(["--device", "cpu", "--shapes", "tiny", "--presets", "fast", "--precisions", "fp32",
-                        "--images", "6", "--generations", "1", "--floor-repeats", "1", "--fitness-batch-size", "4",
-                        *option, "--output", str(output)]) == 0
+    assert script.main(["--device", "cpu", "--shapes", "tiny", "--presets", preset, "--precisions", "fp32",
+                        "--images", str(images), "--generations", "1", "--floor-repeats", "1",
+                        "--fitness-batch-size", "4", *option, "--output", str(output)]) == 0
     return script, json.loads(output.read_text())["runs"]
 
 
 def test_split_fitness_images_run_side_by_side_and_forward_each_image_once_per_evaluation(tmp_path):
-    _, runs = _side_by_side(tmp_path, "--split-fitness-images", "0", "1")
+    _, runs = _side_by_side(tmp_path, "--split-fitness-images", "0", "1", preset="paper", images=8)
     assert [r["split_fitness_images"] for r in runs] == [False, True]
-    # fast: 3 sparsities on every image, or each on its own share (6 images: 2 each).
-    assert [r["search_images_forwarded"] for r in runs] == [6 * (1 + 3 * runs[0]["evaluations"]),
-                                                           6 * (1 + runs[1]["evaluations"])]
+    # paper: 4 sparsities on every image, or each on its own share (8 images: 2 each).
+    assert [r["search_images_forwarded"] for r in runs] == [8 * (1 + 4 * runs[0]["evaluations"]),
+                                                           8 * (1 + runs[1]["evaluations"])]
 
 
 def test_token_fractions_run_side_by_side_and_are_recorded(tmp_path):

@@ -33,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generations", type=int, default=None, metavar="N",
                         help="xNES generations of the SnapViT search (default: the preset's, 3 for default and fast); "
                              "0 ranks by the gradient scores and each block's unit order alone. On a CPU without bf16 "
-                             "matrix units the fast preset then takes about 41 s instead of 396 s, with 2.4 points "
-                             "less top-1 at 30 %% on the shared ViT-Tiny (docs/results.md)")
+                             "matrix units the fast preset then takes about 41 s instead of 152-182 s, with about 1 "
+                             "point less top-1 at 30 %% on the shared ViT-Tiny (docs/results.md)")
     parser.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
                         help="SnapViT forward passes: auto = bf16 on CUDA and on CPUs with bf16 matrix units (AMX, "
                              "AVX512-BF16), float32 elsewhere, or accelerate's "
