@@ -182,8 +182,10 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
     batch_size = ranking.provenance["settings"]["fitness_batch_size"]
     throughput = dense_throughput(model, batch_size, resolved, args.floor_repeats)
     search = ranking.provenance["search"]
-    # The teacher pass, then every evaluation at every sparsity: on every image, or each sparsity on its share.
-    per_evaluation = 1 if config.split_fitness_images else len(config.fitness_sparsities)
+    # The teacher pass, then every evaluation at every sparsity: on every image, or each sparsity on its share, or
+    # (rotating) at one sparsity per generation.
+    one = config.split_fitness_images or config.rotate_fitness_sparsities
+    per_evaluation = 1 if one else len(config.fitness_sparsities)
     forwarded = config.num_fitness_images * (1 + search["evaluations"] * per_evaluation)
     phases = pruner.timings_
     return {

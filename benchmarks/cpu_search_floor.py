@@ -36,7 +36,8 @@ from defaults_vit_tiny import read_ranking  # noqa: E402
 from rank_vit_tiny import SHARED  # noqa: E402
 
 # Fit settings this floor cannot count: it assumes every fitness image is forwarded whole at every sparsity.
-FULL_FORWARDS = {"split_fitness_images": False, "fitness_image_size": None, "fitness_token_fraction": 1.0}
+FULL_FORWARDS = {"split_fitness_images": False, "rotate_fitness_sparsities": False, "fitness_image_size": None,
+                 "fitness_token_fraction": 1.0}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

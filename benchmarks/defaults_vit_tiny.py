@@ -8,7 +8,8 @@ written ``DEFINITION:MODE:GENERATIONS`` plus optional ``:key=value`` changes (``
 ``head_rows=qkv``, ``init=1.0,1.0``, ``fitness=256``: the number of fitness images, ``measure=cka``: the fitness
 measure, ``order=obs``: the unit order within blocks, ``solution=mean``: the search's mean rather than its best sample,
 ``preset=default``: another preset's images and crops, ``sparsities=0.1,0.3,0.5``: the fitness sparsities, ``split=1``:
-each fitness sparsity on its own share of the fitness images, ``size=128``: the side the search forwards the
+each fitness sparsity on its own share of the fitness images, ``rotate=1``: one fitness sparsity per search
+generation, in turn, ``size=128``: the side the search forwards the
 fitness images at, ``tokens=0.5``: the share of each fitness image's patch tokens it forwards, ``batch=16``: images
 per search forward (speed only), ``local_size=96`` and ``num_local=4``: the gradient crops). One fit per
 configuration runs the largest search budget; the rankings at the smaller budgets of ``--budgets`` come from its history
@@ -82,19 +83,20 @@ def flag(value: str) -> bool:
 
 
 SEARCH_OPTIONS = {"covariance": str, "sigma": float, "fitness": int, "measure": str, "order": str, "solution": str,
-                  "init": floats, "sparsities": floats, "split": flag, "size": int, "tokens": float,
-                  "batch": int}
+                  "init": floats, "sparsities": floats, "split": flag, "rotate": flag, "size": int,
+                  "tokens": float, "batch": int}
 # Spec keys that name a config field by a shorter word.
 FIELD_NAMES = {"fitness": "num_fitness_images", "measure": "fitness_measure", "order": "unit_order",
                "init": "init_mean", "sparsities": "fitness_sparsities", "split": "split_fitness_images",
-               "size": "fitness_image_size", "tokens": "fitness_token_fraction", "batch": "fitness_batch_size"}
+               "rotate": "rotate_fitness_sparsities", "size": "fitness_image_size", "tokens": "fitness_token_fraction",
+               "batch": "fitness_batch_size"}
 SCORE_OPTIONS = {"head_rows": str}
 # Spec keys of the gradient crops (MultiCropConfig fields).
 CROP_OPTIONS = {"local_size": int, "num_local": int}
 # Settings that fits recorded before they existed ran with: their whole budget, and the paper's cosine fitness.
 NEWER_SETTINGS = {"early_stopping_patience": None, "early_stopping_threshold": 0.0, "fitness_measure": "cosine",
                   "unit_order": "scores", "solution": "best", "split_fitness_images": False,
-                  "fitness_image_size": None, "fitness_token_fraction": 1.0}
+                  "rotate_fitness_sparsities": False, "fitness_image_size": None, "fitness_token_fraction": 1.0}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -98,6 +98,16 @@ def test_the_split_option_deals_the_fitness_images_out_among_the_sparsities():
         defaults.parse_config("obd:global:3:split=yes", seed=0)
 
 
+def test_the_rotate_option_scores_one_fitness_sparsity_per_generation():
+    spec = "obd:global:20:sigma=0.5:order=output:solution=mean:sparsities=0.3,0.5,0.1:rotate=1"
+    name, config = defaults.parse_config(spec, seed=1)
+    assert name == "obd-global-sigma0.5-orderoutput-solutionmean-sparsities0.3_0.5_0.1-rotate1"
+    assert config == hf_snapvit.SnapViTConfig.preset("fast", seed=1, max_generations=20,
+                                                     fitness_sparsities=(0.3, 0.5, 0.1), rotate_fitness_sparsities=True)
+    with pytest.raises(hf_snapvit.SnapViTError, match="use solution='mean'"):
+        defaults.parse_config("obd:global:3:rotate=1", seed=0)  # the sweep's base keeps the best candidate
+
+
 def test_crop_options_change_only_the_gradient_crops():
     name, config = defaults.parse_config("obd:global:0:solution=mean:preset=default:local_size=96:num_local=4", seed=0)
     assert name == "obd-global-solutionmean-presetdefault-local_size96-num_local4"

@@ -79,9 +79,9 @@ class Counters:
             self.steps += 1
             return self._batch_loss(*args, **kwargs)
 
-        def similarities(fit, ranking):  # one candidate evaluation, whether one process or several ask for it
+        def similarities(fit, ranking, *args):  # one candidate evaluation, whether one process or several ask for it
             self.evaluations += 1
-            return self._similarities(fit, ranking)
+            return self._similarities(fit, ranking, *args)
 
         scoring._batch_loss, fitness.EmbeddingFitness.similarities = batch_loss, similarities
         return self

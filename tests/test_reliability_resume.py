@@ -195,9 +195,9 @@ def test_a_killed_snapvit_search_resumes_to_the_uninterrupted_ranking(tmp_path, 
     # result, for its own loss.
     evaluate, evaluated = snapvit_module.EmbeddingFitness.batch_loss, []
 
-    def counted(self, rankings, candidates):
+    def counted(self, rankings, candidates, **kwargs):
         evaluated.append(len(candidates))
-        return evaluate(self, rankings, candidates)
+        return evaluate(self, rankings, candidates, **kwargs)
 
     with monkeypatch.context() as patch:
         patch.setattr(snapvit_module, "gradient_scores", no_gradients)
@@ -207,21 +207,26 @@ def test_a_killed_snapvit_search_resumes_to_the_uninterrupted_ranking(tmp_path, 
     assert_same_ranking(again, full)
 
 
-def test_a_search_interrupted_in_a_partial_generation_resumes_to_the_same_ranking(tmp_path, monkeypatch):
-    # 7 evaluations with a population of 3: two updates, then a partial generation of 1 candidate.
-    settings = {**TINY, "max_generations": None, "max_evaluations": 7, "population_size": 3}
-    _, full = fit(hs.SnapViTConfig(**settings))
+def interrupted_in_generation(n: int):
+    """``EmbeddingFitness.batch_loss`` that raises KeyboardInterrupt in the ``n``-th generation's evaluation."""
     evaluate, calls = snapvit_module.EmbeddingFitness.batch_loss, [0]
 
     def interrupted(self, *args, **kwargs):
         calls[0] += 1
-        if calls[0] == 3:
+        if calls[0] == n:
             raise KeyboardInterrupt
         return evaluate(self, *args, **kwargs)
 
+    return interrupted
+
+
+def test_a_search_interrupted_in_a_partial_generation_resumes_to_the_same_ranking(tmp_path, monkeypatch):
+    # 7 evaluations with a population of 3: two updates, then a partial generation of 1 candidate.
+    settings = {**TINY, "max_generations": None, "max_evaluations": 7, "population_size": 3}
+    _, full = fit(hs.SnapViTConfig(**settings))
     config = hs.SnapViTConfig(**settings, checkpoint_every=2, output_dir=str(tmp_path))
     with monkeypatch.context() as patch:
-        patch.setattr(snapvit_module.EmbeddingFitness, "batch_loss", interrupted)
+        patch.setattr(snapvit_module.EmbeddingFitness, "batch_loss", interrupted_in_generation(3))
         with pytest.raises(KeyboardInterrupt):
             fit(config)
     assert _search_generation(tmp_path) == 2

@@ -187,12 +187,14 @@ class EmbeddingFitness:
     def project(self, embeddings: torch.Tensor) -> torch.Tensor:
         return (embeddings - self.mean) @ self.components.T
 
-    def similarities(self, ranking: ElasticRanking) -> torch.Tensor:
+    def similarities(self, ranking: ElasticRanking, sparsity_index: int | None = None) -> torch.Tensor:
         """``[len(sparsities)]`` similarities in the fitness's measure (float32, on the device; nothing waits for
-        them)."""
+        them); with ``sparsity_index``, ``[1]``: that sparsity's alone (on its share of the images)."""
         limit = ranking.max_sparsity_for(self.width_multiple)
-        return torch.stack([self._similarity(ranking, min(s, limit), rows)
-                            for s, rows in zip(self.sparsities, self.shares)])
+        pairs = list(zip(self.sparsities, self.shares))
+        if sparsity_index is not None:
+            pairs = [pairs[sparsity_index]]
+        return torch.stack([self._similarity(ranking, min(s, limit), rows) for s, rows in pairs])
 
     def _similarity(self, ranking: ElasticRanking, sparsity: float, rows: slice = slice(None)) -> torch.Tensor:
         if self.measure == "cka":
@@ -229,12 +231,15 @@ class EmbeddingFitness:
         limit = ranking.max_sparsity_for(self.width_multiple)
         return self._similarity(ranking, min(sparsity, limit)).item()
 
-    def loss(self, ranking: ElasticRanking) -> float:
-        """``1 - mean over sparsities of the similarity`` (in the fitness's measure); lower is better."""
-        return _loss(self.similarities(ranking).cpu().numpy())
+    def loss(self, ranking: ElasticRanking, sparsity_index: int | None = None) -> float:
+        """``1 - mean over sparsities of the similarity`` (in the fitness's measure); lower is better. With
+        ``sparsity_index``, at that one of the sparsities only."""
+        return _loss(self.similarities(ranking, sparsity_index).cpu().numpy())
 
-    def batch_loss(self, rankings: Callable[[np.ndarray], ElasticRanking], candidates: np.ndarray) -> np.ndarray:
-        """Loss of every candidate vector (one row each), built into a ranking by ``rankings``.
+    def batch_loss(self, rankings: Callable[[np.ndarray], ElasticRanking], candidates: np.ndarray,
+                   sparsity_index: int | None = None) -> np.ndarray:
+        """Loss of every candidate vector (one row each), built into a ranking by ``rankings``; with
+        ``sparsity_index``, at that one of the sparsities only (a rotating search's generation).
 
         The candidates are split across processes; every process returns the losses of all of them. On one process
         the similarities of all candidates come back from the device in one transfer.
@@ -247,8 +252,8 @@ class EmbeddingFitness:
             ``[n]`` losses, in the order of ``candidates``.
         """
         if process_state().num_processes > 1:
-            return np.array(map_across_processes(lambda c: self.loss(rankings(c)), list(candidates)))
-        similarities = torch.stack([self.similarities(rankings(c)) for c in candidates]).cpu().numpy()
+            return np.array(map_across_processes(lambda c: self.loss(rankings(c), sparsity_index), list(candidates)))
+        similarities = torch.stack([self.similarities(rankings(c), sparsity_index) for c in candidates]).cpu().numpy()
         return np.array([_loss(row) for row in similarities])
 
 

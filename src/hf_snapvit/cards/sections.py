@@ -204,7 +204,8 @@ def _settings_line(settings: Mapping[str, Any]) -> str:
             + (f", units within a block in `{order}` order" if order not in (None, "scores") else "")
             + f", search budget {' / '.join(budget) or '?'}"
             + _SOLUTIONS.get(settings.get("solution"), "")
-            + (f", fitness at {' / '.join(f'{100 * s:g}' for s in sparsities)} % sparsity" if sparsities else ""))
+            + (f", fitness at {' / '.join(f'{100 * s:g}' for s in sparsities)} % sparsity" if sparsities else "")
+            + (", one per generation in turn" if sparsities and settings.get("rotate_fitness_sparsities") else ""))
 
 
 def _calibration_line(calibration: Any, method: str) -> str:

@@ -254,7 +254,12 @@ class SnapViTPruner:
                 bar.update(1)
                 bar.set_postfix(best_loss=f"{record['best_fitness']:.4f}")
 
-            result = search.optimize(lambda X: fitness.batch_loss(self.ranking_from_factors, X),
+            def losses(candidates: np.ndarray) -> np.ndarray:
+                # Read off the search's own count, so that a resumed search goes on at the sparsity it was due.
+                turn = search.generations % len(config.fitness_sparsities) if config.rotate_fitness_sparsities else None
+                return fitness.batch_loss(self.ranking_from_factors, candidates, sparsity_index=turn)
+
+            result = search.optimize(losses,
                                      max_generations=config.max_generations,
                                      max_evaluations=config.max_evaluations, callback=progress,
                                      patience=config.early_stopping_patience,

@@ -50,6 +50,11 @@ class SnapViTConfig:
         split_fitness_images: Score each fitness sparsity on its own share of the fitness images (1000 images and
             four sparsities: 250 each) rather than every sparsity on every image (the paper): the search's forwards
             fall to a quarter while it still sees every image (:class:`~hf_snapvit.fitness.EmbeddingFitness`).
+        rotate_fitness_sparsities: Score each xNES generation's candidates at one fitness sparsity, on every fitness
+            image, taking the sparsities in the order given (generation ``g`` at ``fitness_sparsities[(g - 1) %
+            len(fitness_sparsities)]``): one forward per image and candidate, as with one sparsity, while a longer
+            search still answers for every size. Losses of different generations are then at different sparsities,
+            so it needs ``solution="mean"`` and no early stopping.
         fitness_image_size: Side in pixels at which the search forwards the fitness images (the dense teacher and
             every candidate alike; position embeddings interpolated, as for the gradients' small crops); ``None``:
             the model's input size (the paper). A ViT forward's cost grows faster than its token count, so a smaller
@@ -117,6 +122,7 @@ class SnapViTConfig:
     unit_order: UnitOrder = "output"
     fitness_sparsities: tuple[float, ...] = (0.1, 0.3, 0.5, 0.6)
     split_fitness_images: bool = False
+    rotate_fitness_sparsities: bool = False
     fitness_image_size: int | None = None
     fitness_token_fraction: float = 1.0
     pca_components: int = 192
@@ -167,6 +173,7 @@ class SnapViTConfig:
             raise ConfigError(f"{owner}(num_fitness_images={self.num_fitness_images}, split_fitness_images=True) deals "
                               f"the fitness images out among {len(sparsities)} sparsities, two at least each; give "
                               f"num_fitness_images >= {2 * len(sparsities)} or split_fitness_images=False.")
+        self._check_rotation(owner)
         if not is_real(self.early_stopping_threshold) or self.early_stopping_threshold < 0:
             raise ConfigError(f"{owner}(early_stopping_threshold={self.early_stopping_threshold!r}): give the smallest "
                               "fall in the fitness loss that counts as an improvement, a finite number >= 0, e.g. "
@@ -191,6 +198,25 @@ class SnapViTConfig:
         if not isinstance(self.scores, ScoreConfig):
             raise ConfigError(f"{owner}(scores={self.scores!r}): scores must be a ScoreConfig, e.g. "
                               "ScoreConfig(definition='obd').")
+
+    def _check_rotation(self, owner: str) -> None:
+        rotate = self.rotate_fitness_sparsities
+        if not isinstance(rotate, bool):
+            raise ConfigError(f"{owner}(rotate_fitness_sparsities={rotate!r}): give True or False.")
+        if not rotate:
+            return
+        # One generation's losses are at another sparsity than the next one's: neither the best candidate nor a
+        # stall of the loss compares like with like.
+        if self.split_fitness_images:
+            raise ConfigError(f"{owner}(rotate_fitness_sparsities=True, split_fitness_images=True): both cut the "
+                              "search to one forward per image and candidate; choose one.")
+        if self.solution != "mean":
+            raise ConfigError(f"{owner}(rotate_fitness_sparsities=True, solution={self.solution!r}): the best "
+                              "candidate would compare losses at different sparsities; use solution='mean'.")
+        if self.early_stopping_patience is not None:
+            raise ConfigError(f"{owner}(rotate_fitness_sparsities=True, early_stopping_patience="
+                              f"{self.early_stopping_patience!r}): a stall would compare losses at different "
+                              "sparsities; use early_stopping_patience=None.")
 
     def _check_checkpointing(self, owner: str) -> None:
         require_int(owner, "checkpoint_every", self.checkpoint_every, 1, optional=True)
