@@ -54,21 +54,25 @@ def test_the_width_benchmark_measures_every_precision_multiple_and_sparsity_side
 
 @pytest.mark.slow
 def test_compiled_runs_time_compiled_models_and_cuda_graphs_are_skipped_on_a_cpu(tmp_path):
-    # 0.1, 0.3 and 0.5 make 4 models x 2 batch sizes, plus 3 switchable sizes x 2: more graphs than dynamo keeps per
-    # function by default (8), which would silently run the rest eagerly.
-    report = _run(tmp_path, "--precisions", "fp32", "--modes", "eager", "compile", "compile-graphs", "--multiples",
-                  "1", "--sparsities", "0.1", "0.3", "0.5")
+    # 0.3 and 0.5 make 3 models x 2 batch sizes, plus 2 switchable sizes x 2: more graphs than dynamo keeps per
+    # function, which would silently run the rest eagerly. The limit is lowered from its default (8) to 2 so that
+    # fewer inductor compilations (seconds each on a CPU) exceed it; the benchmark adds its room to whatever it is.
+    config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    with config.patch(**{limit: 2}):
+        report = _run(tmp_path, "--precisions", "fp32", "--modes", "eager", "compile", "compile-graphs",
+                      "--multiples", "1", "--sparsities", "0.3", "0.5")
     runs = {r["mode"]: r for r in report["runs"]}
     assert set(runs) == {"eager", "compile", "compile-graphs"}
     assert "CUDA" in runs["compile-graphs"]["skipped"] and runs["compile-graphs"]["rows"] == []
     compiled = runs["compile"]
     assert "error" not in compiled, compiled.get("error")
     assert compiled["compile_options"] == {"backend": "inductor", "mode": "default"} and compiled["warmup"] >= 1
-    assert compiled["graphs_compiled"] >= (4 + 3) * 2
+    assert compiled["graphs_compiled"] >= (3 + 2) * 2
     for run in (runs["eager"], compiled):
         for model in ("sliced", "switchable"):
             rows = [r for r in run["rows"] if r["model"] == model]
-            assert [r["requested_sparsity"] for r in rows] == [0.1, 0.3, 0.5], rows
+            assert [r["requested_sparsity"] for r in rows] == [0.3, 0.5], rows
             for row in rows:
                 assert "error" not in row, row["error"]
                 _check_speedups(run, row)

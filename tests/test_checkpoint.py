@@ -29,7 +29,9 @@ def stock_class(model):
 def elastic(tmp_path, case):
     model = case.build()
     ranking = hs.rank(model, method="random", seed=7)
-    stored = hs.save_elastic(model, ranking, tmp_path / "elastic")
+    # These tests load the checkpoint; the card has its own tests, and drawing its heatmap is most of a save's time
+    # (about 0.5 s, over 250 saves here).
+    stored = hs.save_elastic(model, ranking, tmp_path / "elastic", model_card=False)
     return case, model, ranking, stored, tmp_path / "elastic"
 
 

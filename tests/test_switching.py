@@ -35,7 +35,8 @@ def elastic(tmp_path_factory):
     for case in CASES:
         folder = tmp_path_factory.mktemp(case.name)
         model = case.build()
-        hs.save_elastic(model, hs.rank(model, method="random", seed=1), folder)
+        # No test here reads the card, and drawing its heatmap is most of a save's time.
+        hs.save_elastic(model, hs.rank(model, method="random", seed=1), folder, model_card=False)
         folders[case.name] = folder
     return folders
 
@@ -88,7 +89,7 @@ def _random_vit(rng: np.random.Generator) -> transformers.PreTrainedModel:
 def test_random_architectures_and_budget_sequences(seed, tmp_path):
     rng = np.random.default_rng(seed)
     base = _random_vit(rng)
-    hs.save_elastic(base, hs.rank(base, method="random", seed=seed), tmp_path)
+    hs.save_elastic(base, hs.rank(base, method="random", seed=seed), tmp_path, model_card=False)
     model = ElasticViTModel.from_pretrained(tmp_path, switchable=True)
     before = storage(model)
     pixels = {"pixel_values": torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(seed))}
