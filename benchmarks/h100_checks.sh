@@ -15,6 +15,8 @@
 #                         # 0-2 (bring the model as .acc/vit, train/validation rows as .acc/data: parquet_rows.py); 16:
 #                         # 512 fitness images at 16 and 64 per gradient step
 #   STEPS="17" ...        # half of the tokens at 16 and 64 per gradient step, with each run's peak GPU memory
+#   STEPS="18" ...        # the default preset's search run 20 generations on the shared ViT-Tiny, read at 3 and 20,
+#                         # seeds 0-2 (SEEDS), each seed's rankings evaluated (as step 15; issue 29's 3 -> 20 item)
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 DEV=${DEV:-cuda}; B=${B:-vit-b16}; S=${S:-vit-s16}; OUT=${OUT:-/tmp/out}; R=${R:-/tmp/r}
@@ -27,6 +29,18 @@ if [ "$DEV" = cuda ]; then
 fi
 python3 -c "import torch, transformers, hf_snapvit; print(torch.__version__, transformers.__version__)" || exit 1
 save() { tar -cf "$OUT/results.tar" -C "$R" . ; echo "== step $1 rc=$2 at $SECONDS s"; }
+# accuracy CAP DIR "BUDGETS" CONFIG...: rank the shared ViT-Tiny with each config for each of $SEEDS, reading each
+# ranking after every budget, then evaluate that seed's rankings on the same images (eval's own seed, 0).
+accuracy() {
+  local cap=$1 dir=$2 budgets=$3; shift 3
+  for seed in ${SEEDS:-0 1 2}; do
+    timeout "$cap" python3 benchmarks/defaults_vit_tiny.py rank --device "$DEV" --model .acc/vit --data .acc/data \
+      --budgets $budgets --seed "$seed" --output-dir "$R/$dir/s$seed" --configs "$@" \
+    && timeout "$cap" python3 benchmarks/defaults_vit_tiny.py eval --device "$DEV" --model .acc/vit --data .acc/data \
+      --output-dir "$R/$dir/s$seed" --num-val "${NV:-1000}" --num-bank "${NV:-1000}" --sparsities 0.1 0.3 0.5 \
+    || return 1
+  done
+}
 DEFAULT=obd:global:3:sigma=0.5:order=output:solution=mean:preset=default  # the default preset, as defaults_vit_tiny names it
 # Compiled latency runs: bf16, widths multiples of 64, without the switchable model (it recompiles once per size).
 LATENCY=(python3 benchmarks/bench_gpu_latency.py --device "$DEV" --precisions bf16 --multiples 64 --no-switchable)
@@ -61,18 +75,14 @@ for step in ${STEPS:-2 4 5 3 1 6 7 8}; do case $step in
 14) timeout "${T14:-200}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
      --precisions bf16 --fitness-token-fractions 0.5 1 0.5 --data .gpu/train.parquet \
      --output "$R/ranking_time_tokens.json" ;;
-15) for seed in ${SEEDS:-0 1 2}; do  # each seed's two rankings evaluated on the same images (eval's own seed, 0)
-      timeout "${T15:-240}" python3 benchmarks/defaults_vit_tiny.py rank --device "$DEV" --model .acc/vit --data .acc/data \
-        --budgets 3 --seed "$seed" --output-dir "$R/tokens_default/s$seed" --configs ${ACC_CONFIGS:-$DEFAULT $DEFAULT:tokens=0.5} \
-      && timeout "${T15:-240}" python3 benchmarks/defaults_vit_tiny.py eval --device "$DEV" --model .acc/vit \
-        --data .acc/data --output-dir "$R/tokens_default/s$seed" --num-val "${NV:-1000}" \
-        --num-bank "${NV:-1000}" --sparsities 0.1 0.3 0.5 || break; done ;;
+15) accuracy "${T15:-240}" tokens_default "3" ${ACC_CONFIGS:-$DEFAULT $DEFAULT:tokens=0.5} ;;
 16) timeout "${T16:-150}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
      --precisions bf16 --fitness-images 512 512 --gradient-batch-sizes 16 64 --data .gpu/train.parquet \
      --output "$R/ranking_time_512.json" ;;
 17) timeout "${T17:-150}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
      --precisions bf16 --fitness-token-fractions 0.5 --gradient-batch-sizes 16 64 16 64 --data .gpu/train.parquet \
      --output "$R/ranking_time_tokens_steps.json" ;;
+18) accuracy "${T18:-240}" default_g20 "3 20" ${G20_CONFIG:-${DEFAULT/:3:/:20:}} ;;
 *) echo "unknown step $step"; continue ;;
 esac; save "$step" $?; done
 ls -la "$R"
