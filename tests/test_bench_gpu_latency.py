@@ -57,9 +57,10 @@ def test_compiled_runs_time_compiled_models_and_cuda_graphs_are_skipped_on_a_cpu
     # 0.3 and 0.5 make 3 models x 2 batch sizes, plus 2 switchable sizes x 2: more graphs than dynamo keeps per
     # function, which would silently run the rest eagerly. The limit is lowered from its default (8) to 2 so that
     # fewer inductor compilations (seconds each on a CPU) exceed it; the benchmark adds its room to whatever it is.
-    config = torch._dynamo.config
-    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    with config.patch(**{limit: 2}):
+    from hf_snapvit.benchmark.latency import recompile_limit_settings
+
+    limit, _ = recompile_limit_settings()
+    with torch._dynamo.config.patch(**{limit: 2}):
         report = _run(tmp_path, "--precisions", "fp32", "--modes", "eager", "compile", "compile-graphs",
                       "--multiples", "1", "--sparsities", "0.3", "0.5")
     runs = {r["mode"]: r for r in report["runs"]}

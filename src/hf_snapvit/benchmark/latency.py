@@ -113,6 +113,14 @@ def sliced_copy(model: PreTrainedModel, ranking: ElasticRanking, sparsity: float
     return slice_model_(copy.deepcopy(model), ranking.keep_indices(counts)).eval()
 
 
+def recompile_limit_settings() -> tuple[str, str]:
+    """The names of dynamo's per-function graph limit and of its fail-when-hit flag in this torch version."""
+    # Older torch versions call these cache_size_limit and fail_on_cache_limit_hit.
+    if hasattr(torch._dynamo.config, "recompile_limit"):
+        return "recompile_limit", "fail_on_recompile_limit_hit"
+    return "cache_size_limit", "fail_on_cache_limit_hit"
+
+
 def compiled_graph_room(graphs: int) -> contextlib.AbstractContextManager[None]:
     """Let dynamo keep ``graphs`` more graphs per function for the duration, and fail rather than run eagerly past
     that.
@@ -122,9 +130,7 @@ def compiled_graph_room(graphs: int) -> contextlib.AbstractContextManager[None]:
     logged warning, so a comparison of compiled models would time some of them uncompiled.
     """
     config = torch._dynamo.config
-    # Older torch versions call these cache_size_limit and fail_on_cache_limit_hit.
-    limit, fail = (("recompile_limit", "fail_on_recompile_limit_hit") if hasattr(config, "recompile_limit")
-                   else ("cache_size_limit", "fail_on_cache_limit_hit"))
+    limit, fail = recompile_limit_settings()
     settings: dict[str, Any] = {limit: getattr(config, limit) + graphs}
     if hasattr(config, fail):
         settings[fail] = True
