@@ -17,6 +17,10 @@
 #   STEPS="17" ...        # half of the tokens at 16 and 64 per gradient step, with each run's peak GPU memory
 #   STEPS="18" ...        # the default preset's search run 20 generations on the shared ViT-Tiny, read at 3 and 20,
 #                         # seeds 0-2 (SEEDS), each seed's rankings evaluated (as step 15; issue 29's 3 -> 20 item)
+#   Not run yet, for issue 29's 20 s and its 3 -> 20 item: on an H100 (never timed since the unit order fix and the
+#   TF32 gradients) STEPS="3 16 17 18 13": the preset as it ships, then 512 fitness images and half the tokens at 16
+#   and 64 per gradient step, on one machine; on an H200, which timed the preset (steps 14, 12) and 512 fitness
+#   images (16) on 2026-11-27, STEPS="17 18 13".
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 DEV=${DEV:-cuda}; B=${B:-vit-b16}; S=${S:-vit-s16}; OUT=${OUT:-/tmp/out}; R=${R:-/tmp/r}
