@@ -27,6 +27,7 @@ import transformers
 from torch import nn
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
+from hf_snapvit.sampling import key_order
 from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_spec
 from hf_snapvit.architectures.registry import get_projection, head_dim
 from hf_snapvit.benchmark import hardware_info, sliced_copy
@@ -121,9 +122,9 @@ def calibration_rows(data: str, count: int, bank_count: int) -> object:
     not be the bank's, or the bank's features would be the ones fitted. Each row keeps its split index (``row``)."""
     train = load_split(data, "train")
     train = train.add_column("row", list(range(len(train))))
-    bank = set(train.shuffle(seed=BANK_SEED).select(range(min(bank_count, len(train))))["row"]) if bank_count else set()
+    bank = {int(row) for row in key_order(len(train), BANK_SEED)[:bank_count]}
     rest = train.filter(lambda row: row not in bank, input_columns="row")
-    return rest.shuffle(seed=CALIBRATION_SEED).select(range(min(count, len(rest))))
+    return rest.select(key_order(len(rest), CALIBRATION_SEED)[:count])
 
 
 def zero_training_setup(args: argparse.Namespace) -> dict:

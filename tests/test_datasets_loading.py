@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from hf_snapvit.sampling import key_order
 from hf_snapvit.calibration import sample_images, split_calibration
 from hf_snapvit.data import load_image_dataset
 from hf_snapvit.errors import SnapViTError
@@ -63,16 +64,17 @@ def test_parquet_file_gives_exactly_n_images_that_decode_to_their_originals(parq
     assert data.info.dataset_name == "data.parquet"  # the file name, not the user's directory layout
 
 
-def test_seeded_order_is_deterministic_and_the_stream_agrees_with_the_materialised_sample(parquet_file):
+def test_seeded_draw_is_deterministic_and_the_stream_draws_what_the_prepared_split_draws(parquet_file):
     first = _ids(load_image_dataset(parquet_file, label_column="id", num_samples=12, seed=3, show_progress=False))
     again = _ids(load_image_dataset(parquet_file, label_column="id", num_samples=12, seed=3, show_progress=False))
     other = _ids(load_image_dataset(parquet_file, label_column="id", num_samples=12, seed=4, show_progress=False))
+    prepared = _ids(load_image_dataset(parquet_file, label_column="id", num_samples=12, seed=3, streaming=False,
+                                       show_progress=False))
+    assert first == again and first != other
+    assert first == prepared == [int(i) for i in key_order(30, 3)[:12]]  # the same rows, in the same order
     stream = load_image_dataset(parquet_file, label_column="id", seed=3)
     assert isinstance(stream, datasets.IterableDataset)
-    assert first == again
-    assert first != other
-    assert _ids(stream)[:12] == first
-    assert sorted(_ids(stream)) == list(range(30))  # a shuffle: every image once
+    assert sorted(_ids(stream)) == list(range(30))  # the lazy stream: a shuffle, every image once
 
 
 def test_non_streaming_is_an_exact_seeded_permutation(parquet_file):
@@ -114,9 +116,11 @@ def test_corrupt_images_are_skipped_and_counted_in_the_log(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="hf_snapvit"):
         data = load_image_dataset(source, label_column="id", num_samples=8, show_progress=False)
     assert sorted(_ids(data)) == [0, 1, 3, 4, 5, 6, 8, 9]
+    # Only the draw's candidates are decoded (8 + 1 spare of the 10 rows): one corrupt row is among them and is
+    # replaced by the spare; the other is never decoded.
     skips = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Skipping corrupt image")]
-    assert len(skips) == 2 and "(2 skipped so far)" in skips[-1]
-    assert any("skipped 2 corrupt images" in r.getMessage() for r in caplog.records)
+    assert len(skips) == 1 and "(1 skipped so far)" in skips[-1]
+    assert any("skipped 1 corrupt images" in r.getMessage() for r in caplog.records)
     # The lazy stream skips them too, where datasets' own decoding would raise on the first one.
     assert sorted(_ids(load_image_dataset(source, label_column="id"))) == [0, 1, 3, 4, 5, 6, 8, 9]
 

@@ -174,30 +174,10 @@ def test_the_work_is_split_between_the_processes(runs, name):
         assert reference["evaluations"] == 2 * 10 + 1
 
 
-@pytest.mark.parametrize("num_shards", [1, 2, 3, 4])
-@pytest.mark.parametrize("world_size", [2, 3])
-@pytest.mark.parametrize("step_size", [1, 4])
-def test_stream_shares_add_up_to_the_one_process_sample(num_shards, world_size, step_size):
-    """Whatever the shard count, the processes' steps of a stream are exactly the stream one process reads."""
-    stream = labelled_table(30).to_iterable_dataset(num_shards=num_shards).shuffle(seed=3, buffer_size=8).take(22)
-    if num_shards == 3:  # undecoded images ({"bytes", "path"}), as hf_snapvit.data.load_image_dataset streams them
-        stream = stream.cast_column("image", datasets.Image(decode=False))
-    expected = [example["label"] for example in stream]
-    steps = [s for rank in range(world_size)
-             for s in calibration.stream_steps(stream, "image", step_size, label_column="label", rank=rank,
-                                               world_size=world_size)]
-    steps.sort(key=lambda s: s[0])
-    assert [first for first, _, _ in steps] == list(range(0, 22, step_size))
-    assert [int(label) for _, _, labels in steps for label in labels] == expected
-    pictures = [image.tobytes() for _, batch, _ in steps for image in batch]
-    decoded = stream.cast_column("image", datasets.Image())
-    assert pictures == [example["image"].convert("RGB").tobytes() for example in decoded]
-
-
 def test_one_process_draws_the_whole_sample():
     table = labelled_table(12)
     gradient, fitness_images, description, _ = calibration.draw_calibration(
-        table.to_iterable_dataset(), 4, 5, step_size=1, seed=2)
+        table.to_iterable_dataset(), 4, 5, seed=2)
     reference, _ = sample_images(table.to_iterable_dataset(), 9, seed=2)
     assert [x.tobytes() for x in gradient + fitness_images] == [x.tobytes() for x in reference]
     assert description["num_gradient"] == 4 and description["num_fitness"] == 5

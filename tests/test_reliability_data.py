@@ -16,6 +16,7 @@ import transformers
 from PIL import Image
 
 import hf_snapvit as hs
+from hf_snapvit.sampling import key_order
 from hf_snapvit.calibration import calibration_batches, draw_calibration, sample_images
 from hf_snapvit.cli import main
 from hf_snapvit.data import MAX_CORRUPT_FRACTION
@@ -61,7 +62,7 @@ def test_a_corrupt_row_of_a_dataset_is_skipped_named_and_counted(caplog):
     assert len(drawn) == 20 and all(isinstance(x, Image.Image) for x in drawn)
     assert "row 3" in caplog.text and "1 skipped" in caplog.text
     # the images drawn are the valid rows, each with its own label, in the seeded order
-    order = [i for i in np.random.default_rng(0).permutation(21) if i != 3]
+    order = [i for i in key_order(21, 0) if i != 3]
     decoded = table.cast_column("image", datasets.Image(decode=False))
     expected = [Image.open(io.BytesIO(decoded[int(i)]["image"]["bytes"])).convert("RGB") for i in order]
     assert [x.tobytes() for x in drawn] == [x.tobytes() for x in expected]
@@ -133,10 +134,10 @@ def test_uint8_pixels_fail_and_0_255_floats_warn():
 def test_pixels_smaller_than_one_patch_fail_naming_the_patch_size():
     model = CASE["vit"].build()  # 8-px patches
     with pytest.raises(DataError, match=r"4x4.*8-px patch"):
-        draw_calibration(torch.randn(8, 3, 4, 4), 4, 4, step_size=1, model=model)
+        draw_calibration(torch.randn(8, 3, 4, 4), 4, 4, model=model)
     with pytest.raises(DataError, match=r"4x4.*8-px patch"):
         calibration_batches(torch.randn(8, 3, 4, 4), num_samples=4, model=model)
-    draw_calibration(torch.randn(8, 3, 32, 32), 4, 4, step_size=1, model=model)
+    draw_calibration(torch.randn(8, 3, 32, 32), 4, 4, model=model)
 
     # The public entry points pass the model on, so a ranking or a correction fails the same way.
     for method in ("snapvit", "snip"):

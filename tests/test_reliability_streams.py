@@ -15,8 +15,9 @@ from PIL import Image
 
 import hf_snapvit as hs
 from hf_snapvit import streams
-from hf_snapvit.calibration import sample_images, seeded_stream, undecoded
-from hf_snapvit.data import _ValidImages, array_to_image, load_image_dataset, to_rgb
+from hf_snapvit.calibration import sample_images
+from hf_snapvit.sampling import key_order
+from hf_snapvit.data import array_to_image, load_image_dataset, to_rgb
 from hf_snapvit.errors import DataError
 
 from helpers import CASES, FEW_CROPS, PROCESSOR, images
@@ -67,7 +68,7 @@ def test_a_generator_that_fails_part_way_warns_naming_the_error_and_the_counts()
     with pytest.warns(UserWarning, match=r"ConnectionError: reset.*cannot be reopened.*5 images.*5 items read.*8 "
                                          r"asked for"):
         drawn, _ = sample_images(failing_generator(images(12), 5, ConnectionError("reset")), 8, seed=0)
-    assert pixels_of(drawn) == pixels_of(images(5))
+    assert sorted(pixels_of(drawn)) == sorted(pixels_of(images(5)))  # all 5 read, in the draw's (key) order
     with pytest.raises(DataError, match=r"No calibration images.*TimeoutError"):
         sample_images(failing_generator(images(12), 0, TimeoutError("read timed out")), 8, seed=0)
     # A reservoir that already holds all it needs still says its sample comes from the items read before the error.
@@ -158,11 +159,10 @@ def test_a_corrupt_row_of_a_datasets_stream_is_skipped_counted_and_replaced(capl
         drawn, labels = sample_images(data, 28, seed=2, label_column="label")
     assert len(drawn) == 28 and not {4, 17} & set(labels.tolist())
     assert "2 skipped so far" in caplog.text
-    # the draw is the stream's seeded order with the corrupt rows left out
-    raw, decode = undecoded(seeded_stream(data, 28, 2, take=False), "image")
-    expected = [example for example in raw if example["label"] not in (4, 17)]
-    assert labels.tolist() == [example["label"] for example in expected]
-    assert pixels_of(drawn) == pixels_of([decode(example["image"]) for example in expected])
+    # the draw is the rows in key order with the corrupt rows left out
+    expected = [int(row) for row in key_order(30, 2) if row not in (4, 17)]
+    assert labels.tolist() == expected
+    assert pixels_of(drawn) == pixels_of([images(30)[row] for row in expected])
 
 
 def test_a_stream_of_mostly_corrupt_rows_fails_as_damaged():
@@ -193,26 +193,34 @@ def test_a_ranking_from_a_stream_that_fails_part_way_completes_and_says_so():
     assert ranking.provenance["calibration_data"]["num_gradient"] == 4
 
 
+def _flaky_streams(monkeypatch, fail_at: int, times: int, message: str) -> dict:
+    """datasets streams raise ConnectionError(message) at item ``fail_at``, the first ``times`` times they run."""
+    original, state = datasets.IterableDataset.__iter__, {"failures": 0}
+
+    def flaky(self):
+        for i, row in enumerate(original(self)):
+            if i == fail_at and state["failures"] < times:
+                state["failures"] += 1
+                raise ConnectionError(message)
+            yield row
+
+    monkeypatch.setattr(datasets.IterableDataset, "__iter__", flaky)
+    return state
+
+
 def test_load_image_dataset_reopens_a_failed_stream_and_counts_each_corrupt_image_once(tmp_path, monkeypatch,
                                                                                          caplog):
     rows = [{"image": {"bytes": b"not an image" if i == 2 else _png(image), "path": None}, "id": i}
             for i, image in enumerate(images(20))]
     features = datasets.Features({"image": datasets.Image(), "id": datasets.Value("int64")})
     datasets.Dataset.from_list(rows, features=features).to_parquet(str(tmp_path / "data.parquet"))
-    clean = load_image_dataset(tmp_path / "data.parquet", num_samples=10, label_column="id", show_progress=False)
-    check, calls = _ValidImages.__call__, {"n": 0}
-
-    def flaky(self, example):
-        calls["n"] += 1
-        if calls["n"] == 12:
-            raise ConnectionError("connection reset")
-        return check(self, example)
-
-    monkeypatch.setattr(_ValidImages, "__call__", flaky)
+    clean = load_image_dataset(tmp_path / "data.parquet", num_samples=18, label_column="id", show_progress=False)
+    state = _flaky_streams(monkeypatch, 12, 1, "connection reset")
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="hf_snapvit"):
-        data = load_image_dataset(tmp_path / "data.parquet", num_samples=10, label_column="id", show_progress=False)
-    assert data["id"] == clean["id"] and "reopening it" in caplog.text
+        data = load_image_dataset(tmp_path / "data.parquet", num_samples=18, label_column="id", show_progress=False)
+    assert state["failures"] == 1 and data["id"] == clean["id"] and "reopening it" in caplog.text
+    assert 2 not in data["id"]
     assert caplog.text.count("Skipping corrupt image") == 1 and "skipped 1 corrupt images" in caplog.text
 
 
@@ -220,12 +228,8 @@ def test_load_image_dataset_that_keeps_failing_names_the_error(tmp_path, monkeyp
     datasets.Dataset.from_list([{"image": {"bytes": _png(image), "path": None}} for image in images(6)],
                                features=datasets.Features({"image": datasets.Image()})
                                ).to_parquet(str(tmp_path / "data.parquet"))
-
-    def down(self, example):
-        raise ConnectionError("network is unreachable")
-
-    monkeypatch.setattr(_ValidImages, "__call__", down)
-    with pytest.raises(DataError, match=r"Read only 0 of the num_samples=4.*network is unreachable.*3 retries"):
+    _flaky_streams(monkeypatch, 0, 100, "network is unreachable")
+    with pytest.raises(DataError, match=r"Read only 0 rows.*network is unreachable.*3 retries"):
         load_image_dataset(tmp_path / "data.parquet", num_samples=4, show_progress=False)
 
 

@@ -20,6 +20,7 @@ from .architectures import (ArchitectureSpec, MlpSpec, TaskModelSpec, register_a
                             supported_model_types)
 from .budget import backbone_parameters, estimate_gflops
 from .correction import CorrectionConfig
+from .coverage import CoverageWarning
 from .data import load_image_dataset
 from .errors import (BudgetError, CheckpointError, ConfigError, DataError, DiskFullError, RankingFormatError,
                      SnapViTError, UnsupportedArchitectureError)
@@ -31,6 +32,7 @@ from .modeling import ElasticViTModel
 from .budget import KeepCounts
 from .ranking import ElasticRanking, Floors
 from .recovery import RecoveryConfig, recover
+from .sampling import StreamSource
 from .saving import add_prefix_correction, save_elastic
 from .scoring import ScoreConfig
 from .switchable import ElasticBudget
@@ -43,6 +45,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "CorrectionConfig",
+    "CoverageWarning",
     "DataError",
     "DiskFullError",
     "ElasticBudget",
@@ -59,6 +62,7 @@ __all__ = [
     "SnapViTConfig",
     "SnapViTError",
     "SnapViTPruner",
+    "StreamSource",
     "TaskModelSpec",
     "UnsupportedArchitectureError",
     "available_methods",

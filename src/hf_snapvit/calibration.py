@@ -1,9 +1,9 @@
 """Calibration draws: seeded, deterministic samples of images for scoring, search and correction.
 
-Every draw depends only on the source and the seed, never on the process or the batch, so one process and N
-processes (``accelerate launch``) see the same images: :func:`draw_calibration` reads a streaming dataset once per
-process, taking only that process's gradient steps (see :mod:`hf_snapvit.distributed` for why the split is
-``strategy="examples"``).
+Every draw is :mod:`hf_snapvit.sampling`'s: it depends only on the source and the seed, never on the process or the
+batch, so one process and N processes (``accelerate launch``) see the same images, and it spreads over the whole
+source (or a stream's prefix, over all its shards) rather than its first rows. What a draw covered is recorded in
+the ranking's provenance and warned about when it falls short (:mod:`hf_snapvit.coverage`).
 """
 
 from __future__ import annotations
@@ -13,22 +13,49 @@ import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
 import torch
-from accelerate import PartialState
-from accelerate.utils import gather_object
 from PIL import Image
 
+from .coverage import (Coverage, check_coverage, class_names, coverage_column, label_coverage, neighbour_gap,
+                       recorded_draw)
 from .data import ImageSource, find_image_column, read_valid_rows, to_rgb
-from .distributed import process_state, raise_if_failed_anywhere
 from .errors import DataError
-from .streams import Decoder, ResilientStream, first_valid, from_sequence, reservoir
-from .views import check_pixel_values
+from .sampling import draw_valid, key_order, unwrap
+from .streams import Decoder, from_sequence
+from .views import check_pixel_values, embedder
 
 
-def sample_images(
+@dataclass
+class Sample:
+    """A draw of images: the RGB images (or a pixel tensor), their labels, and what the draw covered."""
+
+    images: list[Image.Image] | torch.Tensor
+    labels: torch.Tensor | None
+    coverage: Coverage
+
+
+def sample_images(data: ImageSource, num_samples: int, *, seed: int = 0, **options: Any
+                  ) -> tuple[list[Image.Image] | torch.Tensor, torch.Tensor | None]:
+    """Draw up to ``num_samples`` images (and their labels), uniformly and deterministically for a given ``seed``;
+    ``options`` are :func:`draw_sample`'s (``image_column``, ``label_column``, ``model``, ``stream_prefix``,
+    ``embed``).
+
+    Returns RGB PIL images, or a tensor slice when ``data`` is a tensor of pixel values, and the labels of
+    ``label_column`` for datasets (``None`` otherwise). The draw is :mod:`hf_snapvit.sampling`'s: exact for sources
+    with random access, spread over at most ``stream_prefix`` rows (all shards) of a stream, and a sample that may
+    not represent its source warns (:mod:`hf_snapvit.coverage`). Fewer images are returned when the source has
+    fewer, and with a warning when an error cut the draw short; an empty source raises. A corrupt image is skipped,
+    logged and replaced (see :func:`~hf_snapvit.data.read_valid_rows` and :mod:`hf_snapvit.streams`), and a stream
+    that fails with a network error is reopened and read on where it failed; pixel tensors are checked with
+    :func:`~hf_snapvit.views.check_pixel_values` (the patch size too, given ``model``).
+    """
+    sample = draw_sample(data, num_samples, seed=seed, **options)
+    return sample.images, sample.labels
+
+
+def draw_sample(
     data: ImageSource,
     num_samples: int,
     *,
@@ -36,61 +63,103 @@ def sample_images(
     image_column: str | None = None,
     label_column: str | None = None,
     model: Any = None,
-) -> tuple[list[Image.Image] | torch.Tensor, torch.Tensor | None]:
-    """Draw up to ``num_samples`` images (and their labels), uniformly and deterministically for a given ``seed``.
-
-    Returns RGB PIL images, or a tensor slice when ``data`` is a tensor of pixel values, and the labels of
-    ``label_column`` for datasets (``None`` otherwise). Fewer images are returned when the source has fewer, and
-    with a warning when an error cut the draw short; an empty source raises. A corrupt image is skipped, logged and
-    replaced (see :func:`~hf_snapvit.data.read_valid_rows` and :mod:`hf_snapvit.streams`), and a stream that fails
-    with a network error is reopened and read on where it failed; pixel tensors are checked with
-    :func:`~hf_snapvit.views.check_pixel_values` (the patch size too, given ``model``).
-    """
-    rng = np.random.default_rng(seed)
+    stream_prefix: int | None = None,
+    embed: Callable[[Sequence[Any]], Any] | None = None,
+    what: str = "calibration sample",
+) -> Sample:
+    """:func:`sample_images`, with the draw's :class:`~hf_snapvit.coverage.Coverage` (checked, warning if it
+    falls short). ``embed`` (images to ``[N, D]`` embeddings, e.g. :func:`~hf_snapvit.views.embedder`) lets the coverage check of
+    an unlabelled stream cut at its prefix compare images as the model sees them; without it that check is left
+    out."""
+    data, prefix = unwrap(data, stream_prefix)
     _refuse_unsupported(data)
+    datasets = loaded_datasets()
     if isinstance(data, torch.Tensor):
         if data.ndim != 4 or data.shape[0] == 0:
             raise DataError(
                 f"A tensor of calibration pixel values must have shape [N, C, H, W] with N >= 1, got {tuple(data.shape)}."
             )
         data = check_pixel_values(data, model=model)
-        return data[torch.as_tensor(rng.permutation(data.shape[0])[:num_samples])], None
-    datasets = loaded_datasets()
+        chosen = data[torch.as_tensor(key_order(data.shape[0], seed)[:num_samples])]
+        return Sample(chosen, None, Coverage("random access", data.shape[0], True))
     if datasets is not None and isinstance(data, datasets.Dataset):
-        if len(data) == 0:
-            raise DataError("The calibration dataset is empty; give at least one image.")
-        column = image_column or find_image_column(data.column_names, data.features)
-        images, rows = read_valid_rows(data, rng.permutation(len(data)), column, num_samples)
-        labels = _labels(data.select(rows), label_column)
+        sample = _from_dataset(data, num_samples, seed, image_column, label_column)
     elif datasets is not None and isinstance(data, datasets.IterableDataset):
-        column = image_column or find_image_column(list(data.features or {}) or data.column_names or [],
-                                                   data.features)
-        raw, decode = undecoded(seeded_stream(data, num_samples, seed, take=False), column)
-        decoder, stream = Decoder(decode, "calibration stream"), ResilientStream(raw, "calibration stream")
-        images, examples = first_valid(stream, num_samples, decoder, lambda example: example[column])
-        decoder.report(num_samples, len(images), stream)
-        labels = None if label_column is None else torch.tensor([example[label_column] for example in examples])
+        sample = _from_stream(data, num_samples, seed, prefix, image_column, label_column, embed)
     elif isinstance(data, Sequence):
         decoder = Decoder(to_rgb, "calibration data")
-        images, labels = from_sequence(data, rng.permutation(len(data)), num_samples, decoder), None
+        images = from_sequence(data, key_order(len(data), seed), num_samples, decoder)
         decoder.report(num_samples, len(images))
+        sample = Sample(images, None, Coverage("random access", len(data), True))
     elif isinstance(data, Iterable):
-        decoder, stream = Decoder(to_rgb, "calibration stream"), ResilientStream(data, "calibration stream")
-        images, labels = reservoir(stream, num_samples, rng, decoder), None
-        decoder.report(num_samples, len(images), stream)
+        sample = _from_stream(data, num_samples, seed, prefix, None, None, embed)
     else:
         raise DataError(
             f"Unsupported calibration data of type {type(data).__name__}: give PIL images, a datasets (Iterable)Dataset "
             "with an image column, or a [N, C, H, W] tensor of pixel values."
         )
-    if not images:
+    if not len(sample.images):
         raise DataError("The calibration data is empty; give at least one image.")
-    if label_column is not None and labels is None:
+    if label_column is not None and sample.labels is None:
         raise DataError(
             f"Labels were asked for (label_column={label_column!r}) but {type(data).__name__} data has none; give a "
             "datasets Dataset with a label column."
         )
-    return images, labels
+    check_coverage(sample.coverage, len(sample.images), what)
+    return sample
+
+
+def _from_dataset(data: Any, count: int, seed: int, image_column: str | None, label_column: str | None) -> Sample:
+    """The exact draw of a map-style dataset: rows in key order, a corrupt one replaced by the next."""
+    if len(data) == 0:
+        raise DataError("The calibration dataset is empty; give at least one image.")
+    column = image_column or find_image_column(data.column_names, data.features)
+    images, rows = read_valid_rows(data, key_order(len(data), seed), column, count)
+    labels = _labels(data.select(rows), label_column)
+    fields: dict[str, Any] = {}
+    name = coverage_column(data.features, label_column, data.column_names)
+    if name is not None and rows:
+        every = data.select_columns([name]).with_format("numpy")[name]
+        fields = label_coverage([every[row] for row in rows], every, class_names(data.features, name), False)
+    return Sample(images, labels, Coverage("random access", len(data), True, **fields))
+
+
+def _from_stream(data: Any, count: int, seed: int, prefix: int, image_column: str | None,
+                 label_column: str | None, embed: Any = None) -> Sample:
+    """The draw of a stream (a ``datasets.IterableDataset`` or any iterable): candidates of smallest key among
+    its first ``prefix`` rows, decoded in key order, a corrupt one replaced by the next candidate."""
+    datasets = loaded_datasets()
+    is_dataset = datasets is not None and isinstance(data, datasets.IterableDataset)
+    column = decode = names = None
+    label_name = None
+    if is_dataset:
+        columns = list(data.features or {}) or data.column_names or []
+        column = image_column or find_image_column(columns, data.features)
+        data, decode = undecoded(data, column)
+        label_name = coverage_column(data.features, label_column, columns)
+        names = class_names(data.features, label_name)
+    decoder = Decoder(decode or to_rgb, "calibration stream")
+
+    def valid(row: Any, position: tuple[int, int]) -> Any:
+        group, index = position
+        return decoder(row[column] if is_dataset else row, f"#{index}" + (f" of shard group {group}" if group else ""))
+
+    found, chosen = draw_valid(data, count, seed, prefix, valid,
+                               label_of=None if label_name is None else (lambda row: row.get(label_name)))
+    images, kept, where = ([list(column) for column in zip(*chosen)] if chosen else ([], [], []))
+    decoder.report(count, len(images), found.failures[0] if found.failures else None)
+    labels = None
+    if label_column is not None and is_dataset:
+        if kept and label_column not in kept[0]:
+            raise DataError(f"label_column={label_column!r} is not among the dataset's columns {sorted(kept[0])}.")
+        labels = torch.tensor([row[label_column] for row in kept])
+    fields: dict[str, Any] = {}
+    if label_name is not None and kept:
+        fields = label_coverage([row.get(label_name) for row in kept], found.labels_read, names, True)
+    elif not found.complete and embed is not None:
+        fields = {"neighbour_gap": neighbour_gap(embed, images, where)}
+    coverage = Coverage("stream prefix", found.read, found.complete, found.groups, prefix, **fields)
+    return Sample(images, labels, coverage)
 
 
 def _refuse_unsupported(data: Any) -> None:
@@ -108,16 +177,6 @@ def _refuse_unsupported(data: Any) -> None:
             f"Calibration data of type {type(data).__name__} (keys {sorted(map(str, data))}) is not supported here "
             f"(only weight correction takes a dict of model inputs): pass {fix}."
         )
-
-
-def seeded_stream(data: Any, num_samples: int, seed: int, *, take: bool = True) -> Any:
-    """The seeded sample of a streaming ``IterableDataset``: a shuffle buffer, then the first ``num_samples``
-    (``take=False``: the whole shuffled stream, for a reader that replaces a corrupt image by the next one).
-
-    Every process of a multi-process run rebuilds this same stream (see :mod:`hf_snapvit.distributed`).
-    """
-    shuffled = data.shuffle(seed=seed, buffer_size=max(1000, num_samples))
-    return shuffled.take(num_samples) if take else shuffled
 
 
 def _labels(dataset: Any, label_column: str | None) -> torch.Tensor | None:
@@ -155,11 +214,17 @@ class CalibrationSplit:
 
 
 def _description(data: Any, num_gradient: int, num_fitness: int, seed: int, image_column: str | None,
-                 label_column: str | None) -> dict[str, Any]:
-    """The provenance of a calibration draw, as rankings record it."""
-    return {"source": type(data).__name__, "name": getattr(getattr(data, "info", None), "dataset_name", None),
-            "num_gradient": num_gradient, "num_fitness": num_fitness, "seed": seed, "image_column": image_column,
-            "label_column": label_column}
+                 label_column: str | None, coverage: Coverage) -> dict[str, Any]:
+    """The provenance of a calibration draw, as rankings record it: the source, the sizes, and what it covered."""
+    data, _ = unwrap(data)
+    info = getattr(data, "info", None)
+    record = {"source": type(data).__name__, "name": getattr(info, "dataset_name", None),
+              "num_gradient": num_gradient, "num_fitness": num_fitness, "seed": seed, "image_column": image_column,
+              "label_column": label_column, "draw": coverage.to_dict()}
+    loaded = recorded_draw(getattr(info, "description", None))
+    if loaded is not None:  # images load_image_dataset drew: what that draw covered of the source
+        record["source_draw"] = loaded
+    return record
 
 
 def loaded_datasets() -> Any:
@@ -180,10 +245,13 @@ def split_calibration(
     image_column: str | None = None,
     label_column: str | None = None,
     model: Any = None,
+    stream_prefix: int | None = None,
+    embed: Callable[[Sequence[Any]], Any] | None = None,
 ) -> CalibrationSplit:
     """Draw the gradient set and the fitness set in one seeded draw, so they do not share images."""
-    images, labels = sample_images(data, num_gradient + num_fitness, seed=seed, image_column=image_column,
-                                   label_column=label_column, model=model)
+    sample = draw_sample(data, num_gradient + num_fitness, seed=seed, image_column=image_column,
+                         label_column=label_column, model=model, stream_prefix=stream_prefix, embed=embed)
+    images, labels = sample.images, sample.labels
     available = len(images)
     if available >= num_gradient + num_fitness:
         gradient, fitness = images[:num_gradient], images[num_gradient:]
@@ -194,7 +262,8 @@ def split_calibration(
             stacklevel=2,
         )
         gradient, fitness = images[:num_gradient], images[:num_fitness]
-    description = _description(data, len(gradient), len(fitness), seed, image_column, label_column)
+    description = _description(data, len(gradient), len(fitness), seed, image_column, label_column,
+                               sample.coverage)
     return CalibrationSplit(gradient, fitness, description,
                             gradient_labels=None if labels is None else labels[:len(gradient)])
 
@@ -217,113 +286,47 @@ class GradientSteps:
         return self.num_images
 
 
-def stream_steps(
-    stream: Any,
-    column: str,
-    step_size: int,
-    *,
-    label_column: str | None = None,
-    rank: int,
-    world_size: int,
-) -> list[tuple[int, list, torch.Tensor | None]]:
-    """The gradient steps of process ``rank`` from a stream of the whole sample, reading only that process's images.
-
-    The stream is grouped into steps (``IterableDataset.batch``) and split with ``split_dataset_by_node(...,
-    strategy="examples")``, so process ``rank`` gets steps ``rank, rank + world_size, ...`` of exactly the stream one
-    process reads. Image columns are read undecoded and only this process's images are decoded.
-
-    Args:
-        stream: A ``datasets.IterableDataset`` yielding the sample in order.
-        column: The image column.
-        step_size: Images per gradient step.
-        label_column: A label column to return with the images.
-        rank, world_size: This process and the number of processes.
-
-    Returns:
-        ``(index of the step's first image, RGB images, labels or None)`` per step, in order.
-    """
-    from datasets.distributed import split_dataset_by_node
-
-    stream, decode = undecoded(stream, column)  # the other processes' images are never decoded
-    mine = split_dataset_by_node(stream.batch(step_size), rank=rank, world_size=world_size, strategy="examples")
-    steps = []
-    for j, batch in enumerate(mine):
-        if label_column is not None and label_column not in batch:
-            raise DataError(
-                f"label_column={label_column!r} is not among the dataset's columns {sorted(batch)}."
-            )
-        images = [decode(x) for x in batch[column]]
-        labels = None if label_column is None else torch.tensor(batch[label_column])
-        steps.append(((rank + j * world_size) * step_size, images, labels))
-    return steps
-
-
 def draw_calibration(
     data: Any,
     num_gradient: int,
     num_fitness: int,
     *,
-    step_size: int,
     seed: int = 0,
     image_column: str | None = None,
     label_column: str | None = None,
-    state: PartialState | None = None,
     model: Any = None,
+    stream_prefix: int | None = None,
+    embed: Callable[[Sequence[Any]], Any] | None = None,
 ) -> tuple[Any, Any, dict[str, Any], torch.Tensor | None]:
-    """One process's calibration sample: the gradient images (all, or this process's steps) and the fitness images.
+    """The calibration sample: the gradient images and the fitness images, with the draw's provenance.
 
-    With one process, or any source but a streaming ``IterableDataset``, every process draws the one-process sample
-    (:func:`split_calibration`, or :func:`sample_images` when ``num_fitness`` is
-    0) and :func:`~hf_snapvit.scoring.gradient_scores` takes its share of the steps. A stream on several processes is
-    read as :func:`stream_steps` describes; the fitness images are the same on every process. A stream too short for
-    both sets falls back to the full draw, so the sets overlap exactly as with one process.
+    Every process of a multi-process run draws the same one-process sample (the draw depends on the source and the
+    seed only, see :mod:`hf_snapvit.sampling`), and :func:`~hf_snapvit.scoring.gradient_scores` takes each
+    process's share of the gradient steps. A stream is read once per process, undecoded, and only the sample is
+    decoded.
 
     Args:
-        data: The calibration source (see :mod:`hf_snapvit.data`).
+        data: The calibration source (see :mod:`hf_snapvit.data`), or a :class:`~hf_snapvit.sampling.StreamSource`.
         num_gradient, num_fitness: Sizes of the two sets.
-        step_size: Images per gradient step (``ScoreConfig.step_size``).
         seed: Seeds the draw.
         image_column, label_column: As in :func:`sample_images`.
-        state: The process state (default: :func:`process_state`).
         model: The model the images are for: pixel tensors smaller than one of its patches fail here.
+        stream_prefix: Rows of a stream read at most (default: the :class:`StreamSource`'s, else
+            :data:`~hf_snapvit.sampling.DEFAULT_STREAM_PREFIX`).
+        embed: Embeds images for the coverage check of an unlabelled stream (see :func:`draw_sample`).
 
     Returns:
-        ``(gradient images or GradientSteps, fitness images (empty list if num_fitness is 0), description,
-        gradient labels or None)``.
+        ``(gradient images, fitness images (empty list if num_fitness is 0), description, gradient labels or
+        None)``.
     """
-    datasets = loaded_datasets()
-    state = state or process_state()
-    streaming = datasets is not None and isinstance(data, datasets.IterableDataset) and state.num_processes > 1
-
-    def full_draw() -> tuple[Any, Any, dict[str, Any], torch.Tensor | None]:
-        if num_fitness == 0:
-            images, labels = sample_images(data, num_gradient, seed=seed, image_column=image_column,
-                                           label_column=label_column, model=model)
-            return images, [], _description(data, len(images), 0, seed, image_column, label_column), labels
-        split = split_calibration(data, num_gradient, num_fitness, seed=seed, image_column=image_column,
-                                  label_column=label_column, model=model)
-        return split.gradient, split.fitness, split.description, split.gradient_labels
-
-    if not streaming:
-        return full_draw()
-
-    column = image_column or find_image_column(list(data.features or {}) or data.column_names or [], data.features)
-    stream = seeded_stream(data, num_gradient + num_fitness, seed)
-    fitness = [to_rgb(example[column]) for example in stream.skip(num_gradient)] if num_fitness else []
-    if len(fitness) < num_fitness:  # a small source: the sets overlap, as one process draws them
-        return full_draw()
-    steps, error = [], None
-    try:  # a bad label column or a corrupt image may show up in one process's share only
-        steps = stream_steps(stream.take(num_gradient), column, step_size, label_column=label_column,
-                             rank=state.process_index, world_size=state.num_processes)
-    except Exception as exc:
-        error = exc
-    raise_if_failed_anywhere(error, state)
-    total = sum(gather_object([sum(len(images) for _, images, _ in steps)]))
-    if total == 0:
-        raise DataError("The calibration data is empty; give at least one image.")
-    gradient = GradientSteps(steps, total, step_size)
-    return gradient, fitness, _description(data, total, len(fitness), seed, image_column, label_column), None
+    if num_fitness == 0:
+        sample = draw_sample(data, num_gradient, seed=seed, image_column=image_column, label_column=label_column,
+                             model=model, stream_prefix=stream_prefix, embed=embed)
+        description = _description(data, len(sample.images), 0, seed, image_column, label_column, sample.coverage)
+        return sample.images, [], description, sample.labels
+    split = split_calibration(data, num_gradient, num_fitness, seed=seed, image_column=image_column,
+                              label_column=label_column, model=model, stream_prefix=stream_prefix, embed=embed)
+    return split.gradient, split.fitness, split.description, split.gradient_labels
 
 
 def calibration_batches(
@@ -362,7 +365,7 @@ def calibration_batches(
         tensors["pixel_values"] = check_pixel_values(tensors["pixel_values"], model=model)
         total = sizes.pop()
         count = total if num_samples is None else min(num_samples, total)
-        index = torch.as_tensor(np.random.default_rng(seed).permutation(total)[:count])
+        index = torch.as_tensor(key_order(total, seed)[:count])
         chosen = {k: v[index] for k, v in tensors.items()}
         return [{k: v[i:i + batch_size] for k, v in chosen.items()} for i in range(0, count, batch_size)], count
     if num_samples is None:
@@ -376,7 +379,8 @@ def calibration_batches(
                     "num_samples=None (use every image) needs data with a length; give CorrectionConfig(num_samples=N) "
                     "for a stream."
                 ) from None
-    images, _ = sample_images(data, num_samples, seed=seed, model=model)
+    images, _ = sample_images(data, num_samples, seed=seed, model=model,
+                              embed=None if model is None else embedder(model, processor))
     if isinstance(images, torch.Tensor):
         return [{"pixel_values": images[i:i + batch_size]} for i in range(0, len(images), batch_size)], len(images)
     if processor is None:

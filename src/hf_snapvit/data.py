@@ -1,13 +1,11 @@
-"""Image sources: from whatever the user has to a ``datasets`` stream of images.
-
-:func:`load_image_dataset` turns a Hub dataset id, a parquet file or folder, or an image folder into a seeded,
-streamed ``datasets.IterableDataset`` that skips corrupt images. Besides such datasets, hf_snapvit accepts PIL images
-and tensors of preprocessed pixel values wherever it takes images; :mod:`hf_snapvit.calibration` draws from any of
-them.
+"""Image sources: from whatever the user has to ``datasets`` images. :func:`load_image_dataset` opens a Hub dataset
+id, a parquet file or folder, or an image folder, and draws from it, skipping corrupt images; besides such datasets,
+hf_snapvit takes PIL images and pixel tensors wherever it takes images (:mod:`hf_snapvit.calibration` draws them).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -18,7 +16,8 @@ from PIL import Image
 
 from .errors import DataError
 from .files import public_name
-from .streams import MAX_CORRUPT_FRACTION, ResilientStream
+from .sampling import DEFAULT_STREAM_PREFIX
+from .streams import MAX_CORRUPT_FRACTION
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +88,8 @@ def array_to_image(array: np.ndarray) -> Image.Image:
     return Image.fromarray(np.rint(array.astype(np.float64) * scale).astype(np.uint8))
 
 
-#: Default shuffle buffer of :func:`load_image_dataset`, in examples. It holds encoded image bytes (about 20 MB for
-#: 64-px JPEGs, about 1 GB for ImageNet-size ones): large enough to mix a class-sorted calibration file of this size.
+#: Default shuffle buffer of :func:`load_image_dataset`'s lazy stream, in examples of encoded image bytes (about 20 MB
+#: for 64-px JPEGs, about 1 GB for ImageNet-size ones). Draws never use it (see :mod:`hf_snapvit.sampling`).
 DEFAULT_SHUFFLE_BUFFER = 10_000
 
 _FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow"}
@@ -246,22 +245,24 @@ def load_image_dataset(
     streaming: bool = True,
     seed: int = 0,
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+    stream_prefix: int | None = None,
     revision: str | None = None,
     token: str | bool | None = None,
     show_progress: bool = True,
 ) -> Any:
-    """Open calibration images from a Hub dataset, a parquet file or folder, or an image folder, shuffled with a seed.
+    """Open calibration images from a Hub dataset, a parquet file or folder, or an image folder, drawn with a seed.
 
     The source is read with ``datasets.load_dataset(..., streaming=True)``: a ``.parquet`` (or ``.arrow``) file
     through the ``parquet`` (``arrow``) builder, a folder through the builder datasets infers from its files
     (``parquet``, or ``imagefolder`` for images, with sub-folder names as labels), anything else as a Hub dataset id.
-    Only the image column (and ``label_column``) is kept. The stream is shuffled with a seeded buffer
-    (``IterableDataset.shuffle(seed, buffer_size)``), so the same arguments give the same images in the same order,
-    in every process of a multi-process run.
+    Only the image column, ``label_column`` and a ``ClassLabel`` column (to measure coverage) are kept.
 
-    Images that cannot be decoded are skipped, each logged with a running count. To make that possible the image
-    column stays undecoded (``datasets.Image(decode=False)``: each value is ``{"bytes", "path"}``); hf_snapvit's
-    samplers decode it, and ``dataset.cast_column(column, datasets.Image())`` gives PIL images on a ``Dataset``.
+    ``num_samples`` images are drawn as every hf_snapvit draw is (:mod:`hf_snapvit.sampling`; exact from a prepared
+    split, spread over a stream's first ``stream_prefix`` rows and all its shards), warning when the draw may not
+    represent the data (:mod:`hf_snapvit.coverage`); without it, the lazy stream, shuffled with a seeded buffer.
+
+    Images that cannot be decoded are skipped, each logged with a running count: the image column stays undecoded
+    (``{"bytes", "path"}`` values; ``dataset.cast_column(column, datasets.Image())`` gives PIL images).
 
     Args:
         source: A Hub dataset id (``"user/name"``), a ``.parquet``/``.arrow`` file, or a folder of parquet files or
@@ -270,19 +271,21 @@ def load_image_dataset(
         image_column: The image column; default: the first ``datasets.Image`` column, else one named ``image``,
             ``img``, ``images`` or ``pixel_values``.
         label_column: A label column to keep (for label-based methods such as ``taylor-ce``).
-        num_samples: Read exactly this many valid images into memory (a ``datasets.Dataset``), failing if the
+        num_samples: Draw exactly this many valid images into memory (a ``datasets.Dataset``), failing if the
             source has fewer; default: return the lazy stream.
-        streaming: ``False`` downloads and prepares the whole split first (datasets' cache), then shuffles it
-            exactly instead of through a buffer.
-        seed: Seed of the shuffle.
-        shuffle_buffer: Examples held by the shuffle buffer (encoded bytes, not decoded images).
+        streaming: ``False`` prepares the whole split first (datasets' cache) and draws from all of it exactly.
+        seed: Seed of the draw (and of the lazy stream's shuffle).
+        shuffle_buffer: Examples held by the lazy stream's shuffle buffer (encoded bytes, not decoded images).
+        stream_prefix: Rows of a stream a draw reads at most (default
+            :data:`~hf_snapvit.sampling.DEFAULT_STREAM_PREFIX`); the sample is spread over them.
         revision, token: For Hub datasets (a branch, tag or commit; a token for gated or private ones).
-        show_progress: Show a progress bar while reading ``num_samples`` images.
+        show_progress: Show a progress bar while reading rows.
 
     Returns:
         A ``datasets.IterableDataset`` over the valid images in seeded order, or, with ``num_samples``, an in-memory
-        ``datasets.Dataset`` of the first ``num_samples`` of them. Both can be passed as ``data`` to
-        :func:`hf_snapvit.rank` and :class:`~hf_snapvit.SnapViTPruner`.
+        ``datasets.Dataset`` of the images drawn (its ``info.description``, JSON, records the draw under
+        :data:`~hf_snapvit.coverage.DRAW_KEY`). Both can be passed as ``data`` to :func:`hf_snapvit.rank` and
+        :class:`~hf_snapvit.SnapViTPruner`.
 
     Raises:
         DataError: The source cannot be read, the split does not exist, no image column is found (the message
@@ -294,8 +297,7 @@ def load_image_dataset(
     """
     import datasets
 
-    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int)
-                                    or num_samples < 1):
+    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
         raise DataError(f"num_samples={num_samples!r} must be a positive integer (or None for the whole stream).")
     if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 1:
         raise DataError(f"shuffle_buffer={shuffle_buffer!r} must be a positive integer.")
@@ -307,14 +309,12 @@ def load_image_dataset(
             "(datasets.Dataset.to_parquet) or as an image folder."
         )
     image_column, keep = _columns(raw.features, image_column, label_column)
-    data = _shuffled(raw.select_columns(keep).cast_column(image_column, datasets.Image(decode=False)),
-                     streaming=streaming, seed=seed, shuffle_buffer=shuffle_buffer)
-    check = _ValidImages(image_column, name)
-    valid = data.filter(check)
+    raw = raw.select_columns(keep).cast_column(image_column, datasets.Image(decode=False))
     if num_samples is None:
-        return valid
-    return _read_samples(valid, num_samples, name=name, split=split, seed=seed, check=check,
-                         show_progress=show_progress)
+        return _shuffled(raw, streaming=streaming, seed=seed, shuffle_buffer=shuffle_buffer).filter(
+            _ValidImages(image_column, name))
+    return _draw_samples(raw, num_samples, name=name, split=split, seed=seed, prefix=stream_prefix,
+                         image_column=image_column, label_column=label_column, show_progress=show_progress)
 
 
 def _columns(features: Any, image_column: str | None, label_column: str | None) -> tuple[str, list[str]]:
@@ -329,37 +329,59 @@ def _columns(features: Any, image_column: str | None, label_column: str | None) 
     if label_column is not None and label_column not in columns:
         raise DataError(f"label_column={label_column!r} (--label-column) is not among the dataset's columns "
                         f"{columns}.")
+    import datasets
+
+    if label_column is None:  # a class column is kept to measure what a draw covers (hf_snapvit.coverage)
+        label_column = next((n for n, f in features.items() if isinstance(f, datasets.ClassLabel)), None)
     keep = [image_column] + ([label_column] if label_column not in (None, image_column) else [])
     return image_column, keep
 
 
-def _read_samples(valid: Any, num_samples: int, *, name: str, split: str, seed: int, check: "_ValidImages",
-                  show_progress: bool) -> Any:
-    """The first ``num_samples`` valid images of the stream, in memory, as a ``datasets.Dataset``."""
+def _draw_samples(raw: Any, num_samples: int, *, name: str, split: str, seed: int, prefix: int | None,
+                  image_column: str, label_column: str | None, show_progress: bool) -> Any:
+    """``num_samples`` valid images drawn as :mod:`hf_snapvit.sampling` draws (exactly from a prepared split, from
+    at most ``prefix`` rows over all shards of a stream), in memory as a ``datasets.Dataset`` whose
+    ``info.description`` records the draw's coverage (checked, see :mod:`hf_snapvit.coverage`)."""
     import datasets
-    from huggingface_hub.utils import tqdm
 
-    rows: list[dict[str, Any]] = []
-    stream = ResilientStream(valid.take(num_samples), f"stream of {name!r}", on_reopen=check.rewind)
-    with tqdm(total=num_samples, desc="Reading calibration images", unit="img", disable=not show_progress) as bar:
-        for example in stream:
-            rows.append(example)
-            bar.update(1)
-    if stream.failure is not None:
-        raise DataError(f"Read only {len(rows)} of the num_samples={num_samples} images asked for: "
-                        f"{stream.failure_text()}. Check the network and retry.") from stream.failure
+    from .coverage import DRAW_KEY, Coverage, check_coverage, class_names, coverage_column, label_coverage
+    from .sampling import check_prefix, draw_valid, key_order
+
+    prefix = DEFAULT_STREAM_PREFIX if prefix is None else check_prefix(prefix)
+    labels = coverage_column(raw.features, label_column, list(raw.features))
+    names = class_names(raw.features, labels)
+    check = _ValidImages(image_column, name)
+    if isinstance(raw, datasets.Dataset):  # a prepared split: every row can be drawn
+        order, rows, source = key_order(len(raw), seed), [], None
+        for start in range(0, len(order), num_samples):
+            rows += [row for row in raw.select(order[start:start + num_samples]) if check(row)]
+            if len(rows) >= num_samples:
+                break
+        if labels:
+            source = raw.select_columns([labels]).with_format("numpy")[labels]
+        found = None
+    else:
+        found, chosen = draw_valid(raw, num_samples, seed, prefix, lambda row, _: row if check(row) else None,
+                                   what=f"stream of {name!r}", show_progress=show_progress,
+                                   label_of=(lambda row: row[labels]) if labels else None)
+        if found.failures:
+            raise DataError(f"Read only {found.read} rows of {name!r}: {found.failures[0].failure_text()}. Check the "
+                            "network and retry.") from found.failures[0].failure
+        rows, source = [row for row, _, _ in chosen], found.labels_read
+    rows = rows[:num_samples]
     if len(rows) < num_samples:
         raise DataError(
             f"{name!r} (split {split!r}) has only {len(rows)} valid images, but num_samples={num_samples} were asked "
             f"for ({check.skipped} corrupt images skipped). Ask for at most {len(rows)} (--num-samples) or add images."
         )
-    logger.info("Read %d images from %s (split %r, seed %d); skipped %d corrupt images.",
-                len(rows), name, split, seed, check.skipped)
-    info = datasets.DatasetInfo(
-        dataset_name=name,
-        description=f"{num_samples} images of split {split!r}, shuffled with seed {seed}",
-        features=valid.features,
-    )
+    fields = label_coverage([row[labels] for row in rows], source, names, found is not None) if labels else {}
+    coverage = (Coverage("random access", len(raw), True, **fields) if found is None else
+                Coverage("stream prefix", found.read, found.complete, found.groups, prefix, **fields))
+    check_coverage(coverage, num_samples, f"sample of {name!r}")
+    logger.info("Drew %d images from %s (split %r, seed %d; %s); skipped %d corrupt images.", num_samples, name, split,
+                seed, coverage.to_dict(), check.skipped)
+    record = {"images": num_samples, "split": split, "seed": seed, DRAW_KEY: coverage.to_dict()}
+    info = datasets.DatasetInfo(dataset_name=name, description=json.dumps(record), features=raw.features)
     return datasets.Dataset.from_list(rows, info=info, split=datasets.NamedSplit(split))
 
 

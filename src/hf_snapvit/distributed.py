@@ -9,12 +9,10 @@ Every process runs the same program on the same inputs; three places split the w
 * the candidates of each xNES generation are split across processes (``PartialState.split_between_processes``) and
   their fitness values gathered (:func:`accelerate.utils.gather_object`), so every process holds the same fitness
   vector and therefore the same search state;
-* a streaming ``datasets.IterableDataset`` is read once per process: the fitness images in full (every process
-  needs them), the gradient images as that process's steps only, with
-  ``datasets.distributed.split_dataset_by_node(..., strategy="examples")`` over a stream batched into steps. The
-  ``"examples"`` strategy keeps every ``N``-th element of the one-process stream; ``"auto"`` would switch to
-  assigning whole shards when ``num_shards % N == 0``, and each process would then shuffle and ``take`` inside its own
-  shards, a different sample than one process draws.
+* the calibration sample is not split: every process draws it (:mod:`hf_snapvit.sampling`; a stream is read once
+  per process, undecoded, and only the sample is decoded), and the draw depends on the source and the seed only, so
+  every process holds the one-process sample. Splitting the stream itself (``split_dataset_by_node``) would let each
+  process draw inside its own shards, a different sample than one process draws.
 
 Mixed precision comes from the accelerate configuration (``accelerate launch --mixed_precision bf16`` or the config
 file, or an ``Accelerator`` created before ranking) or from the ranking's own ``precision`` setting

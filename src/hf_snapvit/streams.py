@@ -26,7 +26,6 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-import numpy as np
 from PIL import UnidentifiedImageError
 
 from .errors import DataError
@@ -168,47 +167,6 @@ class Decoder:
             warnings.warn(f"The calibration draw has {obtained} images, fewer than the {asked} asked for: the "
                           f"{self.what} ran out after {len(self.corrupt)} corrupt images were skipped.", UserWarning,
                           stacklevel=3)
-
-
-def first_valid(stream: Iterable[Any], count: int, decoder: Decoder,
-                value: Callable[[Any], Any] = lambda item: item) -> tuple[list[Any], list[Any]]:
-    """The first ``count`` decodable items of ``stream``: ``(images, the items they came from)``; ``value(item)``
-    is what is decoded (e.g. an example's image column)."""
-    images, items = [], []
-    if count <= 0:
-        return images, items
-    for i, item in enumerate(stream):
-        image = decoder(value(item), f"#{i}")
-        if image is not None:
-            images.append(image)
-            items.append(item)
-            if len(images) == count:
-                break
-    return images, items
-
-
-def reservoir(stream: Iterable[Any], count: int, rng: np.random.Generator, decoder: Decoder) -> list[Any]:
-    """A uniform sample of ``count`` items of a stream of unknown length, holding only ``count`` in memory.
-
-    Only the items that enter the sample are decoded; a corrupt one is skipped as if the stream did not hold it.
-    """
-    sample: list[Any] = []
-    seen = 0  # decodable items so far (the ones never decoded are taken to be)
-    for position, item in enumerate(stream):
-        if seen < count:
-            image = decoder(item, f"#{position}")
-            if image is not None:
-                sample.append(image)
-                seen += 1
-            continue
-        j = int(rng.integers(0, seen + 1))
-        if j < count:
-            image = decoder(item, f"#{position}")
-            if image is None:
-                continue
-            sample[j] = image
-        seen += 1
-    return sample
 
 
 def from_sequence(data: Sequence[Any], order: Iterable[int], count: int, decoder: Decoder) -> list[Any]:

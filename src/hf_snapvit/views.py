@@ -282,3 +282,27 @@ def model_inputs(batch: Any, processor: Any, device: torch.device | str, dtype: 
         inputs = dict(processor(images=batch, return_tensors="pt"))
     return {k: (v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
                 if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def embedder(model: Any, processor: Any = None, batch_size: int = 64) -> Any:
+    """A function from images (PIL images or pixel tensors) to the model's ``[N, D]`` embeddings as a float numpy
+    array (:func:`~hf_snapvit.embedding.image_embedding`, no gradients), for checks that compare images as the model
+    sees them (:mod:`hf_snapvit.coverage`). Without ``processor``, PIL images are preprocessed by the model's own
+    (:func:`load_processor`), loaded on the first call."""
+    from .embedding import image_embedding
+
+    def embed(images: Sequence[Any] | torch.Tensor) -> np.ndarray:
+        nonlocal processor
+        if processor is None and not isinstance(images, torch.Tensor):
+            processor = load_processor(model, purpose="embed calibration images for the coverage check")
+        parameter = next(model.parameters())
+        chunks = []
+        with torch.no_grad():
+            for i in range(0, len(images), batch_size):
+                batch = images[i:i + batch_size]
+                inputs = model_inputs(batch if isinstance(batch, torch.Tensor) else list(batch), processor,
+                                      parameter.device, parameter.dtype)
+                chunks.append(image_embedding(model, inputs).float().cpu().numpy())
+        return np.concatenate(chunks)
+
+    return embed

@@ -225,7 +225,27 @@ def _calibration_line(calibration: Any, method: str) -> str:
         parts.append(f"(column `{calibration['image_column']}`)")
     if calibration.get("label_column") and method == "taylor-ce":
         parts.append(f"labels from `{calibration['label_column']}`")
+    draw = calibration.get("source_draw") or calibration.get("draw")
+    if isinstance(draw, Mapping):
+        parts.append(_draw_text(draw))
     return " ".join(parts) or json.dumps(dict(calibration))
+
+
+def _draw_text(draw: Mapping[str, Any]) -> str:
+    """What a calibration draw covered, in words (see :mod:`hf_snapvit.coverage`)."""
+    if draw.get("method") == "random access":
+        text = f"drawn uniformly from all {draw.get('rows_read')} rows"
+    else:
+        groups = draw.get("shard_groups", 1)
+        extent = "the whole stream" if draw.get("complete") else "a stream cut there (prefix)"
+        text = (f"drawn uniformly from the first {draw.get('rows_read')} rows of {extent}"
+                + (f", over {groups} shard groups" if groups and groups > 1 else ""))
+    if draw.get("sample_classes") is not None:
+        total = draw.get("label_classes") or draw.get("classes_read")
+        text += f"; the sample covers {draw['sample_classes']} of {total} classes"
+    if draw.get("neighbour_gap") is not None:
+        text += f"; neighbour gap {draw['neighbour_gap']:.2f} (about 0.33 when shuffled)"
+    return f"({text})"
 
 
 def _search_line(search: Mapping[str, Any], settings: Mapping[str, Any]) -> str:

@@ -56,20 +56,19 @@ def add_data_arguments(parser: argparse.ArgumentParser, *, required: bool, label
                            help="label column for label-based methods (taylor-ce; default: %(default)s)")
     group.add_argument("--num-samples", type=positive_int, default=None, metavar="N",
                        help=f"images to read (default: {default_count})")
-    group.add_argument("--shuffle-buffer", type=positive_int, default=None, metavar="N",
-                       help="seeded shuffle buffer of the stream, in examples (default: 10000)")
+    group.add_argument("--stream-prefix", type=positive_int, default=None, metavar="N",
+                       help="rows of a stream the draw reads at most, spread over its shards (default: 100000)")
 
 
 def load_data(args: argparse.Namespace, num_samples: int, *, label_column: str | None = None,
               show_progress: bool = True) -> Any:
     """``num_samples`` images of ``--data``, drawn with ``--seed``, as :func:`hf_snapvit.data.load_image_dataset`
     returns them."""
-    from ..data import DEFAULT_SHUFFLE_BUFFER, load_image_dataset
+    from ..data import load_image_dataset
 
     return load_image_dataset(
         args.data, split=args.split, image_column=args.image_column, label_column=label_column,
-        num_samples=num_samples, seed=args.seed, shuffle_buffer=args.shuffle_buffer or DEFAULT_SHUFFLE_BUFFER,
-        show_progress=show_progress,
+        num_samples=num_samples, seed=args.seed, stream_prefix=args.stream_prefix, show_progress=show_progress,
     )
 
 

@@ -16,6 +16,7 @@ import torch
 
 from ..data import find_image_column, to_rgb
 from ..errors import EvaluationError
+from ..sampling import key_order
 
 
 @dataclass
@@ -180,7 +181,7 @@ def load_split(
     if num_samples is not None:
         if num_samples < 1:
             raise EvaluationError(f"num_samples={num_samples} must be at least 1 (or None for the whole split).")
-        dataset = dataset.shuffle(seed=seed).select(range(min(num_samples, len(dataset))))
+        dataset = dataset.select(key_order(len(dataset), seed)[:num_samples])  # the draw every sample uses
     return dataset
 
 

@@ -20,7 +20,7 @@ from ..calibration import draw_calibration
 from ..distributed import mixed_precision, on_process_device, process_state
 from ..errors import DataError
 from ..scoring import ScoreConfig, gradient_scores
-from ..views import load_processor
+from ..views import embedder, load_processor
 
 # Gradient baselines: how each changes the score settings of the run it is compared with.
 GRADIENT_METHODS: dict[str, dict[str, str]] = {
@@ -119,9 +119,9 @@ def gradient_baseline_scores(
     scores = replace(scores, **GRADIENT_METHODS[method])
     labelled = scores.loss == "ce"
     state = process_state()
-    images, _, _, labels = draw_calibration(data, num_images, 0, step_size=scores.step_size, seed=seed,
-                                            label_column=label_column if labelled else None, state=state,
-                                            model=model)
+    images, _, _, labels = draw_calibration(data, num_images, 0, seed=seed,
+                                            label_column=label_column if labelled else None, model=model,
+                                            embed=embedder(model, processor))
     if processor is None and not hasattr(images, "shape"):
         processor = load_processor(model, purpose=f"preprocess the calibration images of method={method!r}")
     with on_process_device(model, state):

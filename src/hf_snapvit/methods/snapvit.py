@@ -35,7 +35,7 @@ from ..files import public_name
 from ..fitness import EmbeddingFitness
 from ..ranking import ElasticRanking, RankingMode
 from ..scoring import gradient_scores
-from ..views import load_processor, processor_inputs
+from ..views import embedder, load_processor, processor_inputs
 from ..xnes import XNES, XNESResult
 from .block_order import block_orders, reorder_scores
 from .search_state import CHECKPOINT_SETTINGS, TRAILS, SearchCheckpoint, search_key
@@ -138,8 +138,8 @@ class SnapViTPruner:
         timings: dict[str, float] = {}
         start = time.perf_counter()
         gradient_images, fitness_images, calibration, _ = draw_calibration(
-            data, config.num_gradient_images, config.num_fitness_images, step_size=config.scores.step_size,
-            seed=config.seed, image_column=image_column, model=model)
+            data, config.num_gradient_images, config.num_fitness_images,
+            seed=config.seed, image_column=image_column, model=model, embed=embedder(model, processor))
         if processor is None and not hasattr(fitness_images, "shape"):
             processor = load_processor(model, purpose="preprocess the calibration images")
         fitness_pixels = processor_inputs(fitness_images, processor)

@@ -32,7 +32,7 @@ from ..calibration import sample_images
 from ..distributed import on_process_device, process_state, reduce_sum
 from ..errors import RecoveryError
 from ..ranking import ElasticRanking
-from ..views import load_processor
+from ..views import embedder, load_processor
 from .config import RecoveryConfig, RecoverySummary, warn_if_untrained
 from .forward import forward_outputs, per_image_loss, prefix_view
 from .held_out import HeldOutCheck, check_sizes, held_out_record, skipped_record, split_held_out
@@ -91,7 +91,8 @@ def recover_(student: PreTrainedModel, teacher: PreTrainedModel | None, data: An
     if teacher is None:
         teacher = copy.deepcopy(student)
     wanted = _num_images(data, config)
-    drawn, _ = sample_images(data, wanted + config.held_out_images, seed=config.seed, model=teacher)
+    drawn, _ = sample_images(data, wanted + config.held_out_images, seed=config.seed, model=teacher,
+                             embed=embedder(teacher, processor))
     images, held, skipped = split_held_out(drawn, wanted, config)
     if processor is None and not isinstance(images, torch.Tensor):
         processor = load_processor(teacher, purpose="preprocess the recovery images")

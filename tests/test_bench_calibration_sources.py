@@ -1,0 +1,42 @@
+"""benchmarks/calibration_sources.py and benchmarks/draw_memory.py (issue 53): their logic on tiny settings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, load_benchmark, requires_shared
+
+calibration_sources = load_benchmark("calibration_sources")
+draw_memory = load_benchmark("draw_memory")
+TINY = json.dumps({"num_gradient_images": 4, "num_fitness_images": 4, "max_generations": 1, "pca_components": 4,
+                   "fitness_sparsities": [0.3]})
+
+
+@pytest.mark.slow  # ranks the shared ViT-Tiny four times
+@requires_shared(SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION)
+def test_every_source_is_ranked_and_the_stream_ranks_as_map_style(tmp_path):
+    output = tmp_path / "sources.json"
+    assert calibration_sources.main(["--sources", "map", "stream", "cli", "sorted-stream", "--config", TINY,
+                                     "--num-val", "20", "--num-bank", "20", "--repeats", "1", "--sparsities", "0.3",
+                                     "--output", str(output)]) == 0
+    record = json.loads(output.read_text())
+    sources = record["sources"]
+    assert set(sources) == {"map", "stream", "cli", "sorted-stream"} and record["num_val"] == 20
+    assert sources["stream"]["same_ranking_as_map"] is True  # the same images, so the same ranking
+    assert sources["stream"]["top1"] == sources["map"]["top1"] and set(sources["map"]["knn"]) == {"0.3"}
+    assert sources["map"]["calibration"]["draw"]["method"] == "random access"
+    assert sources["stream"]["calibration"]["draw"]["method"] == "stream prefix"
+    assert sources["cli"]["calibration"]["source_draw"]["rows_read"] == 10_000
+    assert sources["sorted-stream"]["calibration"]["draw"]["label_order"][0] > 0.9  # sorted, and read to its end
+
+
+def test_the_draws_peak_memory_is_its_candidates_whatever_the_rows_read(tmp_path):
+    output = tmp_path / "memory.json"
+    assert draw_memory.main(["--rows", "2000", "20000", "--sizes", "4000", "--count", "16", "--output",
+                             str(output)]) == 0
+    small, large = json.loads(output.read_text())["results"]
+    assert small["candidates"] == large["candidates"] == 16 + 2 and large["rows"] == 10 * small["rows"]
+    assert large["candidate_bytes"] == 18 * 4000
+    assert large["peak_bytes"] < 0.02 * large["rows_read_bytes"]  # not proportional to what was read
