@@ -13,7 +13,8 @@ sparsity=s)`` and evaluated (top-1) on the validation split by ``hf_snapvit.eval
 * ``sorted-stream``: the same rows as a ``datasets.IterableDataset.from_generator`` with the ``ClassLabel`` column.
 
     python benchmarks/calibration_sources.py --sources map stream cli sorted-generator sorted-stream \\
-        --sparsities 0.1 0.3 0.5 --num-bank 1000 --seed 0 --output benchmarks/results/calibration_sources/fast-seed0.json
+        --sparsities 0.1 0.3 0.5 --num-bank 1000 --seed 0 \\
+        --output benchmarks/results/calibration_sources/fast-seed0.json
 
 Writes JSON with, per source, the top-1 at each sparsity, the ranking's recorded draw (coverage), the ranking time
 and whether its keep orders equal the ``map`` source's.

@@ -68,9 +68,8 @@ def draw_sample(
     what: str = "calibration sample",
 ) -> Sample:
     """:func:`sample_images`, with the draw's :class:`~hf_snapvit.coverage.Coverage` (checked, warning if it
-    falls short). ``embed`` (images to ``[N, D]`` embeddings, e.g. :func:`~hf_snapvit.views.embedder`) lets the coverage check of
-    an unlabelled stream cut at its prefix compare images as the model sees them; without it that check is left
-    out."""
+    falls short). ``embed`` (images to ``[N, D]`` embeddings, e.g. :func:`~hf_snapvit.views.embedder`) lets the
+    coverage check of an unlabelled stream cut at its prefix compare images as the model sees them."""
     data, prefix = unwrap(data, stream_prefix)
     _refuse_unsupported(data)
     datasets = loaded_datasets()

@@ -297,7 +297,7 @@ def load_image_dataset(
     """
     import datasets
 
-    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
+    if num_samples is not None and (type(num_samples) is not int or num_samples < 1):  # bool is no count either
         raise DataError(f"num_samples={num_samples!r} must be a positive integer (or None for the whole stream).")
     if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 1:
         raise DataError(f"shuffle_buffer={shuffle_buffer!r} must be a positive integer.")
