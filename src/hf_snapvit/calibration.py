@@ -145,7 +145,7 @@ def _from_stream(data: Any, count: int, seed: int, prefix: int, image_column: st
 
     found, chosen = draw_valid(data, count, seed, prefix, valid,
                                label_of=None if label_name is None else (lambda row: row.get(label_name)))
-    images, kept, where = ([list(column) for column in zip(*chosen)] if chosen else ([], [], []))
+    images, kept, where = ([list(part) for part in zip(*chosen)] if chosen else ([], [], []))
     decoder.report(count, len(images), found.failures[0] if found.failures else None)
     labels = None
     if label_column is not None and is_dataset:
