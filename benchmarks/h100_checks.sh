@@ -3,7 +3,9 @@
 # `timeout` and the results are packed into $OUT/results.tar after each step, so a call cut short still returns what
 # finished. Run from the repository root. On the GPU machine (../shared/docs/gpu-device.md) bring the wheels in .whl/
 # and the first rows of the shared train parquet as .gpu/train.parquet; STEPS picks and orders the steps, T<n> caps
-# step n in seconds. On a CPU, `DEV=cpu B=tiny S=tiny OUT=/tmp/out` runs the same steps on a tiny model (a dry run).
+# step n in seconds. On a CPU, `DEV=cpu B=tiny S=tiny OUT=/tmp/out` runs the same steps on a tiny model (a dry run;
+# for steps 19-22 add `BACKEND=aot_eager SCALE_SHAPES="tiny small" SCALE_IMAGES=4 GRID_SPARSITIES="0.1 0.5"`: no
+# inductor C++ builds, and sizes the tiny model has).
 #
 #   STEPS="2 4 5 3 1" bash benchmarks/h100_checks.sh 2>&1 | tee $OUT/log.txt     # what ran on 2026-11-26
 #   STEPS="9 8 7" ...                                                              # what ran on 2026-11-27 (7 cut off)
@@ -47,6 +49,7 @@ accuracy() {
 }
 DEFAULT=obd:global:3:sigma=0.5:order=output:solution=mean:preset=default  # the default preset, as defaults_vit_tiny names it
 # Compiled latency runs: bf16, widths multiples of 64, without the switchable model (it recompiles once per size).
+SERVING=(python3 benchmarks/serving_paths.py --device "$DEV" --backend "${BACKEND:-inductor}")
 LATENCY=(python3 benchmarks/bench_gpu_latency.py --device "$DEV" --precisions bf16 --multiples 64 --no-switchable)
 for step in ${STEPS:-2 4 5 3 1 6 7 8}; do case $step in
 1) timeout "${T1:-150}" python3 benchmarks/bench_gpu_latency.py --device "$DEV" --shapes "$B" "$S" --precisions bf16 \
@@ -87,6 +90,19 @@ for step in ${STEPS:-2 4 5 3 1 6 7 8}; do case $step in
      --precisions bf16 --fitness-token-fractions 0.5 --gradient-batch-sizes 16 64 16 64 --data .gpu/train.parquet \
      --output "$R/ranking_time_tokens_steps.json" ;;
 18) accuracy "${T18:-240}" default_g20 "3 20" ${G20_CONFIG:-${DEFAULT/:3:/:20:}} ;;
+19) timeout "${T19:-170}" "${SERVING[@]}" --shapes "$B" --sparsities 0.5 --batch-sizes 32 256 --paths eager compile \
+     compile-unpadded graphs-unpadded graphs compile-eager-attention compile-freezing max-autotune --path-batch-sizes \
+     graphs-unpadded=1,32 graphs=1,32 max-autotune=256 --profile --output "$R/serving_paths_suspects.json" ;;
+20) timeout "${T20:-170}" "${SERVING[@]}" --shapes "$B" --paths eager compile-unpadded graphs-unpadded \
+     --path-batch-sizes compile-unpadded=32,256 graphs-unpadded=1,32 --batch-sizes 1 32 256 --switchable \
+     --sparsities ${GRID_SPARSITIES:-0.1 0.3 0.5 0.6} --repeats 10 --output "$R/serving_paths_grid.json" \
+   && timeout "${T20:-170}" "${SERVING[@]}" --shapes "$S" --paths eager --batch-sizes 1 32 256 --switchable \
+     --sparsities ${GRID_SPARSITIES:-0.1 0.3 0.5 0.6} --repeats 10 --output "$R/serving_paths_grid_small.json" ;;
+21) timeout "${T21:-120}" python3 benchmarks/scale.py --device "$DEV" --shapes ${SCALE_SHAPES:-vit-b16 vit-l16 so400m \
+     vit-g14} --images "${SCALE_IMAGES:-64}" --output "$R/scale.json" ;;
+22) timeout "${T22:-170}" "${SERVING[@]}" --shapes "$S" --paths eager compile-unpadded graphs-unpadded \
+     --path-batch-sizes compile-unpadded=32,256 graphs-unpadded=1,32 --batch-sizes 1 32 256 \
+     --sparsities ${GRID_SPARSITIES:-0.1 0.3 0.5 0.6} --repeats 10 --output "$R/serving_paths_grid_small_compiled.json" ;;
 *) echo "unknown step $step"; continue ;;
 esac; save "$step" $?; done
 ls -la "$R"

@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "hf_snapvit"
 # Stage of each top-level module or package, in data-flow order.
 STAGES: dict[str, int] = {
     "_version": 0, "errors": 0, "files": 0, "sources": 0, "validation": 0, "extras": 0,
-    "architectures": 1, "embedding": 1, "limits": 1,
+    "architectures": 1, "embedding": 1, "limits": 1, "attention": 1,
     "budget": 2, "data": 2, "streams": 2, "sampling": 2, "coverage": 2,
     "distributed": 3, "views": 3, "score_curves": 3,
     "calibration": 4, "budget_path": 4, "ranking": 4, "slicing": 4, "switching": 4, "sample_gradients": 4,

@@ -18,6 +18,7 @@ from typing import Any
 from ._version import __version__
 from .architectures import (ArchitectureSpec, MlpSpec, TaskModelSpec, register_architecture, register_task_model,
                             supported_model_types)
+from .attention import UNPADDED_SDPA, register_unpadded_sdpa
 from .budget import backbone_parameters, estimate_gflops
 from .correction import CorrectionConfig
 from .coverage import CoverageWarning
@@ -64,6 +65,7 @@ __all__ = [
     "SnapViTPruner",
     "StreamSource",
     "TaskModelSpec",
+    "UNPADDED_SDPA",
     "UnsupportedArchitectureError",
     "available_methods",
     "backbone_parameters",
@@ -82,6 +84,9 @@ __all__ = [
     "add_prefix_correction",
     "supported_model_types",
 ]
+
+# So that attn_implementation=UNPADDED_SDPA works in any from_pretrained once hf_snapvit is imported.
+register_unpadded_sdpa()
 
 # Public name -> the submodule that defines it, imported on first access (PEP 562).
 _LAZY = {"evaluate": ".evaluation", "plot_allocation": ".plotting"}

@@ -1,0 +1,28 @@
+"""benchmarks/scale.py runs as is on a CPU with two tiny shapes: a ranking per shape and preset with its phases, the
+sliced load, and the growth exponent of each measure against the parameters."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from helpers import load_benchmark
+
+
+def test_the_scale_benchmark_ranks_loads_and_fits_growth_exponents(tmp_path):
+    script = load_benchmark("scale")
+    output = tmp_path / "scale.json"
+    assert script.main(["--device", "cpu", "--shapes", "tiny", "small", "--presets", "fast", "--images", "4",
+                        "--generations", "1", "--floor-repeats", "1", "--output", str(output)]) == 0
+    report = json.loads(output.read_text())
+    tiny, small = report["rows"]
+    assert small["parameters"] > tiny["parameters"]
+    for row in (tiny, small):
+        ranking = row["rankings"]["fast"]
+        assert ranking["wall_seconds"] > 0 and ranking["num_fitness_images"] == 4
+        assert row["load"]["loaded_parameters"] < row["parameters"] and row["load"]["load_seconds"] > 0
+    points = [(row["parameters"], row["rankings"]["fast"]["wall_seconds"]) for row in (tiny, small)]
+    expected = math.log(points[1][1] / points[0][1]) / math.log(points[1][0] / points[0][0])
+    assert abs(report["growth_exponents"]["fast.wall_seconds"] - expected) < 1e-9
+    assert report["growth_exponents"]["fast.peak_memory_bytes"] is None  # no GPU memory on a CPU
+    assert script.exponent([(1.0, 2.0), (2.0, 8.0), (4.0, 32.0)]) == 2.0
