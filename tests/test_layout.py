@@ -21,7 +21,7 @@ STAGES: dict[str, int] = {
     "budget": 2, "data": 2, "streams": 2, "sampling": 2, "coverage": 2,
     "distributed": 3, "views": 3, "score_curves": 3,
     "calibration": 4, "budget_path": 4, "ranking": 4, "slicing": 4, "switching": 4, "sample_gradients": 4,
-    "scoring": 5, "xnes": 5, "fitness": 5, "token_subset": 5, "cka": 5, "checkpoint": 5, "fingerprint": 5,
+    "proof": 5, "scoring": 5, "xnes": 5, "fitness": 5, "token_subset": 5, "cka": 5, "checkpoint": 5, "fingerprint": 5,
     # Text-only card pieces (no plotting, upload or evaluation): saving a sliced model writes its card.
     "cards": 5, "remote_code": 5,
     "latency_table": 5,

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from .architectures.discovery import spec_to_dict
+from .architectures.registry import is_discovered
 from .budget import model_shape
 from .errors import CheckpointError
 from .correction import CorrectionConfig
@@ -26,6 +28,7 @@ from .correction.prefix_sizes import check_sizes
 from .files import atomic_directory, public_name
 from .fingerprint import fingerprint_of
 from .cards.elastic import GENERATED_MARKER, write_model_card
+from .proof import ensure_proven
 from .ranking import ElasticRanking
 from .slicing import slice_model_
 
@@ -73,6 +76,7 @@ def save_elastic(
     Returns:
         The ranking as stored (in rank order): what ``ElasticViTModel.from_pretrained`` resolves budgets with.
     """
+    spec = ensure_proven(model)
     ranking.check_matches(model_shape(model))
     if getattr(model.config, "elastic_layout", None):
         raise CheckpointError(
@@ -88,6 +92,8 @@ def save_elastic(
     permuted = slice_model_(_shadow_copy(model), ranking.orders())
     data["provenance"]["weights_fingerprint"] = fingerprint_of(permuted)
     permuted.config.elastic_ranking = data
+    if is_discovered(spec):  # a model no registry knows: loading reads its proven spec from config.json
+        permuted.config.elastic_spec = spec_to_dict(spec, model.config)
     with atomic_directory(save_directory) as staging:
         permuted.save_pretrained(staging, **save_kwargs)
         if image_processor is not None:

@@ -144,6 +144,8 @@ class TaskModelSpec:
 _REGISTRY: dict[str, ArchitectureSpec] = {}
 _TASKS: dict[str, TaskModelSpec] = {}
 _DERIVED: dict[tuple[str, str], ArchitectureSpec] = {}  # (task model_type, encoder model_type) -> spec
+# Specs of unregistered model types: read from a checkpoint's config.json or discovered in a model (discovery.py).
+_DISCOVERED: dict[str, ArchitectureSpec] = {}
 
 
 def register_architecture(spec: ArchitectureSpec, *, exist_ok: bool = False) -> None:
@@ -159,6 +161,7 @@ def register_architecture(spec: ArchitectureSpec, *, exist_ok: bool = False) -> 
             f"model_type {spec.model_type!r} is already registered; pass exist_ok=True to replace its spec."
         )
     _REGISTRY[spec.model_type] = spec
+    _DISCOVERED.pop(spec.model_type, None)
 
 
 def register_task_model(task: TaskModelSpec, *, exist_ok: bool = False) -> None:
@@ -205,14 +208,43 @@ def get_spec(model_or_config: PreTrainedModel | PretrainedConfig | str) -> Archi
                 f"to get_spec, not the model_type string.")
         return _task_spec(_TASKS[model_type], config)
     if model_type not in _REGISTRY:
+        return _unregistered_spec(model_or_config, config, model_type)
+    return _REGISTRY[model_type]
+
+
+def _unregistered_spec(model_or_config: object, config: PretrainedConfig | None,
+                       model_type: str | None) -> ArchitectureSpec:
+    """The spec of a model type no registry holds: stored in its config (``elastic_spec``), else discovered in the
+    model itself; the first one found for a model type is kept for the process."""
+    from .discovery import SPEC_KEY, discover_spec, spec_from_dict
+
+    if model_type in _DISCOVERED:
+        return _DISCOVERED[model_type]
+    stored = getattr(config, SPEC_KEY, None) if config is not None else None
+    if stored is not None:
+        spec = spec_from_dict(str(model_type), stored)
+    elif isinstance(model_or_config, nn.Module) and model_type:
+        spec = discover_spec(model_or_config)
+    else:
         raise UnsupportedArchitectureError(
             f"model_type={model_type!r} is not supported by hf_snapvit. Supported: {', '.join(supported_model_types())}"
-            ". To add an architecture, describe where its blocks, q/k/v/o projections and FFN live with "
-            "hf_snapvit.ArchitectureSpec and call hf_snapvit.register_architecture(spec); for a task model built on "
-            "a supported backbone, describe where its encoder lives with hf_snapvit.TaskModelSpec and call "
-            "hf_snapvit.register_task_model(spec)."
+            ". Pass the model itself (hf_snapvit.rank(model, ...)) and its structure is discovered and proven; or "
+            "describe where its blocks, q/k/v/o projections and FFN live with hf_snapvit.ArchitectureSpec and call "
+            "hf_snapvit.register_architecture(spec); for a task model built on a supported backbone, describe where "
+            "its encoder lives with hf_snapvit.TaskModelSpec and call hf_snapvit.register_task_model(spec)."
         )
-    return _REGISTRY[model_type]
+    _DISCOVERED[model_type] = spec
+    return spec
+
+
+def is_discovered(spec: ArchitectureSpec) -> bool:
+    """Whether ``spec`` was discovered or read from a checkpoint rather than registered."""
+    return _DISCOVERED.get(spec.model_type) is spec
+
+
+def forget_discovered(model_type: str) -> None:
+    """Drop the spec kept for ``model_type`` (one whose proof failed)."""
+    _DISCOVERED.pop(model_type, None)
 
 
 def _task_spec(task: TaskModelSpec, config: PretrainedConfig) -> ArchitectureSpec:
@@ -240,9 +272,9 @@ def used_layers(config: PretrainedConfig, spec: ArchitectureSpec | None = None) 
     """How many blocks, counted from the first, produce what the model's task reads: all of them, except in a task
     model that reads an earlier block's output (LLaVA's default ``vision_feature_layer=-2``)."""
     spec = spec or get_spec(config)
+    if spec.task is None:  # every block (a discovered model's config need not count them)
+        return int(getattr(vision_config(config), "num_hidden_layers", None) or 2**31 - 1)
     total = int(vision_config(config).num_hidden_layers)
-    if spec.task is None:
-        return total
     return max(1, max(index if index >= 0 else total + 1 + index for index in spec.task.feature_layers(config)))
 
 

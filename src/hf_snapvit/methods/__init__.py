@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 from ..budget import ModelShape, layer_widths, model_shape
 from ..errors import ConfigError, DataError
 from ..files import public_name
+from ..proof import ensure_proven
 from ..ranking import ElasticRanking, Floors, RankingMode
 from .baselines import GRADIENT_METHODS, gradient_baseline_scores, lamp_scores, magnitude_scores, random_scores
 from .snapvit import SnapViTConfig, SnapViTPruner
@@ -103,6 +104,7 @@ def rank(
     if max_generations is not None and method != "snapvit":
         raise ConfigError(f"max_generations={max_generations!r} sets the length of SnapViT's search, and "
                           f"method={method!r} has none: leave max_generations out, or use method='snapvit'.")
+    ensure_proven(model)  # a model no registry knows: its discovered structure is checked before it is ranked
     heads, neurons = layer_widths(model)
     if len(set(heads)) != 1 or len(set(neurons)) != 1:
         raise ConfigError(

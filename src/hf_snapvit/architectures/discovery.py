@@ -1,0 +1,226 @@
+"""Discovery: the :class:`ArchitectureSpec` of a vision transformer no registry knows, read from its module tree and
+one forward pass, and its data form for ``config.json``.
+
+The stack of blocks is the ``nn.ModuleList`` of same-class modules holding the most parameters. In its first block,
+the order in which one forward calls the ``nn.Linear`` layers names them: three projections from the hidden width to
+one attention width (query, key, value), one back (the output projection), then the FFN: one or two projections out
+of the hidden width (a gated FFN has two) and one back. The attention and FFN modules are the closest common parents
+of their projections. A spec found here is a guess until :func:`hf_snapvit.proof.prove_spec` shows that slicing
+with it equals masking; ``save_elastic`` proves it before it writes anything, then stores :func:`spec_to_dict` in the
+checkpoint's ``config.json`` (``elastic_spec``), so loading needs no registration.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.nn as nn
+from transformers import PretrainedConfig
+
+from ..errors import UnsupportedArchitectureError
+from .registry import ArchitectureSpec, MlpSpec
+
+SPEC_KEY = "elastic_spec"
+SPEC_FORMAT = 1
+_PATH_FIELDS = ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "mlp", "head_width")
+
+
+def _vision_config(config: PretrainedConfig) -> PretrainedConfig:
+    return getattr(config, "vision_config", None) or config
+
+
+def _block_stack(root: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The dotted path and the ``nn.ModuleList`` of same-class blocks holding the most parameters."""
+    best: tuple[int, str, nn.ModuleList] | None = None
+    for name, module in root.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0 and len({type(m) for m in module}) == 1:
+            size = sum(p.numel() for p in module.parameters())
+            if size and (best is None or size > best[0]):
+                best = (size, name, module)
+    if best is None:
+        raise UnsupportedArchitectureError(
+            f"{type(root).__name__} has no stack of repeated blocks (an nn.ModuleList of same-class modules), so "
+            "hf_snapvit cannot find its transformer blocks. Describe them with hf_snapvit.ArchitectureSpec and call "
+            "hf_snapvit.register_architecture(spec).")
+    return best[1], best[2]
+
+
+def _trace_block(model: nn.Module, block: nn.Module) -> tuple[list[tuple[str, nn.Linear]], int]:
+    """The block's ``nn.Linear`` layers in the order one forward calls them, and the number of tokens it sees."""
+    config = _vision_config(model.config)
+    size, channels = getattr(config, "image_size", 224), getattr(config, "num_channels", 3)
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    names = {id(m): n for n, m in block.named_modules() if isinstance(m, nn.Linear)}
+    calls: list[tuple[str, nn.Linear]] = []
+    tokens: list[int] = []
+    hooks = [m.register_forward_hook(lambda m, i, o: calls.append((names[id(m)], m)))
+             for m in block.modules() if isinstance(m, nn.Linear)]
+    hooks.append(block.register_forward_pre_hook(
+        lambda m, args, kwargs: tokens.append(_tokens(args, kwargs)), with_kwargs=True))
+    dtype = next(model.parameters()).dtype
+    device = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            model(pixel_values=torch.zeros(1, int(channels), int(size), int(size), dtype=dtype, device=device))
+    except Exception as error:  # noqa: BLE001 - any failure means the model cannot be discovered this way
+        raise UnsupportedArchitectureError(
+            f"hf_snapvit could not run one forward of {type(model).__name__} on a [1, {channels}, {size}, {size}] "
+            f"image to discover its structure ({type(error).__name__}: {error}). Describe it with "
+            "hf_snapvit.ArchitectureSpec and call hf_snapvit.register_architecture(spec).") from error
+    finally:
+        for hook in hooks:
+            hook.remove()
+    seen, order = set(), []
+    for name, module in calls:  # the first call of each layer (one block runs once per forward)
+        if name not in seen:
+            seen.add(name)
+            order.append((name, module))
+    return order, tokens[0] if tokens else 0
+
+
+def _tokens(args: tuple, kwargs: dict) -> int:
+    hidden = args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+    return int(hidden.shape[1]) if isinstance(hidden, torch.Tensor) and hidden.dim() == 3 else 0
+
+
+def _parent(paths: list[str]) -> str:
+    """The closest common parent of dotted paths (``""``: the block itself)."""
+    parts = [p.split(".")[:-1] for p in paths]
+    common = []
+    for names in zip(*parts):
+        if len(set(names)) > 1:
+            break
+        common.append(names[0])
+    return ".".join(common)
+
+
+def _relative(path: str, parent: str) -> str:
+    return path[len(parent) + 1:] if parent else path
+
+
+def _head_attributes(attention: nn.Module, heads: int, width: int) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """The attention module's attributes holding the head count, heads × head width, and one head's width."""
+    counts, sizes, widths = [], [], []
+    for prefix, module in attention.named_modules():
+        for name, value in vars(module).items():
+            if isinstance(value, bool) or not isinstance(value, int) or "head" not in name:
+                continue
+            path = f"{prefix}.{name}" if prefix else name
+            if value == heads:
+                counts.append(path)
+            elif value == heads * width:
+                sizes.append(path)
+            elif value == width:
+                widths.append(path)
+    if not widths:
+        raise UnsupportedArchitectureError(
+            f"{type(attention).__name__} keeps no attribute naming one head's width ({width}), so hf_snapvit cannot "
+            "follow its heads. Register an ArchitectureSpec whose head_width names it.")
+    return tuple(counts), tuple(sizes), widths[0]
+
+
+def discover_spec(model: nn.Module) -> ArchitectureSpec:
+    """The spec of ``model`` found in its module tree and one forward pass (not yet proven).
+
+    Raises:
+        UnsupportedArchitectureError: naming what could not be matched (no block stack, no q/k/v/o projections, a
+            fused ``qkv`` projection, no FFN), with the fix: a registered :class:`ArchitectureSpec`.
+    """
+    config = _vision_config(model.config)
+    base = getattr(model, "base_model", model)
+    layers_path, layers = _block_stack(base)
+    calls, tokens = _trace_block(model, layers[0])
+    problem = "hf_snapvit could not match"
+    first = calls[0][1] if calls else None
+    if first is not None and len(calls) > 1 and first.out_features == 3 * calls[1][1].in_features:
+        raise UnsupportedArchitectureError(
+            f"{problem} separate query, key and value projections: {layers_path}.0.{calls[0][0]} is a fused qkv "
+            f"projection ({first.in_features} -> {first.out_features}), which hf_snapvit cannot slice yet. Models "
+            "with separate q/k/v projections are discovered; for this one, wait for fused-projection support.")
+    if len(calls) < 5:
+        raise UnsupportedArchitectureError(
+            f"{problem} attention and FFN projections in block 0 of {layers_path} ({type(layers[0]).__name__}): its "
+            f"forward called {len(calls)} nn.Linear layers ({[n for n, _ in calls]}). Register an ArchitectureSpec.")
+    hidden = calls[0][1].in_features
+    q, k, v = calls[:3]
+    width = q[1].out_features
+    if any(m.in_features != hidden or m.out_features != width for _, m in (q, k, v)):
+        raise UnsupportedArchitectureError(
+            f"{problem} query, key and value projections in block 0 of {layers_path}: the first three nn.Linear "
+            f"calls are {[(n, m.in_features, m.out_features) for n, m in (q, k, v)]}, expected three {hidden} -> "
+            f"{width}. Register an ArchitectureSpec naming them.")
+    o = calls[3]
+    rest = calls[4:]
+    ups = [(n, m) for n, m in rest if m.in_features == hidden and m.out_features != hidden]
+    downs = [(n, m) for n, m in rest if m.out_features == hidden and ups and m.in_features == ups[0][1].out_features]
+    if o[1].in_features != width or o[1].out_features != hidden or not ups or not downs:
+        raise UnsupportedArchitectureError(
+            f"{problem} an output projection ({width} -> {hidden}) and an FFN ({hidden} -> n -> {hidden}) in block 0 "
+            f"of {layers_path}; its nn.Linear calls after q/k/v: {[(n, m.in_features, m.out_features) for n, m in rest]}"
+            ". Register an ArchitectureSpec naming them.")
+    heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "num_heads", 0) or 0)
+    if heads <= 0 or width % heads:
+        raise UnsupportedArchitectureError(
+            f"{problem} the head count: config.num_attention_heads is {heads or 'missing'} for an attention width of "
+            f"{width}. Set it on the config, or register an ArchitectureSpec.")
+    attention = _parent([q[0], k[0], v[0], o[0]])
+    ups = ups[:2] if len(ups) > 1 and ups[1][1].out_features == ups[0][1].out_features else ups[:1]
+    mlp = _parent([*(n for n, _ in ups), downs[0][0]])
+    block = layers[0]
+    counts, sizes, head_width = _head_attributes(block.get_submodule(attention) if attention else block, heads,
+                                                 width // heads)
+    image, patch = getattr(config, "image_size", None), getattr(config, "patch_size", None)
+    patches = (image // patch) ** 2 if isinstance(image, int) and isinstance(patch, int) and patch else tokens
+    extra = max(0, tokens - patches)
+    return ArchitectureSpec(
+        model_type=model.config.model_type, layers=layers_path, attention=attention,
+        q_proj=_relative(q[0], attention), k_proj=_relative(k[0], attention), v_proj=_relative(v[0], attention),
+        o_proj=_relative(o[0], attention), mlp=mlp,
+        mlp_variants=(MlpSpec(tuple(_relative(n, mlp) for n, _ in ups), _relative(downs[0][0], mlp)),),
+        embedding="pooled", extra_tokens=lambda c, e=extra: e, num_patches=lambda c, n=patches: n,
+        head_count_attrs=counts, head_size_attrs=sizes, head_width=head_width, token_subsets=False)
+
+
+def spec_to_dict(spec: ArchitectureSpec, config: PretrainedConfig) -> dict[str, Any]:
+    """The data form of a discovered spec, stored as ``config.json["elastic_spec"]``."""
+    variant = spec.mlp_variants[0]
+    return {"format": SPEC_FORMAT, **{name: getattr(spec, name) for name in _PATH_FIELDS},
+            "mlp_in": list(variant.in_proj), "mlp_out": variant.out_proj, "embedding": spec.embedding,
+            "head_count_attrs": list(spec.head_count_attrs), "head_size_attrs": list(spec.head_size_attrs),
+            "extra_tokens": int(spec.extra_tokens(config)), "num_patches": int(spec.num_patches(config))}
+
+
+def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None = None) -> ArchitectureSpec:
+    """A spec from its data form, every field checked (a checkpoint's config is not trusted)."""
+    where = f"config.json[{SPEC_KEY!r}]" + (f" of {str(source)!r}" if source else "")
+    fix = "Re-save the checkpoint with hf_snapvit.save_elastic, or register an ArchitectureSpec for this model."
+
+    def fail(what: str) -> UnsupportedArchitectureError:
+        return UnsupportedArchitectureError(f"{where} {what}. {fix}")
+
+    if not isinstance(data, dict):
+        raise fail(f"must be a JSON object, got {type(data).__name__}")
+    if data.get("format") != SPEC_FORMAT:
+        raise fail(f"has format {data.get('format')!r}; this hf_snapvit reads format {SPEC_FORMAT}")
+    for name in (*_PATH_FIELDS, "mlp_out", "embedding"):
+        if not isinstance(data.get(name), str):
+            raise fail(f"needs a string {name!r}, got {data.get(name)!r}")
+    for name in ("mlp_in", "head_count_attrs", "head_size_attrs"):
+        value = data.get(name)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or (name == "mlp_in"
+                                                                                         and not value):
+            raise fail(f"needs a list of strings {name!r}, got {value!r}")
+    for name in ("extra_tokens", "num_patches"):
+        value = data.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise fail(f"needs a non-negative integer {name!r}, got {value!r}")
+    if data["embedding"] not in ("cls", "pooled", "cls_dist_mean"):
+        raise fail(f"has embedding {data['embedding']!r}; expected 'cls', 'pooled' or 'cls_dist_mean'")
+    return ArchitectureSpec(
+        model_type=model_type, **{name: data[name] for name in _PATH_FIELDS},
+        mlp_variants=(MlpSpec(tuple(data["mlp_in"]), data["mlp_out"]),), embedding=data["embedding"],
+        head_count_attrs=tuple(data["head_count_attrs"]), head_size_attrs=tuple(data["head_size_attrs"]),
+        extra_tokens=lambda c, e=data["extra_tokens"]: e, num_patches=lambda c, n=data["num_patches"]: n,
+        token_subsets=False)

@@ -1,0 +1,212 @@
+"""Discovery: a vision transformer no registry knows (a user's own PreTrainedModel, I-JEPA) is ranked, saved and
+loaded sliced by its discovered, proven spec alone; what discovery cannot match, or what fails the proof, is refused
+before anything is written, naming the modules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+import transformers
+from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+import hf_snapvit as hs
+from hf_snapvit import proof
+from hf_snapvit.architectures import get_spec, registry
+from helpers import masked_copy
+
+
+class CustomConfig(PretrainedConfig):
+    model_type = "hf_snapvit_test_custom"
+
+    def __init__(self, width=32, depth=2, heads=4, ffn=48, image_size=32, patch_size=8, num_channels=3,
+                 fused=False, gated=False, **kwargs):
+        super().__init__(**kwargs)
+        self.width, self.depth, self.num_attention_heads, self.ffn = width, depth, heads, ffn
+        self.image_size, self.patch_size, self.num_channels = image_size, patch_size, num_channels
+        self.fused, self.gated = fused, gated
+
+
+class Mixer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_heads, self.head_size = config.num_attention_heads, config.width // config.num_attention_heads
+        if config.fused:
+            self.qkv = nn.Linear(config.width, 3 * config.width)
+        else:
+            self.to_q, self.to_k, self.to_v = (nn.Linear(config.width, config.width) for _ in range(3))
+        self.proj = nn.Linear(config.width, config.width)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).chunk(3, -1) if hasattr(self, "qkv") else (self.to_q(x), self.to_k(x), self.to_v(x))
+        split = lambda y: y.view(b, t, -1, self.head_size).transpose(1, 2)  # noqa: E731
+        out = nn.functional.scaled_dot_product_attention(split(q), split(k), split(v))
+        return self.proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class GatedFfn(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w_gate, self.w_in = nn.Linear(config.width, config.ffn), nn.Linear(config.width, config.ffn)
+        self.w_out = nn.Linear(config.ffn, config.width)
+
+    def forward(self, x):
+        return self.w_out(nn.functional.silu(self.w_gate(x)) * self.w_in(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n1, self.n2 = nn.LayerNorm(config.width), nn.LayerNorm(config.width)
+        self.mixer = Mixer(config)
+        self.ff = GatedFfn(config) if config.gated else nn.Sequential(
+            nn.Linear(config.width, config.ffn), nn.GELU(), nn.Linear(config.ffn, config.width))
+
+    def forward(self, x):
+        x = x + self.mixer(self.n1(x))
+        return x + self.ff(self.n2(x))
+
+
+class CustomModel(PreTrainedModel):
+    config_class = CustomConfig
+    base_model_prefix = "custom"
+    main_input_name = "pixel_values"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.patchify = nn.Conv2d(config.num_channels, config.width, config.patch_size, config.patch_size)
+        self.cls = nn.Parameter(torch.zeros(1, 1, config.width))
+        self.trunk = nn.ModuleList(Block(config) for _ in range(config.depth))
+        self.norm = nn.LayerNorm(config.width)
+        self.post_init()
+
+    def forward(self, pixel_values, **kwargs):
+        x = self.patchify(pixel_values).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)
+        for block in self.trunk:
+            x = block(x)
+        x = self.norm(x)
+        return BaseModelOutputWithPooling(last_hidden_state=x, pooler_output=x[:, 0])
+
+
+AutoConfig.register(CustomConfig.model_type, CustomConfig, exist_ok=True)
+AutoModel.register(CustomConfig, CustomModel, exist_ok=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_discoveries(monkeypatch):
+    """Each test discovers from scratch, as a new process would."""
+    monkeypatch.setattr(registry, "_DISCOVERED", {})
+    monkeypatch.setattr(proof, "_PROVEN", set())
+
+
+def _custom(**options) -> CustomModel:
+    torch.manual_seed(0)
+    model = CustomModel(CustomConfig(**options)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    return model
+
+
+def _pixels(batch=2):
+    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+def test_a_model_no_registry_knows_is_ranked_saved_and_loaded_by_its_discovered_spec(tmp_path, gated):
+    model = _custom(gated=gated)
+    spec = get_spec(model)
+    assert (spec.layers, spec.attention, spec.q_proj, spec.k_proj, spec.v_proj, spec.o_proj) == (
+        "trunk", "mixer", "to_q", "to_k", "to_v", "proj")
+    assert (spec.mlp, spec.mlp_variants[0]) == (("ff", hs.MlpSpec(("w_gate", "w_in"), "w_out")) if gated else
+                                                ("ff", hs.MlpSpec(("0",), "2")))
+    assert spec.head_width == "head_size" and spec.head_count_attrs == ("n_heads",)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ranking = hs.rank(model, method="magnitude", show_progress=False)
+    stored_ranking = hs.save_elastic(model, ranking, tmp_path)  # what loading resolves budgets with
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the caller's model is untouched
+    stored = json.loads((tmp_path / "config.json").read_text())["elastic_spec"]
+    assert stored["layers"] == "trunk" and stored["num_patches"] == 16 and stored["extra_tokens"] == 1
+
+    registry._DISCOVERED.clear()  # loading reads the spec from config.json, as a fresh process does
+    pixels = _pixels()
+    dense = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.0)
+    sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3)
+    assert type(sliced) is CustomModel and sum(p.numel() for p in sliced.parameters()) < sum(
+        p.numel() for p in model.parameters())
+    with torch.no_grad():
+        reference = model(pixel_values=pixels).last_hidden_state
+        torch.testing.assert_close(dense(pixel_values=pixels).last_hidden_state, reference, rtol=1e-5, atol=1e-5)
+        keep = ranking.keep_indices(stored_ranking.keep_counts(0.3))
+        masked = masked_copy(model, keep)(pixel_values=pixels).last_hidden_state
+        torch.testing.assert_close(sliced(pixel_values=pixels).last_hidden_state, masked, rtol=1e-4, atol=1e-5)
+    # The stock loader reads the elastic checkpoint dense, as it would any checkpoint of the user's class.
+    stock = AutoModel.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(stock(pixel_values=pixels).last_hidden_state, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_ijepa_a_transformers_family_without_a_spec_works_by_discovery(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.IJepaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=48, image_size=32, patch_size=8)
+    model = transformers.IJepaModel(config).eval()
+    assert "ijepa" not in hs.supported_model_types()
+    ranking = hs.rank(model, method="magnitude", show_progress=False)
+    stored_ranking = hs.save_elastic(model, ranking, tmp_path, model_card=False)
+    registry._DISCOVERED.clear()
+    sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3)
+    assert isinstance(sliced, transformers.IJepaModel)  # (its sliced twin, as for every stock class)
+    pixels = _pixels()
+    with torch.no_grad():
+        masked = masked_copy(model, ranking.keep_indices(stored_ranking.keep_counts(0.3)))
+        torch.testing.assert_close(sliced(pixel_values=pixels).last_hidden_state,
+                                   masked(pixel_values=pixels).last_hidden_state, rtol=1e-4, atol=1e-5)
+        switchable = hs.ElasticViTModel.from_pretrained(tmp_path, switchable=True)
+        switchable.set_budget(sparsity=0.3)
+        torch.testing.assert_close(switchable(pixel_values=pixels).last_hidden_state,
+                                   sliced(pixel_values=pixels).last_hidden_state, rtol=1e-4, atol=1e-5)
+
+
+def test_a_fused_qkv_projection_is_refused_by_name_before_anything_is_written(tmp_path):
+    model = _custom(fused=True)
+    with pytest.raises(hs.UnsupportedArchitectureError, match=r"mixer.qkv is a fused qkv projection \(32 -> 96\)"):
+        hs.save_elastic(model, None, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_spec_that_fails_the_proof_is_refused_and_forgotten(monkeypatch, tmp_path):
+    model = _custom()
+    spec = get_spec(model)
+    # A wrong guess: the key projection named as the output projection. Slicing then cuts the wrong matrix.
+    wrong = hs.ArchitectureSpec(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__}, "o_proj": "to_k"})
+    registry._DISCOVERED[spec.model_type] = wrong
+    with pytest.raises(hs.UnsupportedArchitectureError) as info:
+        hs.rank(model, method="magnitude", show_progress=False)
+    message = str(info.value)
+    assert "'o_proj': 'to_k'" in message and "register_architecture" in message
+    assert spec.model_type not in registry._DISCOVERED  # the failed guess is not kept
+
+
+@pytest.mark.parametrize("bad, named", [("not a dict", "JSON object"), ({"format": 9}, "format 9"),
+                                        ("missing-layers", "'layers'"), ("negative-tokens", "extra_tokens")])
+def test_a_tampered_stored_spec_gets_a_clear_error(tmp_path, bad, named):
+    model = _custom()
+    hs.save_elastic(model, hs.rank(model, method="magnitude", show_progress=False), tmp_path, model_card=False)
+    config = json.loads((tmp_path / "config.json").read_text())
+    spec = dict(config["elastic_spec"])
+    if bad == "missing-layers":
+        del spec["layers"]
+    elif bad == "negative-tokens":
+        spec["extra_tokens"] = -1
+    else:
+        spec = bad
+    (tmp_path / "config.json").write_text(json.dumps({**config, "elastic_spec": spec}))
+    registry._DISCOVERED.clear()
+    with pytest.raises(hs.UnsupportedArchitectureError, match=named):
+        hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3)
