@@ -12,15 +12,15 @@ def test_every_path_is_timed_beside_the_eager_anchor_and_sizes_are_read_against_
     script = load_benchmark("serving_paths")
     output = tmp_path / "serving.json"
     assert script.main(["--device", "cpu", "--shapes", "tiny", "--backend", "aot_eager", "--paths", "eager",
-                        "compile", "compile-unpadded", "graphs-unpadded", "--path-batch-sizes", "compile=2",
-                        "--batch-sizes", "1", "2", "--sparsities", "0.5", "--repeats", "2", "--warmup", "1",
+                        "compile-unpadded", "graphs-unpadded", "--path-batch-sizes", "compile-unpadded=2",
+                        "--batch-sizes", "1", "2", "--sparsities", "0.5", "--repeats", "1", "--warmup", "1",
                         "--profile", "--switchable", "--output", str(output)]) == 0
     report = json.loads(output.read_text())
     runs = {(run["path"], run.get("model")): run for run in report["runs"]}
     assert "CUDA" in runs["graphs-unpadded", None]["skipped"]  # no CUDA graphs on a CPU, and it says so
-    assert runs["compile", None]["batch_sizes"] == [2] and runs["eager", None]["batch_sizes"] == [1, 2]
+    assert runs["compile-unpadded", None]["batch_sizes"] == [2] and runs["eager", None]["batch_sizes"] == [1, 2]
     assert runs["compile-unpadded", None]["settings"]["attention"] == "sdpa_unpadded"
-    for name in ("eager", "compile", "compile-unpadded"):
+    for name in ("eager", "compile-unpadded"):
         run = runs[name, None]
         dense, sliced = run["rows"]
         assert dense["model"] == "dense" and sliced["model"] == "sliced" and sliced["gflop_ratio"] > 1.5
@@ -31,7 +31,7 @@ def test_every_path_is_timed_beside_the_eager_anchor_and_sizes_are_read_against_
     # The summary: per batch, the fastest dense path of those that ran that batch, and each size against it.
     for batch, cell in report["summary"]["tiny"].items():
         candidates = {name: runs[name, None]["rows"][0]["latency"].get(batch) for name in
-                      ("eager", "compile", "compile-unpadded")}
+                      ("eager", "compile-unpadded")}
         times = {name: entry["median_ms"] for name, entry in candidates.items() if entry}
         assert cell["fastest_dense"]["ms"] == min(times.values()) and cell["fastest_dense"]["path"] in times
         (size,) = cell["sizes"]
