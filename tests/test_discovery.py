@@ -23,11 +23,11 @@ class CustomConfig(PretrainedConfig):
     model_type = "hf_snapvit_test_custom"
 
     def __init__(self, width=32, depth=2, heads=4, ffn=48, image_size=32, patch_size=8, num_channels=3,
-                 fused=False, gated=False, **kwargs):
+                 fused=False, gated=False, head_gate=False, **kwargs):
         super().__init__(**kwargs)
         self.width, self.depth, self.num_attention_heads, self.ffn = width, depth, heads, ffn
         self.image_size, self.patch_size, self.num_channels = image_size, patch_size, num_channels
-        self.fused, self.gated = fused, gated
+        self.fused, self.gated, self.head_gate = fused, gated, head_gate
 
 
 class Mixer(nn.Module):
@@ -39,12 +39,16 @@ class Mixer(nn.Module):
         else:
             self.to_q, self.to_k, self.to_v = (nn.Linear(config.width, config.width) for _ in range(3))
         self.proj = nn.Linear(config.width, config.width)
+        # A per-head table that no spec names: slicing heads without it cannot work.
+        self.gate = nn.Parameter(torch.ones(config.num_attention_heads)) if config.head_gate else None
 
     def forward(self, x):
         b, t, _ = x.shape
         q, k, v = self.qkv(x).chunk(3, -1) if hasattr(self, "qkv") else (self.to_q(x), self.to_k(x), self.to_v(x))
         split = lambda y: y.view(b, t, -1, self.head_size).transpose(1, 2)  # noqa: E731
         out = nn.functional.scaled_dot_product_attention(split(q), split(k), split(v))
+        if self.gate is not None:
+            out = out * self.gate[None, :, None, None]
         return self.proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -180,17 +184,26 @@ def test_a_fused_qkv_projection_is_refused_by_name_before_anything_is_written(tm
     assert not (tmp_path / "out").exists()
 
 
-def test_a_spec_that_fails_the_proof_is_refused_and_forgotten(monkeypatch, tmp_path):
+def test_a_wrong_guess_fails_its_proof_and_the_next_guess_is_taken():
     model = _custom()
     spec = get_spec(model)
     # A wrong guess: the key projection named as the output projection. Slicing then cuts the wrong matrix.
     wrong = hs.ArchitectureSpec(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__}, "o_proj": "to_k"})
     registry._DISCOVERED[spec.model_type] = wrong
     with pytest.raises(hs.UnsupportedArchitectureError) as info:
-        hs.rank(model, method="magnitude", show_progress=False)
+        proof.prove_spec(model, wrong)
+    assert "'o_proj': 'to_k'" in str(info.value) and "register_architecture" in str(info.value)
+    assert proof.ensure_proven(model).o_proj == "proj"  # discovery's own guess passes and is kept
+    assert get_spec(model).o_proj == "proj"
+
+
+def test_a_model_no_guess_can_slice_is_refused_naming_the_modules_and_forgotten(tmp_path):
+    model = _custom(head_gate=True)
+    with pytest.raises(hs.UnsupportedArchitectureError) as info:
+        hs.save_elastic(model, None, tmp_path / "out")
     message = str(info.value)
-    assert "'o_proj': 'to_k'" in message and "register_architecture" in message
-    assert spec.model_type not in registry._DISCOVERED  # the failed guess is not kept
+    assert "'attention': 'mixer'" in message and "'o_proj': 'proj'" in message and "register_architecture" in message
+    assert not (tmp_path / "out").exists() and model.config.model_type not in registry._DISCOVERED
 
 
 @pytest.mark.parametrize("bad, named", [("not a dict", "JSON object"), ({"format": 9}, "format 9"),
@@ -210,3 +223,40 @@ def test_a_tampered_stored_spec_gets_a_clear_error(tmp_path, bad, named):
     registry._DISCOVERED.clear()
     with pytest.raises(hs.UnsupportedArchitectureError, match=named):
         hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3)
+
+
+_SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+FAMILIES = {  # transformers families without a registered spec, each ranked, saved and loaded by discovery alone
+    "videomae": lambda T: T.VideoMAEModel(T.VideoMAEConfig(**_SMALL, image_size=32, patch_size=8, num_frames=4,
+                                                           tubelet_size=2)),
+    "vitpose": lambda T: T.VitPoseForPoseEstimation(T.VitPoseConfig(backbone_config=T.VitPoseBackboneConfig(
+        **_SMALL, image_size=[32, 32], patch_size=[8, 8], out_indices=[2]))),
+    "aimv2": lambda T: T.Aimv2VisionModel(T.Aimv2VisionConfig(**_SMALL, image_size=32, patch_size=8)),
+    "mlcd": lambda T: T.MLCDVisionModel(T.MLCDVisionConfig(**_SMALL, image_size=32, patch_size=8)),
+    "pixtral": lambda T: T.PixtralVisionModel(T.PixtralVisionConfig(**_SMALL, image_size=32, patch_size=8,
+                                                                     head_dim=8)),
+    "idefics3-vision": lambda T: T.Idefics3VisionTransformer(T.Idefics3VisionConfig(**_SMALL, image_size=32,
+                                                                                    patch_size=8)),
+    "internvl-vision": lambda T: T.InternVLVisionModel(T.InternVLVisionConfig(**_SMALL, image_size=32,
+                                                                              patch_size=8)),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_transformers_families_without_a_spec_load_sliced_equal_to_masking(family, tmp_path):
+    from hf_snapvit.embedding import dummy_inputs
+    from hf_snapvit.proof import _output
+
+    torch.manual_seed(0)
+    model = FAMILIES[family](transformers).eval()
+    assert model.config.model_type not in hs.supported_model_types()
+    ranking = hs.rank(model, method="magnitude", show_progress=False)
+    stored = hs.save_elastic(model, ranking, tmp_path, model_card=False)
+    assert "elastic_spec" in json.loads((tmp_path / "config.json").read_text())
+    registry._DISCOVERED.clear()
+    sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3)
+    assert isinstance(sliced, type(model)) and sum(p.numel() for p in sliced.parameters()) < sum(
+        p.numel() for p in model.parameters())
+    inputs = dummy_inputs(model, 2, seed=3)
+    masked = masked_copy(model, ranking.keep_indices(stored.keep_counts(0.3)))
+    torch.testing.assert_close(_output(sliced, inputs), _output(masked, inputs), rtol=1e-4, atol=1e-5)

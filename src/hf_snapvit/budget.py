@@ -305,7 +305,7 @@ def model_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[int
         fixed_params=backbone_parameters(model) - prunable,
         num_tokens=num_patches + spec.extra_tokens(config),
         num_patches=num_patches,
-        patch_size=int(vision.patch_size),
+        patch_size=int(vision.patch_size[0] if isinstance(vision.patch_size, (list, tuple)) else vision.patch_size),
         num_channels=int(getattr(vision, "num_channels", 3)),
         ffn_matrices=len(variant.in_proj) + 1,
         head_flops=head_flops,

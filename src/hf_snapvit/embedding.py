@@ -18,6 +18,7 @@ import torch.nn as nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from .architectures import ArchitectureSpec, get_backbone, get_spec, vision_config
+from .architectures.registry import pixel_shape
 from .errors import DataError
 
 
@@ -78,13 +79,11 @@ def forward_inputs(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None
 
 
 def dummy_inputs(model: PreTrainedModel, batch_size: int, *, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded random ``pixel_values`` of the model's configured input size (``[B, C, H, W]``; patch sequences for
-    backbones that take them, e.g. SigLIP2)."""
+    """Seeded random ``pixel_values`` of the model's configured input size (``[B, C, H, W]``, ``[B, T, C, H, W]``
+    for video models; patch sequences for backbones that take them, e.g. SigLIP2)."""
     config = vision_config(model.config)
-    size = input_size(model.config)
-    channels = int(getattr(config, "num_channels", 3))
     generator = torch.Generator().manual_seed(seed)
-    pixels = torch.randn(batch_size, channels, size, size, generator=generator)
+    pixels = torch.randn(pixel_shape(model.config, batch_size), generator=generator)
     if getattr(get_spec(model), "patch_inputs", False):
         return patchify(pixels, int(config.patch_size))
     return {"pixel_values": pixels}

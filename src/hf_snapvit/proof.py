@@ -18,7 +18,8 @@ from transformers import PreTrainedModel
 
 from .architectures import (ArchitectureSpec, get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim,
                             num_heads)
-from .architectures.registry import forget_discovered, is_discovered
+from .architectures.discovery import discovery_guesses
+from .architectures.registry import adopt_discovered, forget_discovered, is_discovered
 from .embedding import dummy_inputs
 from .errors import UnsupportedArchitectureError
 from .slicing import slice_model_
@@ -28,12 +29,25 @@ _PROVEN: set[int] = set()
 
 
 def _output(model: PreTrainedModel, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Every floating-point tensor of one forward's output, flattened into one (hidden states, logits, feature maps,
+    heatmaps: whatever the model returns)."""
     with torch.no_grad():
         out = model(**inputs)
-    for name in ("last_hidden_state", "logits"):
-        if isinstance(getattr(out, name, None), torch.Tensor):
-            return getattr(out, name).float()
-    return (out[0] if isinstance(out, (tuple, list)) else out).float()
+    found: list[torch.Tensor] = []
+
+    def collect(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point():
+                found.append(value.detach().float().flatten())
+        elif isinstance(value, dict):
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                collect(item)
+
+    collect(out)
+    return torch.cat(found)
 
 
 def _masked(model: PreTrainedModel, spec: ArchitectureSpec, keep: list[tuple[np.ndarray, np.ndarray]]):
@@ -60,6 +74,9 @@ def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, 
             a slice the model cannot run, naming the spec's modules and the fix.
     """
     spec = spec or get_spec(model)
+    if get_spec(model) is not spec:
+        raise ValueError("prove_spec proves the spec get_spec(model) returns, which slicing uses; register or adopt "
+                         "the spec to prove first.")
     base = copy.deepcopy(model).eval().float()
     rng = np.random.default_rng(seed)
     try:
@@ -103,13 +120,22 @@ def _refusal(spec: ArchitectureSpec, why: str) -> UnsupportedArchitectureError:
 
 
 def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
-    """The model's spec, proven first if it was discovered rather than registered (once per spec and process)."""
+    """The model's spec, proven first if it was discovered rather than registered (once per spec and process): the
+    first of discovery's guesses that passes is kept; if none does, the first one's failure is raised."""
     spec = get_spec(model)
-    if is_discovered(spec) and id(spec) not in _PROVEN:
+    if not is_discovered(spec) or id(spec) in _PROVEN:
+        return spec
+    guesses = [spec, *(g for g in discovery_guesses(model) if g != spec)]
+    failures = []
+    for guess in guesses:
+        adopt_discovered(guess)  # slicing reads the model's spec from the registry
         try:
-            prove_spec(model, spec)
-        except UnsupportedArchitectureError:
-            forget_discovered(spec.model_type)
-            raise
-        _PROVEN.add(id(spec))
-    return spec
+            prove_spec(model, guess)
+        except UnsupportedArchitectureError as error:
+            failures.append(error)
+            continue
+        adopt_discovered(guess)
+        _PROVEN.add(id(guess))
+        return guess
+    forget_discovered(spec.model_type)
+    raise failures[0]

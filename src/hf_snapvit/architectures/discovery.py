@@ -20,15 +20,11 @@ import torch.nn as nn
 from transformers import PretrainedConfig
 
 from ..errors import UnsupportedArchitectureError
-from .registry import ArchitectureSpec, MlpSpec
+from .registry import ArchitectureSpec, MlpSpec, pixel_shape, vision_config
 
 SPEC_KEY = "elastic_spec"
 SPEC_FORMAT = 1
 _PATH_FIELDS = ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "mlp", "head_width")
-
-
-def _vision_config(config: PretrainedConfig) -> PretrainedConfig:
-    return getattr(config, "vision_config", None) or config
 
 
 def _block_stack(root: nn.Module) -> tuple[str, nn.ModuleList]:
@@ -49,9 +45,7 @@ def _block_stack(root: nn.Module) -> tuple[str, nn.ModuleList]:
 
 def _trace_block(model: nn.Module, block: nn.Module) -> tuple[list[tuple[str, nn.Linear]], int]:
     """The block's ``nn.Linear`` layers in the order one forward calls them, and the number of tokens it sees."""
-    config = _vision_config(model.config)
-    size, channels = getattr(config, "image_size", 224), getattr(config, "num_channels", 3)
-    size = size[0] if isinstance(size, (list, tuple)) else size
+    shape = pixel_shape(model.config, 1)
     names = {id(m): n for n, m in block.named_modules() if isinstance(m, nn.Linear)}
     calls: list[tuple[str, nn.Linear]] = []
     tokens: list[int] = []
@@ -63,11 +57,11 @@ def _trace_block(model: nn.Module, block: nn.Module) -> tuple[list[tuple[str, nn
     device = next(model.parameters()).device
     try:
         with torch.no_grad():
-            model(pixel_values=torch.zeros(1, int(channels), int(size), int(size), dtype=dtype, device=device))
+            model(pixel_values=torch.zeros(shape, dtype=dtype, device=device))
     except Exception as error:  # noqa: BLE001 - any failure means the model cannot be discovered this way
         raise UnsupportedArchitectureError(
-            f"hf_snapvit could not run one forward of {type(model).__name__} on a [1, {channels}, {size}, {size}] "
-            f"image to discover its structure ({type(error).__name__}: {error}). Describe it with "
+            f"hf_snapvit could not run one forward of {type(model).__name__} on blank pixel_values of shape "
+            f"{list(shape)} to discover its structure ({type(error).__name__}: {error}). Describe it with "
             "hf_snapvit.ArchitectureSpec and call hf_snapvit.register_architecture(spec).") from error
     finally:
         for hook in hooks:
@@ -85,6 +79,24 @@ def _tokens(args: tuple, kwargs: dict) -> int:
     return int(hidden.shape[1]) if isinstance(hidden, torch.Tensor) and hidden.dim() == 3 else 0
 
 
+def _role(name: str) -> int | None:
+    """0, 1 or 2 where a projection's name says query, key or value (``query``, ``to_q``, ``q_proj``), else None."""
+    last = name.rsplit(".", 1)[-1].lower()
+    for index, (letter, word) in enumerate((("q", "query"), ("k", "key"), ("v", "value"))):
+        if last in (letter, word) or last.startswith((f"{letter}_", f"{word}_")) or last.endswith(f"_{letter}"):
+            return index
+    return None
+
+
+def _by_role(calls: list[tuple[str, nn.Linear]]) -> list[tuple[str, nn.Linear]]:
+    """The three attention projections as query, key, value where their names say so, else in call order (their
+    roles are symmetric for slicing)."""
+    roles = [_role(name) for name, _ in calls]
+    if sorted(r for r in roles if r is not None) == [0, 1, 2]:
+        return [call for _, call in sorted(zip(roles, calls), key=lambda pair: pair[0])]
+    return calls
+
+
 def _parent(paths: list[str]) -> str:
     """The closest common parent of dotted paths (``""``: the block itself)."""
     parts = [p.split(".")[:-1] for p in paths]
@@ -100,14 +112,21 @@ def _relative(path: str, parent: str) -> str:
     return path[len(parent) + 1:] if parent else path
 
 
-def _head_attributes(attention: nn.Module, heads: int, width: int) -> tuple[tuple[str, ...], tuple[str, ...], str]:
-    """The attention module's attributes holding the head count, heads × head width, and one head's width."""
+def _head_attributes(attention: nn.Module, heads: int, width: int,
+                     any_size_name: bool) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """The attention module's attributes holding the head count, heads × head width, and one head's width: those
+    whose names contain "head"; with ``any_size_name`` also the attention module's own integers equal to heads × head
+    width whatever their name (an ``embed_dim`` that a forward reshapes to)."""
     counts, sizes, widths = [], [], []
     for prefix, module in attention.named_modules():
         for name, value in vars(module).items():
-            if isinstance(value, bool) or not isinstance(value, int) or "head" not in name:
+            if isinstance(value, bool) or not isinstance(value, int):
                 continue
             path = f"{prefix}.{name}" if prefix else name
+            if "head" not in name:
+                if any_size_name and not prefix and value == heads * width:
+                    sizes.append(path)
+                continue
             if value == heads:
                 counts.append(path)
             elif value == heads * width:
@@ -121,14 +140,15 @@ def _head_attributes(attention: nn.Module, heads: int, width: int) -> tuple[tupl
     return tuple(counts), tuple(sizes), widths[0]
 
 
-def discover_spec(model: nn.Module) -> ArchitectureSpec:
-    """The spec of ``model`` found in its module tree and one forward pass (not yet proven).
+def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> ArchitectureSpec:
+    """The spec of ``model`` found in its module tree and one forward pass (not yet proven); ``any_size_name``: see
+    :func:`_head_attributes` (the second guess, when the first fails its proof).
 
     Raises:
         UnsupportedArchitectureError: naming what could not be matched (no block stack, no q/k/v/o projections, a
             fused ``qkv`` projection, no FFN), with the fix: a registered :class:`ArchitectureSpec`.
     """
-    config = _vision_config(model.config)
+    config = vision_config(model.config)
     base = getattr(model, "base_model", model)
     layers_path, layers = _block_stack(base)
     calls, tokens = _trace_block(model, layers[0])
@@ -144,7 +164,7 @@ def discover_spec(model: nn.Module) -> ArchitectureSpec:
             f"{problem} attention and FFN projections in block 0 of {layers_path} ({type(layers[0]).__name__}): its "
             f"forward called {len(calls)} nn.Linear layers ({[n for n, _ in calls]}). Register an ArchitectureSpec.")
     hidden = calls[0][1].in_features
-    q, k, v = calls[:3]
+    q, k, v = _by_role(calls[:3])
     width = q[1].out_features
     if any(m.in_features != hidden or m.out_features != width for _, m in (q, k, v)):
         raise UnsupportedArchitectureError(
@@ -170,9 +190,13 @@ def discover_spec(model: nn.Module) -> ArchitectureSpec:
     mlp = _parent([*(n for n, _ in ups), downs[0][0]])
     block = layers[0]
     counts, sizes, head_width = _head_attributes(block.get_submodule(attention) if attention else block, heads,
-                                                 width // heads)
+                                                 width // heads, any_size_name)
     image, patch = getattr(config, "image_size", None), getattr(config, "patch_size", None)
+    image, patch = (v[0] if isinstance(v, (list, tuple)) else v for v in (image, patch))
     patches = (image // patch) ** 2 if isinstance(image, int) and isinstance(patch, int) and patch else tokens
+    frames, tubelet = getattr(config, "num_frames", None), getattr(config, "tubelet_size", None)
+    if isinstance(frames, int) and isinstance(tubelet, int) and tubelet > 0:
+        patches *= frames // tubelet
     extra = max(0, tokens - patches)
     return ArchitectureSpec(
         model_type=model.config.model_type, layers=layers_path, attention=attention,
@@ -181,6 +205,13 @@ def discover_spec(model: nn.Module) -> ArchitectureSpec:
         mlp_variants=(MlpSpec(tuple(_relative(n, mlp) for n, _ in ups), _relative(downs[0][0], mlp)),),
         embedding="pooled", extra_tokens=lambda c, e=extra: e, num_patches=lambda c, n=patches: n,
         head_count_attrs=counts, head_size_attrs=sizes, head_width=head_width, token_subsets=False)
+
+
+def discovery_guesses(model: nn.Module) -> list[ArchitectureSpec]:
+    """The specs discovery proposes for ``model``, most likely first (distinct ones only)."""
+    first = discover_spec(model)
+    second = discover_spec(model, any_size_name=True)
+    return [first] if second.head_size_attrs == first.head_size_attrs else [first, second]
 
 
 def spec_to_dict(spec: ArchitectureSpec, config: PretrainedConfig) -> dict[str, Any]:

@@ -9,6 +9,7 @@ neurons only through :func:`get_spec` and the accessors here; the specs themselv
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
@@ -242,6 +243,11 @@ def is_discovered(spec: ArchitectureSpec) -> bool:
     return _DISCOVERED.get(spec.model_type) is spec
 
 
+def adopt_discovered(spec: ArchitectureSpec) -> None:
+    """Keep ``spec`` (a proven discovery) as its model type's spec for the process."""
+    _DISCOVERED[spec.model_type] = spec
+
+
 def forget_discovered(model_type: str) -> None:
     """Drop the spec kept for ``model_type`` (one whose proof failed)."""
     _DISCOVERED.pop(model_type, None)
@@ -360,7 +366,22 @@ def vision_config(config: PretrainedConfig) -> PretrainedConfig:
     task = _TASKS.get(getattr(config, "model_type", None))
     if task is not None:
         return getattr(config, task.encoder_config, None) or config
-    return getattr(config, "vision_config", None) or config
+    return getattr(config, "vision_config", None) or getattr(config, "backbone_config", None) or config
+
+
+def pixel_shape(config: PretrainedConfig, batch_size: int) -> tuple[int, ...]:
+    """The shape of ``pixel_values`` the model was configured for: ``[B, C, H, W]``, or ``[B, T, C, H, W]`` for a
+    video model (its config has ``num_frames``: VideoMAE's tubelet input)."""
+    vision = vision_config(config)
+    size = getattr(vision, "image_size", None)
+    if size is None:
+        size = math.isqrt(int(vision.num_patches)) * int(vision.patch_size)
+    side = int(size[0] if isinstance(size, (tuple, list)) else size)
+    channels = int(getattr(vision, "num_channels", 3))
+    frames = getattr(vision, "num_frames", None)
+    if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0:
+        return (batch_size, frames, channels, side, side)
+    return (batch_size, channels, side, side)
 
 
 def model_class(config: PretrainedConfig) -> type:
