@@ -18,11 +18,12 @@ Importances (Torch-Pruning's classes, as they ship: group importance normalised 
 * ``snapvit``: not Torch-Pruning; hf_snapvit's elastic checkpoint (``--elastic``) loaded at the same sparsities,
   evaluated by the same code for a same-table comparison.
 
-Evaluation through :mod:`hf_snapvit.evaluation`, on the images ``benchmarks/rank_vit_tiny.py`` draws for the same
-``--num-val``/``--num-bank``/``--seed``: top-1 of the model's head on the validation split; k-NN top-1 with k = 20
-over L2-normalised final-norm CLS features, majority vote, train images as the memory bank; representation retention
-(cosine similarity to the dense model's embeddings). Speed: median CPU forward latency at batch 8 and 64 of each
-pruned model and of the dense model, measured in the same run (reported as ratios), and the pruning wall time.
+Evaluation through :mod:`hf_snapvit.evaluation`, on the images ``load_split`` draws for the same
+``--num-val``/``--num-bank``/``--seed`` (as ``_zero_training.pixels_and_labels`` draws them): top-1 of the
+model's head on the validation split; k-NN top-1 with k = 20 over L2-normalised final-norm CLS features, majority
+vote, train images as the memory bank; representation retention (cosine similarity to the dense model's
+embeddings). Speed: median CPU forward latency at batch 8 and 64 of each pruned model and of the dense model,
+measured in the same run (reported as ratios), and the pruning wall time.
 
     python benchmarks/peer_torch_pruning.py --importances l1 l2 taylor taylor-pseudo \
         --num-val 500 --num-bank 1000 --sparsities 0.1 0.2 0.3 0.4 0.5 0.6
@@ -248,7 +249,8 @@ def prune_to_sparsity(
 
 # ------------------------------------------------------------------------------------------------- evaluation
 def draw(data_dir: str, split: str, start: int, n: int, seed: int) -> tuple[list, torch.Tensor]:
-    """Images ``start:start+n`` of ``split`` shuffled with ``seed`` (``start=0`` = rank_vit_tiny's draw)."""
+    """Images ``start:start+n`` of ``split`` shuffled with ``seed`` (``start=0``: the draw of
+    ``_zero_training.pixels_and_labels``)."""
     ds = load_split(data_dir, split, num_samples=start + n, seed=seed)
     ds = ds.select(range(min(start, len(ds)), len(ds)))
     return [to_rgb(im) for im in ds["image"]], torch.tensor(ds["label"])

@@ -28,7 +28,7 @@ from hf_snapvit.correction.prefix_file import PREFIX_FILE
 from hf_snapvit.files import write_text_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mean_compensation_vit_tiny import zero_training_arguments, zero_training_setup  # noqa: E402
+from _zero_training import zero_training_arguments, zero_training_setup  # noqa: E402
 
 
 def switch_seconds(model, sparsity: float, repeats: int) -> float:
@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         hs.save_elastic(setup["model"], setup["ranking"], tmp, model_card=False)
-        record = hs.add_prefix_correction(tmp, setup["calibration"], config=CorrectionConfig(num_samples=None, guard=False),
-                                          show_progress=False)
+        config = CorrectionConfig(num_samples=None, guard=False)
+        record = hs.add_prefix_correction(tmp, setup["calibration"], config=config, show_progress=False)
         sizes = {name: (Path(tmp) / name).stat().st_size for name in ("model.safetensors", PREFIX_FILE)}
         plain = ElasticViTModel.from_pretrained(tmp, switchable=True, prefix_correction=False)
         corrected = ElasticViTModel.from_pretrained(tmp, switchable=True)

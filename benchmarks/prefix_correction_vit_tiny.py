@@ -26,8 +26,7 @@ from hf_snapvit.correction import CorrectionConfig
 from hf_snapvit.files import write_text_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mean_compensation_vit_tiny import (  # noqa: E402
-    run_record, scores, zero_training_arguments, zero_training_setup)
+from _zero_training import run_record, scores, zero_training_arguments, zero_training_setup  # noqa: E402
 
 #: variant -> the add_prefix_correction guard setting (None: no correction, the plain slice)
 VARIANTS = {"plain": None, "checked": True, "every-size": False}

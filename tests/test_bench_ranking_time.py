@@ -118,22 +118,3 @@ def test_token_fractions_run_side_by_side_and_are_recorded(tmp_path):
     assert runs[0]["search_images_forwarded"] == runs[1]["search_images_forwarded"]
     assert "(0.5 of the tokens)" in script.summary_line("tiny", runs[1])
     assert "of the tokens" not in script.summary_line("tiny", runs[0])
-
-
-def test_the_gradient_profile_times_each_step_size_its_crops_and_the_unit_order(tmp_path):
-    script = load_benchmark("profile_ranking")
-    output = tmp_path / "profile.json"
-    assert script.main(["--device", "cpu", "--shape", "tiny", "--images", "6", "--batch-sizes", "2", "3",
-                        "--profile-steps", "1", "--output", str(output)]) == 0
-    report = json.loads(output.read_text())
-    rows = report["gradients"]
-    assert [(r["batch_size"], r["images"], r["profile"]["images"]) for r in rows] == [(2, 6, 2), (3, 6, 3)]
-    for row in rows:
-        assert row["wall_seconds"] > row["crops_seconds"] > 0
-        assert row["ms_per_image"] == pytest.approx(row["wall_seconds"] * 1e3 / 6)
-        profile = row["profile"]
-        assert profile["kinds"]["gemm"]["ms"] > 0  # the forwards and the per-sample products were seen
-        assert profile["busy_ms"] == pytest.approx(sum(k["ms"] for k in profile["kinds"].values()))
-    assert report["unit_order_seconds"] > 0
-    with pytest.raises(SystemExit):
-        script.parse_args(["--batch-sizes", "0"])

@@ -14,7 +14,7 @@ from hf_snapvit.errors import ConfigError
 from hf_snapvit.methods.block_order import block_orders, elimination_order, reorder_scores
 from hf_snapvit.ranking import ElasticRanking
 
-from helpers import CASES, SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, load_benchmark, requires_shared
+from helpers import CASES
 
 FAST = {c.name: c for c in CASES}
 
@@ -226,19 +226,3 @@ def test_snapvit_hands_its_scores_out_in_the_block_orders_of_the_fitness_images(
     assert not np.array_equal(ordered.neuron_scores, plain.neuron_scores)
     with pytest.raises(hs.SnapViTError, match="unit_order"):
         hs.SnapViTConfig(unit_order="fisher")
-
-
-@pytest.mark.slow  # the shared ViT-Tiny, three orders, a prefix correction each and a few evaluations
-@requires_shared(SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION)
-def test_the_screen_keeps_each_sizes_parameters_and_scores_every_order(tmp_path):
-    import json
-
-    output = tmp_path / "screen.json"
-    load_benchmark("unit_order_screen").main(["--num-calibration", "16", "--num-val", "30", "--num-bank", "30",
-                                             "--sparsities", "0.3", "--output", str(output)])
-    result = json.loads(output.read_text())
-    rows = result["rows"]
-    assert {(r["order"], r["corrected"]) for r in rows} == {(o, c) for o in ("scores", "output", "obs")
-                                                           for c in (False, True)}
-    assert len({r["params"] for r in rows}) == 1  # the same counts per block, so the same size, whatever the order
-    assert result["order_seconds"]["scores"] == 0 and result["order_seconds"]["obs"] > 0

@@ -52,7 +52,7 @@ def test_the_switch_timing_compares_plain_and_corrected_switches(tmp_path):
 def test_calibration_images_are_never_images_of_the_knn_bank():
     from hf_snapvit.evaluation import load_split
 
-    zero_training = load_benchmark("mean_compensation_vit_tiny")
+    zero_training = load_benchmark("_zero_training")
     data = str(SHARED.joinpath(*SHARED_TRAIN).parent)
     bank = {image.tobytes() for image in load_split(data, "train", num_samples=300, seed=1)["image"]}
     rows = zero_training.calibration_rows(data, 1000, 300)
