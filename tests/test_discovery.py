@@ -15,7 +15,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 import hf_snapvit as hs
 from hf_snapvit import proof
-from hf_snapvit.architectures import get_spec, registry
+from hf_snapvit.architectures import discovery as registry, get_spec
 from helpers import masked_copy
 
 

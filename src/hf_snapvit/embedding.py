@@ -18,7 +18,7 @@ import torch.nn as nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from .architectures import ArchitectureSpec, get_backbone, get_spec, vision_config
-from .architectures.registry import pixel_shape
+from .architectures.discovery import pixel_shape
 from .errors import DataError
 
 

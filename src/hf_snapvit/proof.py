@@ -18,8 +18,7 @@ from transformers import PreTrainedModel
 
 from .architectures import (ArchitectureSpec, get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim,
                             num_heads)
-from .architectures.discovery import discovery_guesses
-from .architectures.registry import adopt_discovered, forget_discovered, is_discovered
+from .architectures.discovery import adopt_discovered, discovery_guesses, forget_discovered, is_discovered
 from .embedding import dummy_inputs
 from .errors import UnsupportedArchitectureError
 from .slicing import slice_model_

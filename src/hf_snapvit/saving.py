@@ -17,8 +17,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from .architectures.discovery import spec_to_dict
-from .architectures.registry import is_discovered
+from .architectures.discovery import is_discovered, spec_to_dict
 from .budget import model_shape
 from .errors import CheckpointError
 from .correction import CorrectionConfig

@@ -12,6 +12,7 @@ checkpoint's ``config.json`` (``elastic_spec``), so loading needs no registratio
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -20,11 +21,28 @@ import torch.nn as nn
 from transformers import PretrainedConfig
 
 from ..errors import UnsupportedArchitectureError
-from .registry import ArchitectureSpec, MlpSpec, pixel_shape, vision_config
+from .registry import ArchitectureSpec, MlpSpec, supported_model_types, vision_config
 
 SPEC_KEY = "elastic_spec"
+# Specs of unregistered model types: read from a checkpoint's config.json or discovered in a model.
+_DISCOVERED: dict[str, ArchitectureSpec] = {}
 SPEC_FORMAT = 1
 _PATH_FIELDS = ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "mlp", "head_width")
+
+
+def pixel_shape(config: PretrainedConfig, batch_size: int) -> tuple[int, ...]:
+    """The shape of ``pixel_values`` the model was configured for: ``[B, C, H, W]``, or ``[B, T, C, H, W]`` for a
+    video model (its config has ``num_frames``: VideoMAE's tubelet input)."""
+    vision = vision_config(config)
+    size = getattr(vision, "image_size", None)
+    if size is None:
+        size = math.isqrt(int(vision.num_patches)) * int(vision.patch_size)
+    side = int(size[0] if isinstance(size, (tuple, list)) else size)
+    channels = int(getattr(vision, "num_channels", 3))
+    frames = getattr(vision, "num_frames", None)
+    if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0:
+        return (batch_size, frames, channels, side, side)
+    return (batch_size, channels, side, side)
 
 
 def _block_stack(root: nn.Module) -> tuple[str, nn.ModuleList]:
@@ -255,3 +273,41 @@ def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None 
         head_count_attrs=tuple(data["head_count_attrs"]), head_size_attrs=tuple(data["head_size_attrs"]),
         extra_tokens=lambda c, e=data["extra_tokens"]: e, num_patches=lambda c, n=data["num_patches"]: n,
         token_subsets=False)
+
+
+def unregistered_spec(model_or_config: object, config: PretrainedConfig | None,
+                       model_type: str | None) -> ArchitectureSpec:
+    """The spec of a model type no registry holds: stored in its config (``elastic_spec``), else discovered in the
+    model itself; the first one found for a model type is kept for the process."""
+    if model_type in _DISCOVERED:
+        return _DISCOVERED[model_type]
+    stored = getattr(config, SPEC_KEY, None) if config is not None else None
+    if stored is not None:
+        spec = spec_from_dict(str(model_type), stored)
+    elif isinstance(model_or_config, nn.Module) and model_type:
+        spec = discover_spec(model_or_config)
+    else:
+        raise UnsupportedArchitectureError(
+            f"model_type={model_type!r} is not supported by hf_snapvit. Supported: {', '.join(supported_model_types())}"
+            ". Pass the model itself (hf_snapvit.rank(model, ...)) and its structure is discovered and proven; or "
+            "describe where its blocks, q/k/v/o projections and FFN live with hf_snapvit.ArchitectureSpec and call "
+            "hf_snapvit.register_architecture(spec); for a task model built on a supported backbone, describe where "
+            "its encoder lives with hf_snapvit.TaskModelSpec and call hf_snapvit.register_task_model(spec)."
+        )
+    _DISCOVERED[model_type] = spec
+    return spec
+
+
+def is_discovered(spec: ArchitectureSpec) -> bool:
+    """Whether ``spec`` was discovered or read from a checkpoint rather than registered."""
+    return _DISCOVERED.get(spec.model_type) is spec
+
+
+def adopt_discovered(spec: ArchitectureSpec) -> None:
+    """Keep ``spec`` (a proven discovery) as its model type's spec for the process."""
+    _DISCOVERED[spec.model_type] = spec
+
+
+def forget_discovered(model_type: str) -> None:
+    """Drop the spec kept for ``model_type`` (one whose proof failed)."""
+    _DISCOVERED.pop(model_type, None)

@@ -9,7 +9,6 @@ neurons only through :func:`get_spec` and the accessors here; the specs themselv
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
@@ -145,8 +144,6 @@ class TaskModelSpec:
 _REGISTRY: dict[str, ArchitectureSpec] = {}
 _TASKS: dict[str, TaskModelSpec] = {}
 _DERIVED: dict[tuple[str, str], ArchitectureSpec] = {}  # (task model_type, encoder model_type) -> spec
-# Specs of unregistered model types: read from a checkpoint's config.json or discovered in a model (discovery.py).
-_DISCOVERED: dict[str, ArchitectureSpec] = {}
 
 
 def register_architecture(spec: ArchitectureSpec, *, exist_ok: bool = False) -> None:
@@ -162,7 +159,9 @@ def register_architecture(spec: ArchitectureSpec, *, exist_ok: bool = False) -> 
             f"model_type {spec.model_type!r} is already registered; pass exist_ok=True to replace its spec."
         )
     _REGISTRY[spec.model_type] = spec
-    _DISCOVERED.pop(spec.model_type, None)
+    from .discovery import forget_discovered
+
+    forget_discovered(spec.model_type)  # a registered spec replaces a discovered one
 
 
 def register_task_model(task: TaskModelSpec, *, exist_ok: bool = False) -> None:
@@ -209,48 +208,10 @@ def get_spec(model_or_config: PreTrainedModel | PretrainedConfig | str) -> Archi
                 f"to get_spec, not the model_type string.")
         return _task_spec(_TASKS[model_type], config)
     if model_type not in _REGISTRY:
-        return _unregistered_spec(model_or_config, config, model_type)
+        from .discovery import unregistered_spec  # discovery builds on this module
+
+        return unregistered_spec(model_or_config, config, model_type)
     return _REGISTRY[model_type]
-
-
-def _unregistered_spec(model_or_config: object, config: PretrainedConfig | None,
-                       model_type: str | None) -> ArchitectureSpec:
-    """The spec of a model type no registry holds: stored in its config (``elastic_spec``), else discovered in the
-    model itself; the first one found for a model type is kept for the process."""
-    from .discovery import SPEC_KEY, discover_spec, spec_from_dict
-
-    if model_type in _DISCOVERED:
-        return _DISCOVERED[model_type]
-    stored = getattr(config, SPEC_KEY, None) if config is not None else None
-    if stored is not None:
-        spec = spec_from_dict(str(model_type), stored)
-    elif isinstance(model_or_config, nn.Module) and model_type:
-        spec = discover_spec(model_or_config)
-    else:
-        raise UnsupportedArchitectureError(
-            f"model_type={model_type!r} is not supported by hf_snapvit. Supported: {', '.join(supported_model_types())}"
-            ". Pass the model itself (hf_snapvit.rank(model, ...)) and its structure is discovered and proven; or "
-            "describe where its blocks, q/k/v/o projections and FFN live with hf_snapvit.ArchitectureSpec and call "
-            "hf_snapvit.register_architecture(spec); for a task model built on a supported backbone, describe where "
-            "its encoder lives with hf_snapvit.TaskModelSpec and call hf_snapvit.register_task_model(spec)."
-        )
-    _DISCOVERED[model_type] = spec
-    return spec
-
-
-def is_discovered(spec: ArchitectureSpec) -> bool:
-    """Whether ``spec`` was discovered or read from a checkpoint rather than registered."""
-    return _DISCOVERED.get(spec.model_type) is spec
-
-
-def adopt_discovered(spec: ArchitectureSpec) -> None:
-    """Keep ``spec`` (a proven discovery) as its model type's spec for the process."""
-    _DISCOVERED[spec.model_type] = spec
-
-
-def forget_discovered(model_type: str) -> None:
-    """Drop the spec kept for ``model_type`` (one whose proof failed)."""
-    _DISCOVERED.pop(model_type, None)
 
 
 def _task_spec(task: TaskModelSpec, config: PretrainedConfig) -> ArchitectureSpec:
@@ -367,21 +328,6 @@ def vision_config(config: PretrainedConfig) -> PretrainedConfig:
     if task is not None:
         return getattr(config, task.encoder_config, None) or config
     return getattr(config, "vision_config", None) or getattr(config, "backbone_config", None) or config
-
-
-def pixel_shape(config: PretrainedConfig, batch_size: int) -> tuple[int, ...]:
-    """The shape of ``pixel_values`` the model was configured for: ``[B, C, H, W]``, or ``[B, T, C, H, W]`` for a
-    video model (its config has ``num_frames``: VideoMAE's tubelet input)."""
-    vision = vision_config(config)
-    size = getattr(vision, "image_size", None)
-    if size is None:
-        size = math.isqrt(int(vision.num_patches)) * int(vision.patch_size)
-    side = int(size[0] if isinstance(size, (tuple, list)) else size)
-    channels = int(getattr(vision, "num_channels", 3))
-    frames = getattr(vision, "num_frames", None)
-    if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0:
-        return (batch_size, frames, channels, side, side)
-    return (batch_size, channels, side, side)
 
 
 def model_class(config: PretrainedConfig) -> type:
