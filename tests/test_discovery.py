@@ -149,6 +149,11 @@ def test_a_model_no_registry_knows_is_ranked_saved_and_loaded_by_its_discovered_
         keep = ranking.keep_indices(stored_ranking.keep_counts(0.3))
         masked = masked_copy(model, keep)(pixel_values=pixels).last_hidden_state
         torch.testing.assert_close(sliced(pixel_values=pixels).last_hidden_state, masked, rtol=1e-4, atol=1e-5)
+        switchable = hs.ElasticViTModel.from_pretrained(tmp_path, switchable=True)
+        assert isinstance(switchable, CustomModel)
+        switchable.set_budget(sparsity=0.3)
+        torch.testing.assert_close(switchable(pixel_values=pixels).last_hidden_state,
+                                   sliced(pixel_values=pixels).last_hidden_state, rtol=1e-4, atol=1e-5)
     # The stock loader reads the elastic checkpoint dense, as it would any checkpoint of the user's class.
     stock = AutoModel.from_pretrained(tmp_path).eval()
     with torch.no_grad():

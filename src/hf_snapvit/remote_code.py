@@ -111,8 +111,9 @@ def remote_classes(model: transformers.PreTrainedModel) -> dict[str, str]:
 
 
 def stock_class(cls: type) -> type:
-    """The transformers class ``cls`` is (or subclasses, for hf_snapvit's sliced and switchable twins)."""
-    return next(c for c in cls.__mro__ if c.__module__.startswith("transformers."))
+    """The model class ``cls`` is, hf_snapvit's sliced and switchable twins set aside: a transformers class, or a
+    user's own (never transformers' ``PreTrainedModel`` base, which has no forward)."""
+    return next(c for c in cls.__mro__ if not c.__module__.startswith("hf_snapvit."))
 
 
 def remote_module_source(spec: ArchitectureSpec | str, classes: dict[str, str]) -> str:

@@ -103,18 +103,23 @@ def sliced_class(stock: type) -> type:
     return twin_class(stock, SlicedModelMixin, __name__, "built at ``config.elastic_layout``'s widths")
 
 
-def twin_class(stock: type, mixin: type, module: str, what: str) -> type:
+def twin_class(stock: type, mixin: type, module: str, what: str, *, exported_only: bool = True) -> type:
     """The class ``module.<stock name>`` that adds ``mixin`` to the transformers class ``stock`` (created once, then
     cached; ``stock`` itself if it already has ``mixin``). It keeps the stock name, so ``config.architectures``,
     pipelines and PEFT see the stock class; :func:`twin_lookup` finds it again under ``module``.
 
+    With ``exported_only=False`` a user's own model class gets a twin too (the switchable model of a discovered
+    architecture); its checkpoints then load through the user's ``AutoModel`` registration, not a loading module.
+
     Raises:
-        TypeError: ``stock`` is not a model class that transformers exports.
+        TypeError: ``stock`` is not a model class that transformers exports (or, with ``exported_only=False``, not a
+            ``PreTrainedModel`` subclass).
     """
     if isinstance(stock, type) and issubclass(stock, mixin):
         return stock
-    if not (isinstance(stock, type) and issubclass(stock, PreTrainedModel)
-            and getattr(transformers, stock.__name__, None) is stock):
+    exported = getattr(transformers, getattr(stock, "__name__", ""), None) is stock
+    if not (isinstance(stock, type) and issubclass(stock, PreTrainedModel) and stock is not PreTrainedModel
+            and (exported or not exported_only)):
         raise TypeError(f"{stock!r} is not a model class exported by transformers; hf_snapvit can only give "
                         "twins to transformers' own classes (e.g. transformers.ViTModel).")
     if (mixin, stock) not in _CLASSES:

@@ -347,7 +347,7 @@ def switchable_class(stock: type) -> type:
     Raises:
         TypeError: ``stock`` is not a model class that transformers exports.
     """
-    return twin_class(stock, SwitchableModelMixin, __name__, "that switches size in place")
+    return twin_class(stock, SwitchableModelMixin, __name__, "that switches size in place", exported_only=False)
 
 
 def as_switchable(model: PreTrainedModel, ranking: ElasticRanking, shape: ModelShape,
