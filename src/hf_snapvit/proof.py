@@ -30,7 +30,10 @@ _PROVEN: set[int] = set()
 def _output(model: PreTrainedModel, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """Every floating-point tensor of one forward's output, flattened into one (hidden states, logits, feature maps,
     heatmaps: whatever the model returns)."""
-    with torch.no_grad():
+    # The same random draws in every forward (ViTMAE shuffles its patches by random noise), without touching the
+    # caller's random state.
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
         out = model(**inputs)
     found: list[torch.Tensor] = []
 

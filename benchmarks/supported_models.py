@@ -1,0 +1,144 @@
+"""docs/supported-models.md, produced from the registry and a discovery run rather than written by hand.
+
+For every registered backbone and every family that discovery serves, a tiny random model is built in code, its spec
+is looked up (registered) or discovered, and the spec is proven on it (``hf_snapvit.proof.prove_spec``: reordering
+every unit changes nothing, and slicing to 75 % and 40 % of the units equals masking the rest). The table says what
+the spec prunes and the proof's result. Task models are listed from the registry with the encoder and features they
+read. ``tests/test_supported_models.py`` checks that the committed page is what this script writes.
+
+    python benchmarks/supported_models.py                 # rewrites docs/supported-models.md
+    python benchmarks/supported_models.py --check         # exit 1 if the page differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from hf_snapvit.architectures import discovery, get_layers, get_mlp, get_spec  # noqa: E402
+from hf_snapvit.architectures.registry import _REGISTRY, _TASKS  # noqa: E402
+from hf_snapvit.proof import ensure_proven, prove_spec  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "supported-models.md"
+S = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+I = dict(image_size=32, patch_size=8)
+TEXT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48)
+# family -> (model class, config class, config arguments): the tiny model each row is proven on.
+FAMILIES = {
+    "vit": ("ViTModel", "ViTConfig", {**S, **I}),
+    "deit": ("DeiTModel", "DeiTConfig", {**S, **I}),
+    "dinov2": ("Dinov2Model", "Dinov2Config", {**S, **I, "mlp_ratio": 2}),
+    "dinov2 (SwiGLU)": ("Dinov2Model", "Dinov2Config", {**S, **I, "mlp_ratio": 2, "use_swiglu_ffn": True}),
+    "dinov2_with_registers": ("Dinov2WithRegistersModel", "Dinov2WithRegistersConfig",
+                              {**S, **I, "mlp_ratio": 2, "num_register_tokens": 2}),
+    "dinov3_vit": ("DINOv3ViTModel", "DINOv3ViTConfig", {**S, **I, "num_register_tokens": 1}),
+    "vit_mae": ("ViTMAEModel", "ViTMAEConfig", {**S, **I, "mask_ratio": 0.0}),
+    "vit_msn": ("ViTMSNModel", "ViTMSNConfig", {**S, **I}),
+    "beit": ("BeitModel", "BeitConfig", {**S, **I, "use_relative_position_bias": True}),
+    "data2vec-vision": ("Data2VecVisionModel", "Data2VecVisionConfig", {**S, **I, "use_relative_position_bias": True}),
+    "siglip_vision_model": ("SiglipVisionModel", "SiglipVisionConfig", {**S, **I}),
+    "clip_vision_model": ("CLIPVisionModel", "CLIPVisionConfig", {**S, **I}),
+    "ijepa": ("IJepaModel", "IJepaConfig", {**S, **I}),
+    "videomae": ("VideoMAEModel", "VideoMAEConfig", {**S, **I, "num_frames": 4, "tubelet_size": 2}),
+    "vitpose": ("VitPoseForPoseEstimation", "VitPoseConfig", {"backbone_config": transformers.VitPoseBackboneConfig(
+        **S, image_size=[32, 32], patch_size=[8, 8], out_indices=[2])}),
+    "aimv2_vision_model": ("Aimv2VisionModel", "Aimv2VisionConfig", {**S, **I}),
+    "mlcd_vision_model": ("MLCDVisionModel", "MLCDVisionConfig", {**S, **I}),
+    "pixtral": ("PixtralVisionModel", "PixtralVisionConfig", {**S, **I, "head_dim": 8}),
+    "idefics3_vision": ("Idefics3VisionTransformer", "Idefics3VisionConfig", {**S, **I}),
+    "internvl_vision": ("InternVLVisionModel", "InternVLVisionConfig", {**S, **I}),
+    "sam_vision_model": ("SamVisionModel", "SamVisionConfig", dict(hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, mlp_dim=48, output_channels=16, global_attn_indexes=[1],
+                         window_size=2, **I)),
+    "blip_2_vision_model": ("Blip2VisionModel", "Blip2VisionConfig", {**S, **I}),
+}
+
+
+def build(family: str) -> transformers.PreTrainedModel | None:
+    """The tiny seeded model of ``family``, or ``None`` where this transformers lacks the class."""
+    model_name, config_name, arguments = FAMILIES[family]
+    model_class, config_class = getattr(transformers, model_name, None), getattr(transformers, config_name, None)
+    if model_class is None or config_class is None:
+        return None
+    torch.manual_seed(0)
+    return model_class(config_class(**arguments)).eval()
+
+
+def row(family: str) -> str:
+    """One table row: the family, its class, how its spec is known, what it prunes, and the proof's verdict."""
+    model = build(family)
+    if model is None:
+        return f"| {family} | (not in this transformers) | | | |"
+    name = type(model).__name__
+    discovery._DISCOVERED.pop(model.config.model_type, None)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            spec = ensure_proven(model) if model.config.model_type not in _REGISTRY else get_spec(model)
+            if model.config.model_type in _REGISTRY:
+                prove_spec(model, spec)
+    except Exception as error:  # noqa: BLE001 - a refusal is this row's result
+        reason = str(error).split(". ")[0].replace("|", "/")
+        return f"| {family} | `{name}` | refused | | {reason[:160]} |"
+    source = "registered" if model.config.model_type in _REGISTRY else "discovered"
+    _, variant = get_mlp(get_layers(model, spec)[0], spec)  # the layout this model has
+    ffn = f"{'gated ' if len(variant.in_proj) > 1 else ''}FFN " + (f"`{spec.mlp}`" if spec.mlp else "in the block")
+    tables = f", per-head tables {list(spec.head_tables)}" if spec.head_tables else ""
+    pruned = f"heads of `{'.'.join(filter(None, (spec.layers, '*', spec.attention)))}`, {ffn}{tables}"
+    return f"| {family} | `{name}` | {source} | {pruned} | proven: sliced = masked at 75 % and 40 % |"
+
+
+def page() -> str:
+    """The whole page."""
+    lines = [
+        "# Supported models",
+        "",
+        "Written by `python benchmarks/supported_models.py` from the registry and a discovery run (do not edit by",
+        "hand). Each backbone row is a tiny random model of the family, built in code, whose spec (registered, or",
+        "discovered from its module tree and one forward) was proven on it: keeping every unit in another order changes",
+        "nothing, and slicing to 75 % and 40 % of its heads and neurons equals masking the others",
+        "([architecture.md](architecture.md#models-no-registry-knows)). A refused family names what did not match.",
+        "Their `*ForImageClassification` variants and dual-tower models use the same specs.",
+        "",
+        "| family | class | spec | what is pruned | verified |",
+        "|---|---|---|---|---|",
+        *(row(family) for family in FAMILIES),
+        "",
+        "## Task models",
+        "",
+        "Only the vision encoder is pruned; the budget counts the blocks whose outputs the task reads.",
+        "",
+        "| task model | encoder | encoder config | features read |",
+        "|---|---|---|---|",
+        *(f"| {t} | `{task.encoder}` | `{task.encoder_config}` | {task.features} |" for t, task in sorted(_TASKS.items())),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/supported-models.md differs")
+    args = parser.parse_args(argv)
+    text = page()
+    if args.check:
+        same = PAGE.exists() and PAGE.read_text() == text
+        print("docs/supported-models.md is up to date" if same else "docs/supported-models.md differs: rerun "
+              "python benchmarks/supported_models.py")
+        return 0 if same else 1
+    PAGE.write_text(text)
+    print(f"wrote {PAGE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
