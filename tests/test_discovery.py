@@ -167,7 +167,8 @@ def test_ijepa_a_transformers_family_without_a_spec_works_by_discovery(tmp_path)
     model = transformers.IJepaModel(config).eval()
     assert "ijepa" not in hs.supported_model_types()
     ranking = hs.rank(model, method="magnitude", show_progress=False)
-    stored_ranking = hs.save_elastic(model, ranking, tmp_path, model_card=False)
+    stored_ranking = hs.save_elastic(model, ranking, tmp_path)
+    assert "`ijepa`, 4 heads and 48 FFN neurons per block" in (tmp_path / "README.md").read_text()  # the card
     registry._DISCOVERED.clear()
     sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3)
     assert isinstance(sliced, transformers.IJepaModel)  # (its sliced twin, as for every stock class)
@@ -180,6 +181,13 @@ def test_ijepa_a_transformers_family_without_a_spec_works_by_discovery(tmp_path)
         switchable.set_budget(sparsity=0.3)
         torch.testing.assert_close(switchable(pixel_values=pixels).last_hidden_state,
                                    sliced(pixel_values=pixels).last_hidden_state, rtol=1e-4, atol=1e-5)
+    # The sliced model saved by path loads without hf_snapvit's registry, through its loading module.
+    sliced.save_pretrained(tmp_path / "sliced")
+    registry._DISCOVERED.clear()
+    remote = transformers.AutoModel.from_pretrained(tmp_path / "sliced", trust_remote_code=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(remote(pixel_values=pixels).last_hidden_state,
+                                   sliced(pixel_values=pixels).last_hidden_state, rtol=0, atol=0)
 
 
 def test_a_fused_qkv_projection_is_refused_by_name_before_anything_is_written(tmp_path):
