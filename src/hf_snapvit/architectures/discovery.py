@@ -73,6 +73,8 @@ def _trace_block(model: nn.Module, block: nn.Module) -> tuple[list[tuple[str, nn
         lambda m, args, kwargs: tokens.append(_tokens(args, kwargs)), with_kwargs=True))
     dtype = next(model.parameters()).dtype
     device = next(model.parameters()).device
+    training = model.training
+    model.eval()  # a training-mode forward would update running statistics of the caller's model
     try:
         with torch.no_grad():
             model(pixel_values=torch.zeros(shape, dtype=dtype, device=device))
@@ -82,6 +84,7 @@ def _trace_block(model: nn.Module, block: nn.Module) -> tuple[list[tuple[str, nn
             f"{list(shape)} to discover its structure ({type(error).__name__}: {error}). Describe it with "
             "hf_snapvit.ArchitectureSpec and call hf_snapvit.register_architecture(spec).") from error
     finally:
+        model.train(training)
         for hook in hooks:
             hook.remove()
     seen, order = set(), []
