@@ -273,3 +273,22 @@ def test_transformers_families_without_a_spec_load_sliced_equal_to_masking(famil
     inputs = dummy_inputs(model, 2, seed=3)
     masked = masked_copy(model, ranking.keep_indices(stored.keep_counts(0.3)))
     torch.testing.assert_close(_output(sliced, inputs), _output(masked, inputs), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["snapvit", "snip"])
+def test_data_driven_methods_rank_a_discovered_model_from_pixels(method):
+    from hf_snapvit.scoring import ScoreConfig
+    from hf_snapvit.views import MultiCropConfig
+
+    config = hs.SnapViTConfig.preset("fast", num_gradient_images=3, num_fitness_images=6, max_generations=1,
+                                     scores=ScoreConfig(crops=MultiCropConfig(num_local=2)))
+    model = _custom()
+    ranking = hs.rank(model, method=method, data=torch.randn(12, 3, 32, 32), config=config, show_progress=False)
+    counts = ranking.keep_counts(0.3)
+    assert ranking.provenance["method"] == method and sum(counts.heads) < 8 and sum(counts.neurons) < 96
+
+
+def test_a_video_model_is_told_that_image_calibration_does_not_apply():
+    model = FAMILIES["videomae"](transformers).eval()
+    with pytest.raises(hs.ConfigError, match=r"video clips.*\[1, 4, 3, 32, 32\].*method='magnitude'"):
+        hs.rank(model, method="snapvit", data=torch.randn(12, 3, 32, 32), show_progress=False)

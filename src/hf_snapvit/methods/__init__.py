@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 from transformers import PreTrainedModel
 
+from ..architectures.discovery import pixel_shape
 from ..budget import ModelShape, layer_widths, model_shape
 from ..errors import ConfigError, DataError
 from ..files import public_name
@@ -115,6 +116,12 @@ def rank(
         if data is None:
             raise DataError(f"method={method!r} needs calibration images: pass data=... (images, a dataset or a "
                             "tensor).")
+        clip = pixel_shape(model.config, 1)
+        if len(clip) == 5:
+            raise ConfigError(
+                f"This {model.config.model_type} model takes video clips (pixel_values of shape [B, T, C, H, W] = "
+                f"{list(clip)}), and method={method!r} calibrates on images: ranking on clips is not supported yet. "
+                "Rank it with a data-free method (method='magnitude', 'lamp' or 'random').")
         config = _config(config, preset, mode if method == "snapvit" else None, seed, floors, method, precision,
                          max_generations)
     if method == "snapvit":
