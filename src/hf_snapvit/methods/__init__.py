@@ -116,12 +116,7 @@ def rank(
         if data is None:
             raise DataError(f"method={method!r} needs calibration images: pass data=... (images, a dataset or a "
                             "tensor).")
-        clip = pixel_shape(model.config, 1)
-        if len(clip) == 5:
-            raise ConfigError(
-                f"This {model.config.model_type} model takes video clips (pixel_values of shape [B, T, C, H, W] = "
-                f"{list(clip)}), and method={method!r} calibrates on images: ranking on clips is not supported yet. "
-                "Rank it with a data-free method (method='magnitude', 'lamp' or 'random').")
+        _check_takes_images(model, method)
         config = _config(config, preset, mode if method == "snapvit" else None, seed, floors, method, precision,
                          max_generations)
     if method == "snapvit":
@@ -130,6 +125,15 @@ def rank(
         return _timed(ranking, start, pruner.timings_)
     ranking = _baseline(model, method, data, config, processor, mode, seed, floors, label_column, show_progress)
     return _timed(ranking, start, {})
+
+
+def _check_takes_images(model: PreTrainedModel, method: str) -> None:
+    clip = pixel_shape(model.config, 1)
+    if len(clip) == 5:
+        raise ConfigError(
+            f"This {model.config.model_type} model takes video clips (pixel_values of shape [B, T, C, H, W] = "
+            f"{list(clip)}), and method={method!r} calibrates on images: ranking on clips is not supported yet. "
+            "Rank it with a data-free method (method='magnitude', 'lamp' or 'random').")
 
 
 def _baseline(model: PreTrainedModel, method: str, data: Any, config: SnapViTConfig | None, processor: Any,
