@@ -24,11 +24,7 @@ from .errors import DataError
 
 def input_size(config: PretrainedConfig) -> int:
     """Side in pixels of the square images the model was configured for (SigLIP2: its default patch grid)."""
-    vision = vision_config(config)
-    size = getattr(vision, "image_size", None)
-    if size is None:
-        size = math.isqrt(int(vision.num_patches)) * int(vision.patch_size)
-    return int(size[0] if isinstance(size, (tuple, list)) else size)
+    return pixel_shape(config, 1)[-1]
 
 
 def patchify(pixel_values: torch.Tensor, patch_size: int) -> dict[str, torch.Tensor]:

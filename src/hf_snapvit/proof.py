@@ -127,17 +127,19 @@ def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
     spec = get_spec(model)
     if not is_discovered(spec) or id(spec) in _PROVEN:
         return spec
-    guesses = [spec, *(g for g in discovery_guesses(model) if g != spec)]
-    failures = []
-    for guess in guesses:
-        adopt_discovered(guess)  # slicing reads the model's spec from the registry
-        try:
-            prove_spec(model, guess)
-        except UnsupportedArchitectureError as error:
-            failures.append(error)
-            continue
-        adopt_discovered(guess)
-        _PROVEN.add(id(guess))
-        return guess
-    forget_discovered(spec.model_type)
-    raise failures[0]
+    try:
+        prove_spec(model, spec)
+    except UnsupportedArchitectureError as first:
+        # Only a failed first guess pays for discovering the others (one traced forward each).
+        for guess in (g for g in discovery_guesses(model) if g != spec):
+            adopt_discovered(guess)  # slicing reads the model's spec from the registry
+            try:
+                prove_spec(model, guess)
+            except UnsupportedArchitectureError:
+                continue
+            _PROVEN.add(id(guess))
+            return guess
+        forget_discovered(spec.model_type)
+        raise first
+    _PROVEN.add(id(spec))
+    return spec
