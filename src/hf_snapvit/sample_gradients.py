@@ -48,10 +48,13 @@ class SquaredSampleGradients:
             self._handles.append(layer.register_forward_hook(_recorder(calls)))
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if exc_type is not None:  # a failed forward (out of memory) must not leave its calls for the next attempt
+            for calls in self._calls:
+                calls.clear()
 
     def accumulate(self, loss: torch.Tensor, num_samples: int, sums: list[torch.Tensor]) -> None:
         """Add ``Σ_samples (∂loss_sample/∂W)²`` of each layer to ``sums[i]`` (float64, the weight's shape).

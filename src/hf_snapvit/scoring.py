@@ -17,6 +17,10 @@ weights the unit owns (paper §3.2; the reference's choices are in ``snapvit-ref
 The per-image definitions take every image of a gradient step from the step's one backward pass
 (:mod:`hf_snapvit.sample_gradients`), not one backward pass per image.
 
+A step whose crops do not fit in the device's memory (SigLIP-so400m at 384 px: 16 images x 12 crops of 729 tokens
+need more than an H200's 141 GB) is run as parts of halving size (accelerate's ``find_executable_batch_size``): the
+per-image sums and the batch-mean gradients are linear in the images, so the parts add up to the step.
+
 The crops of image ``i`` are drawn from ``numpy.random.default_rng([seed, i])``, so they do not depend on the batch
 or the process that embeds the image; on several processes (:mod:`hf_snapvit.distributed`) each takes whole gradient
 steps and the float64 sums are added across processes.
@@ -25,6 +29,7 @@ steps and the float64 sums are added across processes.
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
@@ -32,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from accelerate.utils import find_executable_batch_size
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
@@ -44,6 +50,8 @@ from .validation import require_choice, require_int
 from .calibration import GradientSteps
 from .distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
 from .sample_gradients import SquaredSampleGradients
+
+logger = logging.getLogger(__name__)
 
 ScoreDefinition = Literal["fisher", "obd", "accumulated", "snip", "taylor"]
 
@@ -61,8 +69,9 @@ class ScoreConfig:
         batch_size: Images per gradient step. The per-image definitions (``"fisher"``, ``"obd"``) take every image's
             own gradient from the step's one backward pass (:mod:`hf_snapvit.sample_gradients`), so the step size
             changes their scores only by float rounding; the others average the gradient over the step. Memory
-            grows with it: every crop of a step's images is forwarded with gradients at once (lower it for a large
-            model on a CPU).
+            grows with it: every crop of a step's images is forwarded with gradients at once. A step that runs out
+            of device memory is run in parts of half the size, with the same scores up to float rounding (a CPU
+            seldom raises an out-of-memory error: lower it there for a large model).
         crops: The multi-crop views of the DINO loss.
     """
 
@@ -132,12 +141,13 @@ def _reduce(stats: list[list[torch.Tensor]], unit_rows: int, squared_sum: bool) 
 
 
 def _add_step(loss_of, chunk, labels, first: int, recorder: SquaredSampleGradients | None,
-              weights: list[torch.Tensor], sums: list[torch.Tensor], precision_context) -> None:
-    """Add one gradient step to ``sums``: every image's squared gradient (with a ``recorder``), else the step's
-    batch-mean gradient."""
+              weights: list[torch.Tensor], sums: list[torch.Tensor], precision_context, step_images: int) -> None:
+    """Add ``chunk`` (a step's images, or a part of them) to ``sums``: every image's squared gradient (with a
+    ``recorder``), else its share of the step's batch-mean gradient (the step has ``step_images`` images)."""
     if recorder is None:
         with precision_context:
-            loss = loss_of(chunk, labels, first_index=first)
+            # The step's mean loss is the parts' means weighted by their sizes: their gradients add up to the step's.
+            loss = loss_of(chunk, labels, first_index=first) * (len(chunk) / step_images)
         loss.backward()
         for total, w in zip(sums, weights):
             total += w.grad.double()
@@ -147,6 +157,48 @@ def _add_step(loss_of, chunk, labels, first: int, recorder: SquaredSampleGradien
         # The sum of the images' losses: each image's rows then receive that image's own gradient.
         loss = loss_of(chunk, labels, first_index=first) * len(chunk)
     recorder.accumulate(loss, len(chunk), sums)
+
+
+def _accumulate(steps: list, weights: list[torch.Tensor], add, show_progress: bool) -> list[torch.Tensor]:
+    """The float64 sums over ``steps``, each step run in parts of at most as many images as fit in memory.
+
+    On an out-of-memory error the sums restart from zero with parts of half the size: every step needs about the
+    same memory, so the error comes in the first step and little work is repeated.
+    """
+    largest = max((len(chunk) for _, chunk, _ in steps), default=1)
+
+    @find_executable_batch_size(starting_batch_size=largest, reduce_batch_size_fn=_halve(largest))
+    def run(part: int) -> list[torch.Tensor]:
+        if part < largest:
+            logger.warning("A gradient step of %d images did not fit in memory; running it in parts of %d images "
+                           "(the scores are the same up to float rounding).", largest, part)
+        sums = [torch.zeros_like(w, dtype=torch.float64) for w in weights]
+        for w in weights:
+            w.grad = None
+        for first, chunk, labels in tqdm(steps, desc="gradient scores", unit="step", disable=not show_progress):
+            for start in range(0, len(chunk), part):
+                add(chunk[start:start + part], None if labels is None else labels[start:start + part],
+                    first + start, sums, len(chunk))
+        return sums
+
+    return run()
+
+
+def _halve(start: int):
+    """The next part size after an out-of-memory error: half the last one (accelerate's default takes 90 %)."""
+    size = start
+
+    def reduce() -> int:
+        nonlocal size
+        if size == 1:  # raised inside accelerate's handler: the device's own message stays attached as the context
+            raise torch.OutOfMemoryError(
+                "The gradient scores of one image do not fit in the device's memory (every crop of an image is "
+                "forwarded with gradients at once). Use fewer or smaller crops, e.g. ScoreConfig(crops="
+                "MultiCropConfig(num_local=4, local_size=96)) as the 'fast' preset does, or a device with more memory.")
+        size //= 2
+        return size
+
+    return reduce
 
 
 def _batch_loss(model, spec, chunk, labels, *, processor, normalizer, config, input_size, first_index, seed,
@@ -217,17 +269,18 @@ def gradient_scores(
     recorder = SquaredSampleGradients(layers) if config.definition in ("fisher", "obd") else None
     # Per-image squared gradients, or (batched definitions) the batch-mean gradients summed over batches, as the
     # reference accumulates them; float64 on every process so that the cross-process sum is exact up to rounding.
-    sums = [torch.zeros_like(w, dtype=torch.float64) for w in weights]
     loss_of = functools.partial(_batch_loss, model, spec, processor=processor, normalizer=normalizer, config=config,
                                 input_size=input_size, seed=seed, device=device)
+
+    def add(chunk, chunk_labels, first, sums, step_images):
+        _add_step(loss_of, chunk, chunk_labels, first, recorder, weights, sums,
+                  autocast(device, gradients=True, precision=precision), step_images)
+
     error: BaseException | None = None
     try:
         model.zero_grad(set_to_none=True)
         try:  # a failure here must reach the other processes before they wait in the reduction
-            for first, chunk, chunk_labels in tqdm(steps, desc="gradient scores", unit="step",
-                                                   disable=not show_progress or not state.is_main_process):
-                _add_step(loss_of, chunk, chunk_labels, first, recorder, weights, sums,
-                          autocast(device, gradients=True, precision=precision))
+            sums = _accumulate(steps, weights, add, show_progress and state.is_main_process)
         except Exception as exc:
             error = exc
         raise_if_failed_anywhere(error, state)
