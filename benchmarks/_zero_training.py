@@ -18,9 +18,9 @@ from torch import nn
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 from hf_snapvit.benchmark import hardware_info
-from hf_snapvit.data import to_rgb
+from hf_snapvit.data.images import to_rgb
 from hf_snapvit.evaluation import extract_features, knn_accuracy, load_split, top1_accuracy
-from hf_snapvit.sampling import key_order
+from hf_snapvit.data.sampling import key_order
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recovery_vit_tiny import stored_ranking  # noqa: E402  (benchmarks/ is not a package)

@@ -53,7 +53,7 @@ import transformers  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import hf_snapvit  # noqa: E402
-from hf_snapvit.embedding import image_embedding  # noqa: E402
+from hf_snapvit.architectures.embedding import image_embedding  # noqa: E402
 from hf_snapvit.benchmark import device_slug, hardware_info  # noqa: E402
 from hf_snapvit.distributed import autocast, resolve_precision, tf32_matmuls  # noqa: E402
 from hf_snapvit.files import write_text_atomic  # noqa: E402

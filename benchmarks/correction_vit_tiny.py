@@ -36,7 +36,7 @@ from transformers import AutoImageProcessor, AutoModelForImageClassification
 import hf_snapvit
 from hf_snapvit.benchmark import hardware_info
 from hf_snapvit.correction import CorrectionConfig
-from hf_snapvit.data import to_rgb
+from hf_snapvit.data.images import to_rgb
 from hf_snapvit.evaluation import extract_features, knn_accuracy, load_split, top1_accuracy
 from hf_snapvit.files import write_text_atomic
 

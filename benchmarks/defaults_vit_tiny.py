@@ -52,10 +52,10 @@ from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit
 from hf_snapvit.benchmark import hardware_info
-from hf_snapvit.budget import model_shape
+from hf_snapvit.architectures.budget import model_shape
 from hf_snapvit.evaluation import load_split, run_sweep
 from hf_snapvit.files import write_text_atomic
-from hf_snapvit.xnes.rules import generations_without_improvement
+from hf_snapvit.pruning.xnes.rules import generations_without_improvement
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

@@ -1,6 +1,6 @@
 """Peak memory of a stream draw against the rows read and the size of each image: bounded by the sample.
 
-A stream draw (:func:`hf_snapvit.sampling.stream_candidates`, what every ``data=`` stream goes through) reads up to
+A stream draw (:func:`hf_snapvit.data.sampling.stream_candidates`, what every ``data=`` stream goes through) reads up to
 its prefix and keeps only the candidates of smallest key. This reads generators of ``rows`` fresh byte strings of
 ``size`` bytes each (as undecoded images are) and measures the draw's peak Python allocation with ``tracemalloc``,
 beside the bytes the kept candidates hold and the bytes a shuffle buffer of the rows read would hold:
@@ -21,7 +21,7 @@ from typing import Iterator
 
 from hf_snapvit.benchmark import hardware_info
 from hf_snapvit.files import write_text_atomic
-from hf_snapvit.sampling import spare, stream_candidates
+from hf_snapvit.data.sampling import spare, stream_candidates
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

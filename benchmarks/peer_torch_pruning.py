@@ -3,7 +3,7 @@
 Torch-Pruning (``torch-pruning`` on PyPI, ``MetaPruner`` with global ranking) removes whole attention heads and FFN
 neurons, never the hidden width, until the backbone has the parameters that hf_snapvit's ``sparsity`` means: the
 fraction of backbone parameters removed, embeddings included, classifier excluded
-(``hf_snapvit.budget.backbone_parameters``; ``ElasticRanking.keep_counts(sparsity).num_params``). How many heads
+(``hf_snapvit.architectures.budget.backbone_parameters``; ``ElasticRanking.keep_counts(sparsity).num_params``). How many heads
 versus neurons go is a rule (``--head-rule``), because Torch-Pruning ranks the two kinds separately:
 ``proportional`` removes the same fraction of head and of FFN parameters (one ratio for both kinds),
 ``paired`` uses the SnapViT reference's head ratio = neuron ratio - 0.15. Every block keeps hf_snapvit's floors
@@ -54,8 +54,8 @@ from huggingface_hub.utils import tqdm
 
 import hf_snapvit
 from hf_snapvit.benchmark import hardware_info, measure_latency
-from hf_snapvit.budget import ModelShape, backbone_parameters, estimate_gflops, layer_widths, model_shape
-from hf_snapvit.data import to_rgb
+from hf_snapvit.architectures.budget import ModelShape, backbone_parameters, estimate_gflops, layer_widths, model_shape
+from hf_snapvit.data.images import to_rgb
 from hf_snapvit.errors import BudgetError
 from hf_snapvit.evaluation import (
     extract_features,
@@ -65,7 +65,7 @@ from hf_snapvit.evaluation import (
     top1_accuracy,
 )
 from hf_snapvit.files import public_name, write_text_atomic
-from hf_snapvit.ranking import ElasticRanking, Floors
+from hf_snapvit.elastic.ranking import ElasticRanking, Floors
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _tp_vit  # noqa: E402  (sibling helper; benchmarks/ is not a package)

@@ -46,7 +46,7 @@ import hf_snapvit  # noqa: E402
 from hf_snapvit.benchmark import device_slug, dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
 from hf_snapvit.benchmark.latency import compiled_graph_room  # noqa: E402
 from hf_snapvit.files import write_text_atomic  # noqa: E402
-from hf_snapvit.latency_table import synchronize  # noqa: E402
+from hf_snapvit.loading.latency_table import synchronize  # noqa: E402
 
 KINDS = ("gemm", "attention", "norm", "elementwise", "copies", "other")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

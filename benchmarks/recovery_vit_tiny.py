@@ -195,7 +195,7 @@ def prepare(args: argparse.Namespace) -> tuple[str, Any, dict, dict]:
     """The elastic checkpoint, the recovery images (train, disjoint from the bank) and the evaluation sets."""
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-    from hf_snapvit.data import to_rgb
+    from hf_snapvit.data.images import to_rgb
     from hf_snapvit.evaluation import load_split
 
     train, validation = load_split(args.data, "train"), load_split(args.data, "validation")

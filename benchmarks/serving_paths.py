@@ -2,7 +2,7 @@
 
 A *path* is one way a user runs a model (:data:`PATHS`): eager; ``torch.compile(model)`` as users call it; compiled
 with ``attn_implementation=hf_snapvit.UNPADDED_SDPA`` (SDPA without the all-true mask that torch 2.11's compile makes
-transformers build, :mod:`hf_snapvit.attention`); compiled with the model's eager attention (inductor writes the
+transformers build, :mod:`hf_snapvit.architectures.attention`); compiled with the model's eager attention (inductor writes the
 softmax); with inductor's ``freezing``; ``max-autotune``; and CUDA graphs (``mode="reduce-overhead"``). For each shape
 (random weights: only the widths matter for speed) and path, the dense model and one sliced copy per sparsity (widths
 multiples of ``--width-multiple``) run round-robin in one rotation with the eager dense model as an anchor
@@ -45,7 +45,7 @@ import bench_gpu_latency  # noqa: E402
 import profile_latency  # noqa: E402
 import hf_snapvit  # noqa: E402
 from hf_snapvit.benchmark import device_slug, dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
-from hf_snapvit.attention import UNPADDED_SDPA  # noqa: E402
+from hf_snapvit.architectures.attention import UNPADDED_SDPA  # noqa: E402
 from hf_snapvit.benchmark.latency import compiled_graph_room  # noqa: E402
 from hf_snapvit.files import write_text_atomic  # noqa: E402
 

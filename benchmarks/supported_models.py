@@ -1,7 +1,7 @@
 """docs/supported-models.md, produced from the registry and a discovery run rather than written by hand.
 
 For every registered backbone and every family that discovery serves, a tiny random model is built in code, its spec
-is looked up (registered) or discovered, and the spec is proven on it (``hf_snapvit.proof.prove_spec``: reordering
+is looked up (registered) or discovered, and the spec is proven on it (``hf_snapvit.surgery.proof.prove_spec``: reordering
 every unit changes nothing, and slicing to 75 % and 40 % of the units equals masking the rest). The table says what
 the spec prunes and the proof's result. Task models are listed from the registry with the encoder and features they
 read. ``tests/test_supported_models.py`` checks that the committed page is what this script writes.
@@ -25,7 +25,7 @@ import transformers  # noqa: E402
 
 from hf_snapvit.architectures import discovery, get_layers, get_mlp, get_spec  # noqa: E402
 from hf_snapvit.architectures.registry import _REGISTRY, _TASKS  # noqa: E402
-from hf_snapvit.proof import ensure_proven, prove_spec  # noqa: E402
+from hf_snapvit.surgery.proof import ensure_proven, prove_spec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "supported-models.md"

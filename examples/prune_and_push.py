@@ -1,6 +1,6 @@
 """Prune the shared ViT-Tiny once, save one elastic checkpoint, load it at three sizes, inspect it, optionally push it.
 
-Steps: stream calibration images from the Tiny-ImageNet train parquet (``hf_snapvit.data.load_image_dataset``),
+Steps: stream calibration images from the Tiny-ImageNet train parquet (``hf_snapvit.data.images.load_image_dataset``),
 rank every head and FFN neuron (``hf_snapvit.rank``, SnapViT ``fast`` preset by default), write the elastic
 checkpoint (``hf_snapvit.save_elastic``) and, for the methods that read images, the weight correction of every size
 (``hf_snapvit.add_prefix_correction``), load it at each ``--sparsities`` value
@@ -25,8 +25,8 @@ from datasets import load_dataset
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit
-from hf_snapvit.budget import layer_widths
-from hf_snapvit.data import load_image_dataset
+from hf_snapvit.architectures.budget import layer_widths
+from hf_snapvit.data.images import load_image_dataset
 from hf_snapvit.distributed import process_state
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -131,7 +131,7 @@ def main() -> None:
 
     # 5. Publish (weights, config with the ranking, preprocessor config and a generated model card, one commit).
     if args.push_to_hub:
-        from hf_snapvit.hub import push_to_hub
+        from hf_snapvit.publishing.hub import push_to_hub
 
         commit = push_to_hub(output, args.push_to_hub, private=args.private or None)
         print(f"pushed: {commit.commit_url}")

@@ -22,8 +22,8 @@ from transformers import ViTImageProcessor
 
 import hf_snapvit
 from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
-from hf_snapvit.views import MultiCropConfig
-from hf_snapvit.scoring import ScoreConfig
+from hf_snapvit.data.views import MultiCropConfig
+from hf_snapvit.pruning.scoring import ScoreConfig
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -159,7 +159,7 @@ def sliced_model(folder, case: Case, **kwargs) -> transformers.PreTrainedModel:
     """``ElasticViTModel.from_pretrained(folder, **kwargs)``, checked to be narrower than the dense ``case`` model
     (comparisons against a model that was not sliced would prove nothing)."""
     from hf_snapvit import ElasticViTModel
-    from hf_snapvit.budget import layer_widths
+    from hf_snapvit.architectures.budget import layer_widths
 
     model = ElasticViTModel.from_pretrained(folder, **kwargs)
     heads, neurons = layer_widths(model)

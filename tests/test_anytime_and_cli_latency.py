@@ -18,7 +18,7 @@ import torch
 
 import hf_snapvit
 from hf_snapvit.cli import main as cli_main
-from hf_snapvit.latency_table import LATENCY_FILE, LatencyTable, device_name, read_latency_file
+from hf_snapvit.loading.latency_table import LATENCY_FILE, LatencyTable, device_name, read_latency_file
 
 from helpers import PROCESSOR, tiny_vit_classifier
 

@@ -9,8 +9,8 @@ from transformers import BertConfig, ViTConfig, ViTModel
 
 import hf_snapvit as hs
 from hf_snapvit.architectures import get_spec, register_architecture
-from hf_snapvit.budget import layer_widths
-from hf_snapvit.slicing import slice_model_
+from hf_snapvit.architectures.budget import layer_widths
+from hf_snapvit.surgery.slicing import slice_model_
 from hf_snapvit.architectures import get_backbone, get_layers
 from hf_snapvit.architectures.registry import _REGISTRY
 

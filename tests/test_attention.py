@@ -10,7 +10,7 @@ import transformers
 from transformers import masking_utils
 
 import hf_snapvit
-from hf_snapvit.attention import unpadded_sdpa_mask
+from hf_snapvit.architectures.attention import unpadded_sdpa_mask
 from helpers import CASES, output_of
 
 BY_NAME = {case.name: case for case in CASES}

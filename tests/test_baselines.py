@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit.methods.baselines import _lamp
-from hf_snapvit.scoring import ScoreConfig, gradient_scores
+from hf_snapvit.pruning.methods.baselines import _lamp
+from hf_snapvit.pruning.scoring import ScoreConfig, gradient_scores
 from helpers import CASES, FEW_CROPS, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}
@@ -81,7 +81,7 @@ def test_every_method_is_listed():
 def test_register_a_data_free_method(monkeypatch):
     import importlib
 
-    rank_module = importlib.import_module("hf_snapvit.methods")  # the package attribute `rank` is the function
+    rank_module = importlib.import_module("hf_snapvit.pruning.methods")  # the package attribute `rank` is the function
 
     monkeypatch.setattr(rank_module, "_METHODS", dict(rank_module._METHODS))
     with pytest.raises(ValueError, match="already registered"):

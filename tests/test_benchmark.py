@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit.budget import layer_widths
+from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.benchmark import (
     add_load_ratios,
     device_slug,
@@ -69,8 +69,8 @@ def test_latency_vs_sparsity_reports_realised_and_theoretical_speedups():
 
 
 def test_rank_records_wall_time_and_snapvit_phases():
-    from hf_snapvit.views import MultiCropConfig
-    from hf_snapvit.scoring import ScoreConfig
+    from hf_snapvit.data.views import MultiCropConfig
+    from hf_snapvit.pruning.scoring import ScoreConfig
 
     model = CASE["vit"].build()
     ranking = hs.rank(model, "magnitude", show_progress=False)

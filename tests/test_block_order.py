@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from hf_snapvit.architectures import get_attention, get_layers, get_spec, head_dim
-from hf_snapvit.budget import model_shape
+from hf_snapvit.architectures.budget import model_shape
 from hf_snapvit.correction import CorrectionConfig
 from hf_snapvit.correction.prefix import output_projections
 from hf_snapvit.errors import ConfigError
-from hf_snapvit.methods.block_order import block_orders, elimination_order, reorder_scores
-from hf_snapvit.ranking import ElasticRanking
+from hf_snapvit.pruning.methods.block_order import block_orders, elimination_order, reorder_scores
+from hf_snapvit.elastic.ranking import ElasticRanking
 
 from helpers import CASES
 
@@ -204,9 +204,9 @@ def test_snapvit_hands_its_scores_out_in_the_block_orders_of_the_fitness_images(
     """A fit with ``unit_order`` equals the plain fit's scores reordered by block_orders on the same fitness images
     (no search: the starting factors scale whole blocks, so the order within a block is the scores' order)."""
     import hf_snapvit as hs
-    from hf_snapvit.calibration import split_calibration
-    from hf_snapvit.scoring import ScoreConfig
-    from hf_snapvit.views import MultiCropConfig, processor_inputs
+    from hf_snapvit.data.calibration import split_calibration
+    from hf_snapvit.pruning.scoring import ScoreConfig
+    from hf_snapvit.data.views import MultiCropConfig, processor_inputs
 
     from helpers import PROCESSOR, images
 

@@ -13,9 +13,9 @@ import transformers
 from transformers import AutoModel, AutoModelForImageClassification
 
 import hf_snapvit as hs
-from hf_snapvit.budget import layer_widths
-from hf_snapvit.ranking import FORMAT_VERSION
-from hf_snapvit.checkpoint import CheckpointReader
+from hf_snapvit.architectures.budget import layer_widths
+from hf_snapvit.elastic.ranking import FORMAT_VERSION
+from hf_snapvit.elastic.checkpoint import CheckpointReader
 from helpers import CASES, hub_cache_copy, masked_copy, output_of
 
 CASE = {c.name: c for c in CASES}

@@ -21,7 +21,7 @@ from PIL import Image
 import hf_snapvit
 from hf_snapvit.correction.prefix import applies_at
 from hf_snapvit.correction.prefix_file import PrefixFile
-from hf_snapvit.budget import backbone_parameters, estimate_gflops, layer_widths
+from hf_snapvit.architectures.budget import backbone_parameters, estimate_gflops, layer_widths
 from hf_snapvit.cli import COMMANDS, main
 
 from helpers import output_of, tiny_vit_classifier
@@ -141,7 +141,7 @@ def test_prune_writes_a_model_card_and_no_local_path(model_dir, tmp_path, capsys
 
 def test_export_correct_equals_the_library_call_on_the_same_images(elastic_dir, data_file, tmp_path, capsys):
     from hf_snapvit.correction import CorrectionConfig
-    from hf_snapvit.data import load_image_dataset
+    from hf_snapvit.data.images import load_image_dataset
 
     code, out, err = run(capsys, "export", "--model", elastic_dir, "--sparsity", "0.3", "--correct", "--data",
                          data_file, "--num-samples", "8", "--output", tmp_path / "corrected", "--json", "-q")

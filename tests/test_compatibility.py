@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit.budget import layer_widths
+from hf_snapvit.architectures.budget import layer_widths
 from helpers import CASES
 
 FIXTURE = json.loads((Path(__file__).parent / "data" / "pre_reorg_elastic.json").read_text())

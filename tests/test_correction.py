@@ -12,11 +12,11 @@ import transformers
 from PIL import Image
 
 import hf_snapvit
-from hf_snapvit.sampling import key_order
+from hf_snapvit.data.sampling import key_order
 from hf_snapvit.errors import DataError
-from hf_snapvit.slicing import slice_model_
+from hf_snapvit.surgery.slicing import slice_model_
 from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
-from hf_snapvit.embedding import image_embedding
+from hf_snapvit.architectures.embedding import image_embedding
 from hf_snapvit.correction import (
     CorrectionConfig,
     CorrectionError,
@@ -298,7 +298,7 @@ def test_bad_keep_and_missing_processor_raise():
 # ------------------------------------------------------------------------------------------------------ the guard
 def split_draw(total=40, batch_size=8, seed=0):
     """Which images of a ``{"pixel_values": ...}`` draw of ``total`` are fitted on and which held out by the guard:
-    the draw is the rows in key order (hf_snapvit.sampling), and the last quarter of its batches is held out."""
+    the draw is the rows in key order (hf_snapvit.data.sampling), and the last quarter of its batches is held out."""
     order = key_order(total, seed)
     num_batches = -(-total // batch_size)
     num_fit = (num_batches - max(1, round(0.25 * num_batches))) * batch_size

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hf_snapvit.sampling import key_order
-from hf_snapvit.calibration import sample_images, split_calibration
-from hf_snapvit.data import load_image_dataset
+from hf_snapvit.data.sampling import key_order
+from hf_snapvit.data.calibration import sample_images, split_calibration
+from hf_snapvit.data.images import load_image_dataset
 from hf_snapvit.errors import SnapViTError
 
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 import hf_snapvit
-from hf_snapvit.methods.search_state import CHECKPOINT_SETTINGS
-from hf_snapvit.methods.snapvit import FITNESS_BATCH_SIZE
+from hf_snapvit.pruning.methods.search_state import CHECKPOINT_SETTINGS
+from hf_snapvit.pruning.methods.snapvit import FITNESS_BATCH_SIZE
 
 from helpers import BENCHMARKS, load_benchmark
 

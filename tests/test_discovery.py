@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedMode
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 import hf_snapvit as hs
-from hf_snapvit import proof
+from hf_snapvit.surgery import proof
 from hf_snapvit.architectures import discovery as registry, get_spec
 from helpers import masked_copy
 
@@ -257,8 +257,8 @@ FAMILIES = {  # transformers families without a registered spec, each ranked, sa
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_transformers_families_without_a_spec_load_sliced_equal_to_masking(family, tmp_path):
-    from hf_snapvit.embedding import dummy_inputs
-    from hf_snapvit.proof import _output
+    from hf_snapvit.architectures.embedding import dummy_inputs
+    from hf_snapvit.surgery.proof import _output
 
     torch.manual_seed(0)
     model = FAMILIES[family](transformers).eval()
@@ -277,8 +277,8 @@ def test_transformers_families_without_a_spec_load_sliced_equal_to_masking(famil
 
 @pytest.mark.parametrize("method", ["snapvit", "snip"])
 def test_data_driven_methods_rank_a_discovered_model_from_pixels(method):
-    from hf_snapvit.scoring import ScoreConfig
-    from hf_snapvit.views import MultiCropConfig
+    from hf_snapvit.pruning.scoring import ScoreConfig
+    from hf_snapvit.data.views import MultiCropConfig
 
     config = hs.SnapViTConfig.preset("fast", num_gradient_images=3, num_fitness_images=6, max_generations=1,
                                      scores=ScoreConfig(crops=MultiCropConfig(num_local=2)))

@@ -19,10 +19,12 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit import calibration, distributed, fitness, scoring
-from hf_snapvit.calibration import sample_images
-from hf_snapvit.views import MultiCropConfig
-from hf_snapvit.scoring import ScoreConfig, gradient_scores
+from hf_snapvit import distributed
+from hf_snapvit.data import calibration
+from hf_snapvit.pruning import fitness, scoring
+from hf_snapvit.data.calibration import sample_images
+from hf_snapvit.data.views import MultiCropConfig
+from hf_snapvit.pruning.scoring import ScoreConfig, gradient_scores
 
 from helpers import CASES, PROCESSOR, images
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import pipeline
 
-from hf_snapvit.budget import layer_widths
+from hf_snapvit.architectures.budget import layer_widths
 from helpers import CASES, PROCESSOR, images, output_of, sliced_model
 
 CASE = {c.name: c for c in CASES}

@@ -15,7 +15,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 import hf_snapvit as hs
-from hf_snapvit.budget import layer_widths
+from hf_snapvit.architectures.budget import layer_widths
 from helpers import CASES, output_of, sliced_model
 
 CASE = {c.name: c for c in CASES}

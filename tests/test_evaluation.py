@@ -13,8 +13,8 @@ from PIL import Image
 from transformers import ViTImageProcessor
 
 import hf_snapvit as hs
-from hf_snapvit.slicing import slice_model_
-from hf_snapvit.embedding import image_embedding
+from hf_snapvit.surgery.slicing import slice_model_
+from hf_snapvit.architectures.embedding import image_embedding
 from hf_snapvit.errors import DataError, EvaluationError
 from hf_snapvit.evaluation import (
     EvaluationResult,

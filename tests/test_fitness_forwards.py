@@ -11,12 +11,12 @@ import torch.nn.functional as F
 
 import hf_snapvit as hs
 from hf_snapvit.architectures import get_backbone, get_layers, get_spec
-from hf_snapvit.calibration import split_calibration
-from hf_snapvit.embedding import image_embedding
-from hf_snapvit.fitness import EmbeddingFitness
-from hf_snapvit.scoring import ScoreConfig
-from hf_snapvit.token_subset import TokenSubset
-from hf_snapvit.views import MultiCropConfig
+from hf_snapvit.data.calibration import split_calibration
+from hf_snapvit.architectures.embedding import image_embedding
+from hf_snapvit.pruning.fitness import EmbeddingFitness
+from hf_snapvit.pruning.scoring import ScoreConfig
+from hf_snapvit.pruning.token_subset import TokenSubset
+from hf_snapvit.data.views import MultiCropConfig
 from helpers import CASES, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}

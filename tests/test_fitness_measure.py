@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit.cka import linear_cka, linear_cka_matrix
-from hf_snapvit.embedding import image_embedding
-from hf_snapvit.fitness import EmbeddingFitness
-from hf_snapvit.scoring import ScoreConfig
-from hf_snapvit.slicing import slice_model_
-from hf_snapvit.views import MultiCropConfig
+from hf_snapvit.pruning.cka import linear_cka, linear_cka_matrix
+from hf_snapvit.architectures.embedding import image_embedding
+from hf_snapvit.pruning.fitness import EmbeddingFitness
+from hf_snapvit.pruning.scoring import ScoreConfig
+from hf_snapvit.surgery.slicing import slice_model_
+from hf_snapvit.data.views import MultiCropConfig
 from helpers import CASES, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}
@@ -92,7 +92,7 @@ def test_snapvit_searches_on_the_cka_measure_when_asked():
                               fitness_sparsities=(0.1, 0.3), fitness_measure="cka", seed=1)
     ranking = hs.SnapViTPruner(config).fit(model, images(12), processor=PROCESSOR, show_progress=False)
     assert ranking.provenance["settings"]["fitness_measure"] == "cka"
-    from hf_snapvit.calibration import split_calibration
+    from hf_snapvit.data.calibration import split_calibration
 
     split = split_calibration(images(12), 3, 6, seed=1)
     precision = {"fp32": "no", "bf16": "bf16"}[ranking.provenance["precision"]]

@@ -9,11 +9,11 @@ import torch
 
 import hf_snapvit as hs
 from hf_snapvit.architectures import get_layers
-from hf_snapvit.calibration import split_calibration
-from hf_snapvit.cka import linear_cka
-from hf_snapvit.fitness import EmbeddingFitness
-from hf_snapvit.scoring import ScoreConfig
-from hf_snapvit.views import MultiCropConfig
+from hf_snapvit.data.calibration import split_calibration
+from hf_snapvit.pruning.cka import linear_cka
+from hf_snapvit.pruning.fitness import EmbeddingFitness
+from hf_snapvit.pruning.scoring import ScoreConfig
+from hf_snapvit.data.views import MultiCropConfig
 from helpers import CASES, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}

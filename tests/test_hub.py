@@ -14,9 +14,9 @@ from huggingface_hub.errors import EntryNotFoundError
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
 import hf_snapvit
-from hf_snapvit.budget import layer_widths
+from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.errors import HubUploadError
-from hf_snapvit.hub import push_to_hub, save_and_push
+from hf_snapvit.publishing.hub import push_to_hub, save_and_push
 from hf_snapvit.cards.elastic import GENERATED_MARKER, HEATMAP_FILENAME
 
 from helpers import output_of

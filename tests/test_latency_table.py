@@ -14,7 +14,7 @@ import transformers
 import hf_snapvit as hs
 from hf_snapvit import ElasticViTModel, LatencyTable
 from hf_snapvit.errors import BudgetError, CheckpointError
-from hf_snapvit.latency_table import (LATENCY_FILE, choose_table, device_name, read_latency_file,
+from hf_snapvit.loading.latency_table import (LATENCY_FILE, choose_table, device_name, read_latency_file,
                                       write_latency_file)
 
 

@@ -1,8 +1,10 @@
 """The package's shape: imports follow the data flow, modules and functions stay small, one home for errors.
 
-Data flow: calibration data -> scores -> search -> ranking -> config.json -> sliced model -> (recovery) ->
-evaluation. Each module has a stage; a module may import only modules of its own or an earlier stage, and loading
-a model never reaches publishing, evaluation, benchmarks, the CLI or the pruner.
+Data flow, one package a stage: architectures -> surgery -> data -> elastic (the ranking format and checkpoints on
+disk) -> correction, recovery -> cards (text) -> loading -> pruning -> benchmark -> evaluation -> publishing -> cli.
+A module may import only modules of its own or an earlier stage; loading a model never reaches the pruner,
+publishing, evaluation, benchmarks, plots or the CLI; and no module imports, even for type checking, a module that
+imports it back.
 """
 
 from __future__ import annotations
@@ -14,29 +16,29 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "hf_snapvit"
 
-# Stage of each top-level module or package, in data-flow order.
+# Stage of each top-level module or package (or of a package's module of another stage), in data-flow order.
 STAGES: dict[str, int] = {
-    "_version": 0, "errors": 0, "files": 0, "sources": 0, "validation": 0, "extras": 0,
-    "architectures": 1, "embedding": 1, "limits": 1, "attention": 1,
-    "budget": 2, "data": 2, "streams": 2, "sampling": 2, "coverage": 2,
-    "distributed": 3, "views": 3, "score_curves": 3,
-    "calibration": 4, "budget_path": 4, "ranking": 4, "slicing": 4, "switching": 4, "sample_gradients": 4,
-    "proof": 5, "scoring": 5, "xnes": 5, "fitness": 5, "token_subset": 5, "cka": 5, "checkpoint": 5, "fingerprint": 5,
+    # Shared by every stage: the version, exceptions, argument checks, extras, atomic files, checkpoint sources and
+    # accelerate's processes.
+    "_version": 0, "errors": 0, "validation": 0, "extras": 0, "files": 0, "sources": 0, "distributed": 0,
+    "architectures": 1,
+    "surgery": 2,
+    "data": 3,
+    "elastic": 4,
+    "correction": 5, "recovery": 5,
     # Text-only card pieces (no plotting, upload or evaluation): saving a sliced model writes its card.
-    "cards": 5, "remote_code": 5,
-    "latency_table": 5,
-    "methods": 6, "correction": 6, "recovery": 6, "modeling": 6, "sliced": 6, "switchable": 6,
-    "plotting": 7, "benchmark": 7,
-    "evaluation": 8,
-    "cards.elastic": 9,  # the elastic checkpoint's card: plots and evaluation results
-    # saving writes the elastic checkpoint and its model card: after the card modules, never reached by loading.
-    "hub": 10, "saving": 10,
-    "cli": 11, "__main__": 11, "__init__": 11,
+    "cards": 6,
+    "loading": 7,
+    "pruning": 8, "plotting": 8,
+    "benchmark": 9,
+    "evaluation": 10,
+    "cards.elastic": 11,  # the elastic checkpoint's card: plots and evaluation results
+    "publishing": 12,
+    "cli": 13, "__main__": 13, "__init__": 13,
 }
-LOADING = "hf_snapvit.modeling"
+LOADING = "hf_snapvit.loading.modeling"
 # The text-only cards are allowed: a sliced model's save_pretrained writes its card (see cards.sliced).
-NOT_FOR_LOADING = ("methods", "scoring", "xnes", "fitness", "token_subset", "cka", "evaluation", "benchmark", "cli",
-                   "hub", "cards.elastic", "plotting", "saving")
+NOT_FOR_LOADING = ("pruning", "evaluation", "benchmark", "cli", "publishing", "cards.elastic", "plotting")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
@@ -114,6 +116,38 @@ def test_loading_never_reaches_the_pruner_evaluation_or_publishing():
         todo += [t for t, _ in _internal_targets(module)]
     reached = sorted(m for m in seen if _place(m) in NOT_FOR_LOADING)
     assert not reached, f"loading ({LOADING}) imports {reached}"
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    graph = {name: {t for t, _ in _internal_targets(name) if t in MODULES and t != name} for name in MODULES}
+    # A package's __init__ re-exports its modules: importing the package is importing them, so it is not a circle.
+    graph = {name: {t for t in targets if not name.startswith(t + ".")} for name, targets in graph.items()}
+    circles, state = [], {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                circles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target, path + [target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, f"import circles: {circles}"
+
+
+def test_the_top_level_shows_the_wings():
+    modules = sorted(p.stem for p in SRC.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    packages = sorted(p.name for p in SRC.iterdir() if (p / "__init__.py").exists())
+    assert len(packages) >= 12 and len(modules) <= 9, (packages, modules)
+    # Each wing says what it owns and what it may import.
+    silent = [package for package in packages
+              if "may import" not in (ast.get_docstring(ast.parse((SRC / package / "__init__.py").read_text())) or "")
+              .lower()]
+    assert not silent, f"packages whose __init__ docstring does not say what they may import: {silent}"
 
 
 def test_no_module_imports_another_modules_private_names():

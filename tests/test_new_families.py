@@ -14,12 +14,12 @@ import transformers
 
 import hf_snapvit as hs
 from hf_snapvit.architectures import get_layers, get_spec, head_tables
-from hf_snapvit.budget import backbone_parameters, layer_widths, model_shape
+from hf_snapvit.architectures.budget import backbone_parameters, layer_widths, model_shape
 from hf_snapvit.correction.guard import final_outputs
-from hf_snapvit.embedding import image_embedding
+from hf_snapvit.architectures.embedding import image_embedding
 from hf_snapvit.errors import UnsupportedArchitectureError
-from hf_snapvit.slicing import slice_model_
-from hf_snapvit.switching import HeadPrefix
+from hf_snapvit.surgery.slicing import slice_model_
+from hf_snapvit.surgery.switching import HeadPrefix
 from helpers import masked_copy, output_of
 
 T = transformers

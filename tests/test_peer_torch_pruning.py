@@ -7,8 +7,8 @@ import torch
 import transformers
 
 import hf_snapvit
-from hf_snapvit.budget import layer_widths
-from hf_snapvit.budget import backbone_parameters, model_shape
+from hf_snapvit.architectures.budget import layer_widths
+from hf_snapvit.architectures.budget import backbone_parameters, model_shape
 
 from helpers import load_benchmark
 

@@ -8,7 +8,7 @@ import torch
 import transformers
 
 import hf_snapvit
-from hf_snapvit.budget import layer_widths
+from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.errors import ConfigError
 from hf_snapvit.plotting import allocation_table, plot_allocation
 

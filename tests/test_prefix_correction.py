@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from hf_snapvit.sampling import key_order
+from hf_snapvit.data.sampling import key_order
 from hf_snapvit.architectures import get_layers, get_spec
-from hf_snapvit.budget import layer_widths
+from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.correction import CorrectionConfig, CorrectionError, correct_model_
 from hf_snapvit.correction.prefix import PrefixCorrection, output_projections
-from hf_snapvit.slicing import slice_model_
+from hf_snapvit.surgery.slicing import slice_model_
 
 from helpers import CASES, hub_cache_copy, output_of
 
@@ -347,7 +347,7 @@ def test_neighbour_agreement_is_one_for_the_same_embeddings_and_lower_for_shuffl
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.name.endswith(("-cls", "-cls-teacher"))], ids=repr)
 def test_a_classifiers_embeddings_read_in_its_forward_equal_image_embedding(case):
-    from hf_snapvit.embedding import image_embedding
+    from hf_snapvit.architectures.embedding import image_embedding
 
     model = case.build().eval()
     inputs = case.inputs(3)

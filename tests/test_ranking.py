@@ -9,9 +9,9 @@ import pytest
 from transformers import ViTConfig
 
 import hf_snapvit as hs
-from hf_snapvit.budget import ModelShape
-from hf_snapvit.slicing import slice_model_
-from hf_snapvit.budget import model_shape, skeleton
+from hf_snapvit.architectures.budget import ModelShape
+from hf_snapvit.surgery.slicing import slice_model_
+from hf_snapvit.architectures.budget import model_shape, skeleton
 from helpers import CASES
 
 CASE = {c.name: c for c in CASES}

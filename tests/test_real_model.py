@@ -8,8 +8,8 @@ from datasets import load_dataset
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit as hs
-from hf_snapvit.views import MultiCropConfig
-from hf_snapvit.scoring import ScoreConfig
+from hf_snapvit.data.views import MultiCropConfig
+from hf_snapvit.pruning.scoring import ScoreConfig
 from helpers import SHARED, SHARED_MODEL, SHARED_TRAIN, requires_shared
 
 MODEL = SHARED / "models" / "vit-tiny-tinyimagenet"

@@ -18,11 +18,11 @@ import transformers
 
 import hf_snapvit
 from hf_snapvit.architectures import get_spec
-from hf_snapvit.budget import layer_widths
+from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.errors import DataError, RecoveryError
 from hf_snapvit.recovery import RecoveryConfig, recover, recover_
 from hf_snapvit.recovery.forward import forward_outputs, prefix_view
-from hf_snapvit.slicing import slice_model_
+from hf_snapvit.surgery.slicing import slice_model_
 
 from helpers import CASES, PROCESSOR, images, output_of
 

@@ -13,7 +13,7 @@ import hf_snapvit
 from hf_snapvit.errors import RecoveryError
 from hf_snapvit.recovery import RecoveryConfig, recover
 from hf_snapvit.recovery.held_out import check_sizes, split_held_out
-from hf_snapvit.slicing import slice_model_
+from hf_snapvit.surgery.slicing import slice_model_
 
 from helpers import CASES, PROCESSOR, images
 

@@ -16,14 +16,14 @@ import transformers
 from PIL import Image
 
 import hf_snapvit as hs
-from hf_snapvit.sampling import key_order
-from hf_snapvit.calibration import calibration_batches, draw_calibration, sample_images
+from hf_snapvit.data.sampling import key_order
+from hf_snapvit.data.calibration import calibration_batches, draw_calibration, sample_images
 from hf_snapvit.cli import main
-from hf_snapvit.data import MAX_CORRUPT_FRACTION
+from hf_snapvit.data.images import MAX_CORRUPT_FRACTION
 from hf_snapvit.errors import ConfigError, DataError, EvaluationError
 from hf_snapvit.evaluation import load_split
-from hf_snapvit.scoring import ScoreConfig
-from hf_snapvit.views import MultiCropConfig, check_pixel_values
+from hf_snapvit.pruning.scoring import ScoreConfig
+from hf_snapvit.data.views import MultiCropConfig, check_pixel_values
 
 from helpers import CASES, FEW_CROPS, PROCESSOR, images
 

@@ -17,10 +17,10 @@ from transformers import AutoModel
 import hf_snapvit as hs
 from hf_snapvit import files
 from hf_snapvit.architectures import get_layers, get_mlp, get_spec
-from hf_snapvit.budget import layer_widths
-from hf_snapvit.ranking import ElasticRanking
-from hf_snapvit.scoring import ScoreConfig
-from hf_snapvit.views import MultiCropConfig
+from hf_snapvit.architectures.budget import layer_widths
+from hf_snapvit.elastic.ranking import ElasticRanking
+from hf_snapvit.pruning.scoring import ScoreConfig
+from hf_snapvit.data.views import MultiCropConfig
 from helpers import CASES, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}

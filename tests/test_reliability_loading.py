@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 from transformers import ViTConfig
 
 import hf_snapvit as hs
-from hf_snapvit.budget import ModelShape, model_shape, skeleton
-from hf_snapvit.checkpoint import CheckpointReader
+from hf_snapvit.architectures.budget import ModelShape, model_shape, skeleton
+from hf_snapvit.elastic.checkpoint import CheckpointReader
 from helpers import CASES
 
 CASE = {c.name: c for c in CASES}

@@ -14,10 +14,10 @@ import pytest
 from PIL import Image
 
 import hf_snapvit as hs
-from hf_snapvit import streams
-from hf_snapvit.calibration import sample_images
-from hf_snapvit.sampling import key_order
-from hf_snapvit.data import array_to_image, load_image_dataset, to_rgb
+from hf_snapvit.data import streams
+from hf_snapvit.data.calibration import sample_images
+from hf_snapvit.data.sampling import key_order
+from hf_snapvit.data.images import array_to_image, load_image_dataset, to_rgb
 from hf_snapvit.errors import DataError
 
 from helpers import CASES, FEW_CROPS, PROCESSOR, images

@@ -15,9 +15,9 @@ import torch
 import hf_snapvit as hs
 from hf_snapvit import ElasticViTModel
 from hf_snapvit.architectures import get_layers
-from hf_snapvit.budget import layer_widths
+from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.errors import BudgetError
-from hf_snapvit.switching import PrefixLinear
+from hf_snapvit.surgery.switching import PrefixLinear
 from helpers import CASES, output_of
 
 NAMED = {c.name: c for c in CASES}

@@ -22,8 +22,10 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForImageClassification
 
 import hf_snapvit as hs
-from hf_snapvit import remote_code, sliced, slicing
-from hf_snapvit.budget import layer_widths
+from hf_snapvit.elastic import remote_code
+from hf_snapvit.loading import sliced
+from hf_snapvit.surgery import slicing
+from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.errors import ConfigError
 from helpers import CASES, PROCESSOR, masked_copy, output_of
 

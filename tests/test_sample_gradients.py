@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_snapvit.sample_gradients import SquaredSampleGradients
+from hf_snapvit.pruning.sample_gradients import SquaredSampleGradients
 
 
 def _loss(first: torch.nn.Linear, second: torch.nn.Linear, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -17,10 +17,10 @@ import torch
 from PIL import Image
 
 import hf_snapvit as hs
-from hf_snapvit import coverage, sampling
-from hf_snapvit.calibration import draw_sample, sample_images
+from hf_snapvit.data import coverage, sampling
+from hf_snapvit.data.calibration import draw_sample, sample_images
 from hf_snapvit.evaluation import load_split
-from hf_snapvit.sampling import StreamSource, key_order, row_keys, stream_candidates
+from hf_snapvit.data.sampling import StreamSource, key_order, row_keys, stream_candidates
 
 from helpers import CASES, FEW_CROPS, PROCESSOR, images
 
@@ -86,7 +86,7 @@ def test_the_same_seed_draws_the_same_images_and_another_seed_others():
 def test_the_draw_is_the_same_in_every_process():
     """Processes share no state: each computes the draw from the source and the seed (different hash seeds here)."""
     script = ("import sys; sys.path.insert(0, 'tests'); import hashlib, numpy as np; from test_sampling import "
-              "sorted_table; from hf_snapvit.calibration import sample_images; images, labels = sample_images("
+              "sorted_table; from hf_snapvit.data.calibration import sample_images; images, labels = sample_images("
               "sorted_table(10, 6).to_iterable_dataset(num_shards=4), 9, seed=7, label_column='label'); "
               "print(hashlib.sha256(b''.join(i.tobytes() for i in images)).hexdigest(), labels.tolist())")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

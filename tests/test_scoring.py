@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from hf_snapvit.views import MultiCropConfig, Normalizer, multi_crops, seeded_multi_crops
-from hf_snapvit.scoring import ScoreConfig, dino_loss, gradient_scores
+from hf_snapvit.data.views import MultiCropConfig, Normalizer, multi_crops, seeded_multi_crops
+from hf_snapvit.pruning.scoring import ScoreConfig, dino_loss, gradient_scores
 from helpers import CASES, FEW_CROPS, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}
@@ -155,7 +155,7 @@ def test_obd_is_fisher_times_squared_weight():
 def _per_image_reference(model, pictures, config, labels=None):
     """Fisher scores from one ordinary backward pass per image: image ``i`` alone as gradient step ``i`` (so it gets
     its own crops), scored as the square of its gradient, and averaged over the images."""
-    from hf_snapvit.calibration import GradientSteps
+    from hf_snapvit.data.calibration import GradientSteps
 
     single = ScoreConfig(loss=config.loss, definition="accumulated", batch_size=1, crops=config.crops)
     total = None

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_snapvit.scoring import ScoreConfig, gradient_scores
+from hf_snapvit.pruning.scoring import ScoreConfig, gradient_scores
 from helpers import CASES, FEW_CROPS, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}
@@ -41,7 +41,7 @@ def test_a_step_too_large_for_memory_is_run_in_parts_with_the_same_scores(defini
     expected = gradient_scores(model, images(8), PROCESSOR, config, show_progress=False)
     seen: list[int] = []
     _failing_above(model, fits=1, seen=seen)
-    with caplog.at_level(logging.WARNING, logger="hf_snapvit.scoring"):
+    with caplog.at_level(logging.WARNING, logger="hf_snapvit.pruning.scoring"):
         heads, neurons = gradient_scores(model, images(8), PROCESSOR, config, show_progress=False)
     np.testing.assert_allclose(heads, expected[0], rtol=1e-5, atol=0)
     np.testing.assert_allclose(neurons, expected[1], rtol=1e-5, atol=0)

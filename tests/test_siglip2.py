@@ -8,10 +8,10 @@ import torch
 import transformers as T
 
 import hf_snapvit as hs
-from hf_snapvit.embedding import image_embedding, input_size, patchify, unpatchify
-from hf_snapvit.views import MultiCropConfig, processor_inputs
+from hf_snapvit.architectures.embedding import image_embedding, input_size, patchify, unpatchify
+from hf_snapvit.data.views import MultiCropConfig, processor_inputs
 from hf_snapvit.errors import SnapViTError
-from hf_snapvit.scoring import ScoreConfig, gradient_scores
+from hf_snapvit.pruning.scoring import ScoreConfig, gradient_scores
 from helpers import CASES, images
 
 CASE = {c.name: c for c in CASES}

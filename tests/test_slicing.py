@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit.budget import layer_widths
-from hf_snapvit.slicing import slice_model_
+from hf_snapvit.architectures.budget import layer_widths
+from hf_snapvit.surgery.slicing import slice_model_
 from hf_snapvit.architectures import (find_attribute, get_attention, get_layers, get_projection, get_spec, head_dim,
                                       head_tables)
 from helpers import masked_copy, output_of

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit.budget import layer_widths
-from hf_snapvit.slicing import slice_model_
-from hf_snapvit.embedding import image_embedding
-from hf_snapvit.calibration import split_calibration
-from hf_snapvit.views import MultiCropConfig
-from hf_snapvit.fitness import EmbeddingFitness
-from hf_snapvit.xnes import XNES
-from hf_snapvit.scoring import ScoreConfig
+from hf_snapvit.architectures.budget import layer_widths
+from hf_snapvit.surgery.slicing import slice_model_
+from hf_snapvit.architectures.embedding import image_embedding
+from hf_snapvit.data.calibration import split_calibration
+from hf_snapvit.data.views import MultiCropConfig
+from hf_snapvit.pruning.fitness import EmbeddingFitness
+from hf_snapvit.pruning.xnes import XNES
+from hf_snapvit.pruning.scoring import ScoreConfig
 from helpers import CASES, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}
@@ -290,7 +290,7 @@ def test_search_batch_defaults_to_the_device_and_a_given_one_wins():
 
 
 def test_cka_matrix_properties_and_search_init():
-    from hf_snapvit.cka import cka_covariance, linear_cka_matrix, unit_activations
+    from hf_snapvit.pruning.cka import cka_covariance, linear_cka_matrix, unit_activations
 
     model = CASE["vit"].build()
     pixels = torch.randn(16, 3, 32, 32)

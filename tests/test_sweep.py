@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit.slicing import slice_model_
+from hf_snapvit.surgery.slicing import slice_model_
 from hf_snapvit.errors import SweepError
 from hf_snapvit.evaluation import CSV_COLUMNS, Evaluator, LinearProbeConfig, run_sweep, sweep_from_paths
 from helpers import CASES, PROCESSOR, images

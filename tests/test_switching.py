@@ -14,9 +14,9 @@ import transformers
 
 import hf_snapvit as hs
 from hf_snapvit import ElasticViTModel
-from hf_snapvit.budget import layer_widths
+from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.errors import BudgetError, ConfigError
-from hf_snapvit.switching import PrefixLinear
+from hf_snapvit.surgery.switching import PrefixLinear
 from helpers import CASES, masked_copy, output_of
 
 SEQUENCE = (0.3, 0.0, 0.5, 0.1, 0.5, 0.3)
@@ -175,7 +175,7 @@ def test_to_sliced_is_the_separately_sliced_model_and_leaves_the_switchable_one_
     before = storage(model)
     sliced = model.to_sliced()
     reference = ElasticViTModel.from_pretrained(elastic["vit-cls"], sparsity=0.3)
-    assert type(sliced) is type(reference) and type(sliced).__module__ == "hf_snapvit.sliced"
+    assert type(sliced) is type(reference) and type(sliced).__module__ == "hf_snapvit.loading.sliced"
     assert sliced.config.elastic_layout == reference.config.elastic_layout
     assert not any(isinstance(m, PrefixLinear) for m in sliced.modules())
     torch.testing.assert_close(output_of(sliced, case.inputs(2)), output_of(reference, case.inputs(2)))
@@ -245,7 +245,7 @@ def test_switchable_loads_refuse_what_they_cannot_serve(elastic, tmp_path):
 
 
 def test_a_stock_model_of_the_switchable_class_says_how_to_load_one():
-    from hf_snapvit.switchable import switchable_class
+    from hf_snapvit.loading.switchable import switchable_class
 
     model = switchable_class(transformers.ViTModel)(transformers.ViTConfig(**NAMED_CONFIG))
     with pytest.raises(ConfigError, match="switchable=True"):

@@ -16,10 +16,10 @@ import transformers as T
 import hf_snapvit as hs
 from hf_snapvit import ElasticViTModel
 from hf_snapvit.architectures import get_layers, get_spec, supported_model_types, used_layers
-from hf_snapvit.budget import backbone_parameters, layer_widths, model_shape
-from hf_snapvit.embedding import image_embedding
-from hf_snapvit.ranking import ElasticRanking
-from hf_snapvit.slicing import slice_model_
+from hf_snapvit.architectures.budget import backbone_parameters, layer_widths, model_shape
+from hf_snapvit.architectures.embedding import image_embedding
+from hf_snapvit.elastic.ranking import ElasticRanking
+from hf_snapvit.surgery.slicing import slice_model_
 
 from helpers import FEW_CROPS, PROCESSOR, images, masked_copy
 

@@ -11,7 +11,7 @@ import torch
 import transformers
 
 import hf_snapvit as hs
-from hf_snapvit.budget import DEFAULT_WIDTH_MULTIPLE, layer_widths, model_shape, resolve_width_multiple, skeleton
+from hf_snapvit.architectures.budget import DEFAULT_WIDTH_MULTIPLE, layer_widths, model_shape, resolve_width_multiple, skeleton
 from hf_snapvit.cli import main as cli_main
 from helpers import CASES, masked_copy, output_of
 
@@ -166,7 +166,7 @@ def test_the_model_card_table_shows_the_aligned_widths(tmp_path):
 
 @pytest.mark.parametrize("multiple, expected", [(None, 64), (1, 1), (32, 32)])
 def test_the_search_scores_candidates_at_the_widths_users_load(monkeypatch, multiple, expected):
-    from hf_snapvit.fitness import EmbeddingFitness
+    from hf_snapvit.pruning.fitness import EmbeddingFitness
 
     model = wide_vit()
     fitness = EmbeddingFitness(model, torch.randn(4, 3, 32, 32), sparsities=(0.3, 0.5), pca_components=8,

@@ -1,4 +1,4 @@
-"""Tests of the model-agnostic xNES optimiser (hf_snapvit.xnes)."""
+"""Tests of the model-agnostic xNES optimiser (hf_snapvit.pruning.xnes)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from hf_snapvit.xnes import XNES, XNESError, XNESResult, default_learning_rate_cov, default_population_size
+from hf_snapvit.pruning.xnes import XNES, XNESError, XNESResult, default_learning_rate_cov, default_population_size
 
 # Budgets below were measured over 200 seeds (1000 for Rosenbrock) with the default λ and learning rates and then
 # given a margin: sphere needs 179-219 generations (budget 300, set by the spec), the ellipsoid 190-239 (budget

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from hf_snapvit.xnes import XNES, XNESError
-from hf_snapvit.xnes.rules import generations_without_improvement
+from hf_snapvit.pruning.xnes import XNES, XNESError
+from hf_snapvit.pruning.xnes.rules import generations_without_improvement
 
 
 def records(bests: list[float], partial_at: int | None = None) -> list[dict]:

@@ -6,7 +6,7 @@ or load it once with ``switchable=True`` and change its size in place (``model.s
 parameters, GFLOPs or measured latency (:func:`measure_latency`).
 
 The names here are the public API. The research harness (sweeps, benchmarks, the xNES optimiser, scores) and the
-in-place surgery (``slicing.slice_model_``, ``correction.correct_model_``) stay importable from their submodules.
+in-place surgery (``surgery.slicing.slice_model_``, ``correction.correct_model_``) stay importable from their submodules.
 Names whose features need an optional extra (``plot_allocation``: ``hf-snapvit[plots]``) or the evaluation harness
 (``evaluate``) are imported on first use, so ``import hf_snapvit`` and loading a model import neither matplotlib,
 evaluate nor datasets.
@@ -18,26 +18,26 @@ from typing import Any
 from ._version import __version__
 from .architectures import (ArchitectureSpec, MlpSpec, TaskModelSpec, register_architecture, register_task_model,
                             supported_model_types)
-from .attention import UNPADDED_SDPA, register_unpadded_sdpa
-from .budget import backbone_parameters, estimate_gflops
+from .architectures.attention import UNPADDED_SDPA, register_unpadded_sdpa
+from .architectures.budget import backbone_parameters, estimate_gflops
 from .correction import CorrectionConfig
-from .coverage import CoverageWarning
-from .data import load_image_dataset
+from .data.coverage import CoverageWarning
+from .data.images import load_image_dataset
 from .errors import (BudgetError, CheckpointError, ConfigError, DataError, DiskFullError, RankingFormatError,
                      SnapViTError, UnsupportedArchitectureError)
-from .hub import push_to_hub
-from .latency_table import LatencyTable, measure_latency
-from .methods import available_methods, rank, register_method
-from .methods.snapvit import SnapViTConfig, SnapViTPruner
-from .modeling import ElasticViTModel
-from .budget import KeepCounts
-from .ranking import ElasticRanking, Floors
+from .publishing.hub import push_to_hub
+from .loading.latency_table import LatencyTable, measure_latency
+from .pruning.methods import available_methods, rank, register_method
+from .pruning.methods.snapvit import SnapViTConfig, SnapViTPruner
+from .loading.modeling import ElasticViTModel
+from .architectures.budget import KeepCounts
+from .elastic.ranking import ElasticRanking, Floors
 from .recovery import RecoveryConfig, recover
-from .sampling import StreamSource
-from .saving import add_prefix_correction, save_elastic
-from .scoring import ScoreConfig
-from .switchable import ElasticBudget
-from .views import MultiCropConfig
+from .data.sampling import StreamSource
+from .publishing.saving import add_prefix_correction, save_elastic
+from .pruning.scoring import ScoreConfig
+from .loading.switchable import ElasticBudget
+from .data.views import MultiCropConfig
 
 __all__ = [
     "__version__",

@@ -9,7 +9,7 @@ Every process runs the same program on the same inputs; three places split the w
 * the candidates of each xNES generation are split across processes (``PartialState.split_between_processes``) and
   their fitness values gathered (:func:`accelerate.utils.gather_object`), so every process holds the same fitness
   vector and therefore the same search state;
-* the calibration sample is not split: every process draws it (:mod:`hf_snapvit.sampling`; a stream is read once
+* the calibration sample is not split: every process draws it (:mod:`hf_snapvit.data.sampling`; a stream is read once
   per process, undecoded, and only the sample is decoded), and the draw depends on the source and the seed only, so
   every process holds the one-process sample. Splitting the stream itself (``split_dataset_by_node``) would let each
   process draw inside its own shards, a different sample than one process draws.

@@ -64,7 +64,7 @@ class BudgetError(SnapViTError, ValueError):
 
 
 class XNESError(SnapViTError, ValueError):
-    """Invalid argument, fitness or state given to :class:`~hf_snapvit.xnes.XNES`."""
+    """Invalid argument, fitness or state given to :class:`~hf_snapvit.pruning.xnes.XNES`."""
 
 
 class CorrectionError(SnapViTError, ValueError):

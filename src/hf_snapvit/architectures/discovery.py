@@ -5,7 +5,7 @@ The stack of blocks is the ``nn.ModuleList`` of same-class modules holding the m
 the order in which one forward calls the ``nn.Linear`` layers names them: three projections from the hidden width to
 one attention width (query, key, value), one back (the output projection), then the FFN: one or two projections out
 of the hidden width (a gated FFN has two) and one back. The attention and FFN modules are the closest common parents
-of their projections. A spec found here is a guess until :func:`hf_snapvit.proof.prove_spec` shows that slicing
+of their projections. A spec found here is a guess until :func:`hf_snapvit.surgery.proof.prove_spec` shows that slicing
 with it equals masking; ``save_elastic`` proves it before it writes anything, then stores :func:`spec_to_dict` in the
 checkpoint's ``config.json`` (``elastic_spec``), so loading needs no registration.
 """
@@ -21,7 +21,7 @@ import torch.nn as nn
 from transformers import PretrainedConfig
 
 from ..errors import UnsupportedArchitectureError
-from .registry import ArchitectureSpec, MlpSpec, supported_model_types, vision_config
+from .registry import ArchitectureSpec, MlpSpec, on_unregistered, supported_model_types, vision_config
 
 SPEC_KEY = "elastic_spec"
 # Specs of unregistered model types: read from a checkpoint's config.json or discovered in a model.
@@ -314,3 +314,6 @@ def adopt_discovered(spec: ArchitectureSpec) -> None:
 def forget_discovered(model_type: str) -> None:
     """Drop the spec kept for ``model_type`` (one whose proof failed)."""
     _DISCOVERED.pop(model_type, None)
+
+
+on_unregistered(unregistered_spec, forget_discovered)

@@ -146,6 +146,18 @@ _TASKS: dict[str, TaskModelSpec] = {}
 _DERIVED: dict[tuple[str, str], ArchitectureSpec] = {}  # (task model_type, encoder model_type) -> spec
 
 
+# What :mod:`.discovery` installs when it is imported (it builds on this module, which therefore cannot import it):
+# "resolve" finds the spec of a model type no registry holds, "forget" drops one when a spec is registered.
+_UNREGISTERED: dict[str, Callable] = {}
+
+
+def on_unregistered(resolve: Callable[[object, PretrainedConfig | None, str | None], "ArchitectureSpec"],
+                    forget: Callable[[str], None]) -> None:
+    """Install discovery: how :func:`get_spec` finds an unregistered model type's spec, and how registering a spec
+    drops the one found before."""
+    _UNREGISTERED.update(resolve=resolve, forget=forget)
+
+
 def register_architecture(spec: ArchitectureSpec, *, exist_ok: bool = False) -> None:
     """Add (or with ``exist_ok=True`` replace) the spec for ``spec.model_type``.
 
@@ -159,9 +171,8 @@ def register_architecture(spec: ArchitectureSpec, *, exist_ok: bool = False) -> 
             f"model_type {spec.model_type!r} is already registered; pass exist_ok=True to replace its spec."
         )
     _REGISTRY[spec.model_type] = spec
-    from .discovery import forget_discovered
-
-    forget_discovered(spec.model_type)  # a registered spec replaces a discovered one
+    if "forget" in _UNREGISTERED:
+        _UNREGISTERED["forget"](spec.model_type)  # a registered spec replaces a discovered one
 
 
 def register_task_model(task: TaskModelSpec, *, exist_ok: bool = False) -> None:
@@ -208,9 +219,7 @@ def get_spec(model_or_config: PreTrainedModel | PretrainedConfig | str) -> Archi
                 f"to get_spec, not the model_type string.")
         return _task_spec(_TASKS[model_type], config)
     if model_type not in _REGISTRY:
-        from .discovery import unregistered_spec  # discovery builds on this module
-
-        return unregistered_spec(model_or_config, config, model_type)
+        return _UNREGISTERED["resolve"](model_or_config, config, model_type)
     return _REGISTRY[model_type]
 
 

@@ -7,6 +7,8 @@
 * :mod:`.report`: both for one elastic checkpoint (:func:`run_bench`, ``hf-snapvit bench``).
 
 The wall time of a ranking, with SnapViT's phases, is in the ranking itself: ``rank(...).provenance["timings"]``.
+
+May import loading and every earlier stage; never the pruner, evaluation, publishing or the CLI.
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ import torch.nn as nn
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..embedding import dummy_inputs
+from ..architectures.embedding import dummy_inputs
 from ..errors import BenchmarkError
-from ..latency_table import synchronize
-from ..ranking import ElasticRanking
+from ..loading.latency_table import synchronize
+from ..elastic.ranking import ElasticRanking
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -107,7 +107,7 @@ def sliced_copy(model: PreTrainedModel, ranking: ElasticRanking, sparsity: float
                 width_multiple: int | None = None) -> PreTrainedModel:
     """A physically sliced deep copy of ``model`` at ``sparsity`` (``model`` is unchanged); ``width_multiple`` as in
     :meth:`~hf_snapvit.ElasticRanking.keep_counts`."""
-    from ..slicing import slice_model_
+    from ..surgery.slicing import slice_model_
 
     counts = ranking.keep_counts(sparsity, width_multiple=width_multiple)
     return slice_model_(copy.deepcopy(model), ranking.keep_indices(counts)).eval()
@@ -172,7 +172,7 @@ def latency_vs_sparsity(
         latency per batch size, and ``speedup`` (dense median / sliced median) next to ``theoretical_speedup``
         (dense GFLOPs / sliced GFLOPs) and their ratio ``efficiency``.
     """
-    from ..budget import backbone_parameters, estimate_gflops, layer_widths, model_shape
+    from ..architectures.budget import backbone_parameters, estimate_gflops, layer_widths, model_shape
 
     ranking.check_matches(model_shape(model))
     models: dict[str, nn.Module] = {"dense": model.eval()}

@@ -32,7 +32,7 @@ def _loader(spec: dict[str, Any]) -> Callable[[], nn.Module]:
     import transformers
 
     from ..architectures import model_class
-    from ..modeling import ElasticViTModel
+    from ..loading.modeling import ElasticViTModel
 
     checkpoint = spec["checkpoint"]
     if spec["kind"] == "elastic":
@@ -103,7 +103,7 @@ def _first_forward_memory(model: nn.Module, memory: dict[str, Any], seed: int) -
 
 def _describe_loaded(model: nn.Module) -> dict[str, Any]:
     """The loaded model's class, widths, parameters, bytes, GFLOPs and layout, as the child reports them."""
-    from ..budget import backbone_parameters, estimate_gflops, layer_widths
+    from ..architectures.budget import backbone_parameters, estimate_gflops, layer_widths
 
     layout = getattr(model.config, "elastic_layout", None)
     heads, neurons = layer_widths(model)

@@ -15,8 +15,8 @@ import torch
 
 from ..errors import BenchmarkError
 from ..files import public_name, write_text_atomic
-from ..modeling import ElasticViTModel
-from ..ranking import ElasticRanking
+from ..loading.modeling import ElasticViTModel
+from ..elastic.ranking import ElasticRanking
 from .environment import hardware_info
 from .latency import latency_vs_sparsity
 from .loading import measure_loading

@@ -39,7 +39,7 @@ from ..errors import ModelCardError
 from ..extras import has_extra, install_hint
 from ..files import atomic_file, public_name
 from ..plotting import DEFAULT_SPARSITIES, plot_allocation
-from ..ranking import ElasticRanking
+from ..elastic.ranking import ElasticRanking
 
 __all__ = [
     "CARD_TAGS",

@@ -21,7 +21,7 @@ from typing import Any
 from huggingface_hub import EvalResult
 
 from ..errors import BudgetError, ModelCardError
-from ..ranking import ElasticRanking
+from ..elastic.ranking import ElasticRanking
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from .._version import __version__
-from ..budget import resolve_width_multiple
+from ..architectures.budget import resolve_width_multiple
 from .results import MetricColumns, percent
 from .source import CheckpointDescription
 from ..errors import BudgetError, ModelCardError
-from ..ranking import ElasticRanking
+from ..elastic.ranking import ElasticRanking
 from ..validation import is_real
 
 # datasets' packaged loaders: their name says only the file format, not where the images came from.
@@ -232,7 +232,7 @@ def _calibration_line(calibration: Any, method: str) -> str:
 
 
 def _draw_text(draw: Mapping[str, Any]) -> str:
-    """What a calibration draw covered, in words (see :mod:`hf_snapvit.coverage`)."""
+    """What a calibration draw covered, in words (see :mod:`hf_snapvit.data.coverage`)."""
     if draw.get("method") == "random access":
         text = f"drawn uniformly from all {draw.get('rows_read')} rows"
     else:

@@ -1,6 +1,6 @@
 """The model card (README.md) a sliced model's ``save_pretrained`` and ``push_to_hub`` write.
 
-Text only: it is written while saving, so it lives before :mod:`hf_snapvit.modeling` and needs nothing from
+Text only: it is written while saving, so it lives before :mod:`hf_snapvit.loading.modeling` and needs nothing from
 publishing, plotting or evaluation. The elastic checkpoint's card (size table over many sparsities, heatmap) is
 :mod:`hf_snapvit.cards.elastic`'s.
 """
@@ -16,7 +16,7 @@ from .._version import __version__
 from .results import percent
 from .sections import hub_id, provenance_lines, recovery_section
 from .source import describe_checkpoint, pipeline_tag_for
-from ..remote_code import REMOTE_FILE
+from ..elastic.remote_code import REMOTE_FILE
 
 #: Tags of every sliced checkpoint; ``custom_code`` is the Hub's tag for checkpoints loaded with trust_remote_code.
 TAGS = ("hf-snapvit", "elastic", "pruned", "custom_code", "vision")

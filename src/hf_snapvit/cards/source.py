@@ -16,7 +16,7 @@ from typing import Any
 
 from ..architectures import task_model_spec
 from ..errors import ModelCardError
-from ..ranking import ElasticRanking
+from ..elastic.ranking import ElasticRanking
 
 
 @dataclass

@@ -12,6 +12,8 @@ The CLI parses arguments and calls the library, nothing more. Results go to stdo
 ``--json``; logs and progress bars go to stderr. Bad input ends the run with one ``error: ...`` line on stderr and
 exit status 2. Subcommands are rows of :data:`COMMANDS`, one module each: an arguments function, a run function
 returning a JSON-able dict, and a text renderer.
+
+The last stage: may import every other package.
 """
 
 from __future__ import annotations

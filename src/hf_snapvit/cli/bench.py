@@ -93,8 +93,8 @@ def run_latency_tables(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from ..files import public_name, write_text_atomic
-    from ..latency_table import FORMAT_VERSION, LATENCY_FILE, measure_latency, write_latency_file
-    from ..modeling import ElasticViTModel
+    from ..loading.latency_table import FORMAT_VERSION, LATENCY_FILE, measure_latency, write_latency_file
+    from ..loading.modeling import ElasticViTModel
 
     device, dtype = _latency_settings(args)
     if args.threads is not None:

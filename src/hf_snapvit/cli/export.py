@@ -70,9 +70,9 @@ def _correction_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Load ``--model`` at the budget and save it (and its image processor) to ``--output`` in one rename."""
-    from ..budget import backbone_parameters, estimate_gflops, layer_widths
+    from ..architectures.budget import backbone_parameters, estimate_gflops, layer_widths
     from ..files import atomic_directory
-    from ..modeling import ElasticViTModel
+    from ..loading.modeling import ElasticViTModel
 
     output = output_folder(args.output)
     kwargs: dict[str, Any] = {"sparsity": args.sparsity, "target_params": args.target_params,

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Read ``config.json`` of the checkpoint (no weights) and resolve the sparsity grid with its ranking."""
     from transformers import AutoConfig
 
-    from ..checkpoint import elastic_entries
+    from ..elastic.checkpoint import elastic_entries
 
     check_checkpoint_source(args.checkpoint, "ELASTIC")
     config = AutoConfig.from_pretrained(args.checkpoint)
@@ -68,7 +68,7 @@ def _prefix_record(checkpoint: str) -> dict[str, Any] | None:
 
 
 def _ranking_summary(ranking: Any, format_version: Any, width_multiple: int | None) -> dict[str, Any]:
-    from ..budget import resolve_width_multiple
+    from ..architectures.budget import resolve_width_multiple
 
     shape = ranking.shape
     provenance = dict(ranking.provenance)

@@ -62,9 +62,9 @@ def add_data_arguments(parser: argparse.ArgumentParser, *, required: bool, label
 
 def load_data(args: argparse.Namespace, num_samples: int, *, label_column: str | None = None,
               show_progress: bool = True) -> Any:
-    """``num_samples`` images of ``--data``, drawn with ``--seed``, as :func:`hf_snapvit.data.load_image_dataset`
+    """``num_samples`` images of ``--data``, drawn with ``--seed``, as :func:`hf_snapvit.data.images.load_image_dataset`
     returns them."""
-    from ..data import load_image_dataset
+    from ..data.images import load_image_dataset
 
     return load_image_dataset(
         args.data, split=args.split, image_column=args.image_column, label_column=label_column,
@@ -75,7 +75,7 @@ def load_data(args: argparse.Namespace, num_samples: int, *, label_column: str |
 def check_checkpoint_source(name_or_path: str, option: str) -> None:
     """A path that does not exist fails here, naming the option, instead of as an invalid Hub repo id; a folder that
     holds no checkpoint (no config.json) fails as the library's loader says it."""
-    from ..data import looks_like_path
+    from ..data.images import looks_like_path
     from ..sources import check_source
 
     if not Path(name_or_path).expanduser().exists() and looks_like_path(name_or_path):
@@ -104,7 +104,7 @@ def load_dense_model(name_or_path: str) -> Any:
     from transformers import AutoConfig
 
     from ..architectures import get_spec, model_class
-    from ..checkpoint import check_architecture
+    from ..elastic.checkpoint import check_architecture
 
     check_checkpoint_source(name_or_path, "--model")
     config = AutoConfig.from_pretrained(name_or_path)
@@ -120,7 +120,7 @@ def load_dense_model(name_or_path: str) -> Any:
 
 def load_processor(name_or_path: str, *, required: bool) -> Any:
     """The image processor saved with ``name_or_path``; ``None`` when there is none and it is not ``required``."""
-    from ..views import load_processor as load
+    from ..data.views import load_processor as load
 
     try:
         return load(name_or_path, purpose="preprocess the calibration images")

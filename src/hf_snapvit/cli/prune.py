@@ -15,8 +15,8 @@ logger = logging.getLogger("hf_snapvit.cli")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``prune``."""
-    from ..methods import available_methods
-    from ..methods.snapvit import PRESETS
+    from ..pruning.methods import available_methods
+    from ..pruning.methods.snapvit import PRESETS
 
     parser.add_argument("--model", required=True, metavar="ID_OR_PATH",
                         help="dense model: a Hub id or a local folder of a supported architecture")
@@ -55,14 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _reads_images(method: str) -> bool:
     """SnapViT and the gradient baselines read calibration images; every other method (incl. ones added by
     register_method) is data-free."""
-    from ..methods.baselines import GRADIENT_METHODS
+    from ..pruning.methods.baselines import GRADIENT_METHODS
 
     return method == "snapvit" or method in GRADIENT_METHODS
 
 
 def _reads_labels(method: str) -> bool:
     """The gradient baselines of the cross-entropy loss (taylor-ce) read a label column."""
-    from ..methods.baselines import GRADIENT_METHODS
+    from ..pruning.methods.baselines import GRADIENT_METHODS
 
     return GRADIENT_METHODS.get(method, {}).get("loss") == "ce"
 
@@ -94,7 +94,7 @@ def _images_read(args: argparse.Namespace) -> int:
 
 
 def _images_needed(method: str, preset: str | None) -> int:
-    from ..methods.snapvit import SnapViTConfig
+    from ..pruning.methods.snapvit import SnapViTConfig
 
     config = SnapViTConfig.preset(preset or "default")
     return config.num_gradient_images + (config.num_fitness_images if method == "snapvit" else 0)
@@ -113,9 +113,9 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
     """Rank ``--model`` with ``--method`` and save the elastic checkpoint; ``None`` on non-main processes."""
-    from ..saving import save_elastic
+    from ..publishing.saving import save_elastic
     from ..distributed import process_state
-    from ..methods import rank
+    from ..pruning.methods import rank
 
     if args.prefix_correction and not args.data:
         raise ConfigError("--prefix-correction fits on calibration images: pass --data ID_OR_PATH.")
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     output = output_folder(args.output)
     state = process_state()  # N processes under accelerate launch, else one
     if args.push_to_hub:  # a missing token should fail now, not after the ranking
-        from ..hub import resolve_token
+        from ..publishing.hub import resolve_token
 
         try:
             resolve_token(args.token)
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     stored = save_elastic(model, ranking, output, image_processor=processor)
     correction = None
     if correct:
-        from ..saving import add_prefix_correction
+        from ..publishing.saving import add_prefix_correction
 
         # The card save_elastic just wrote, rewritten with the correction's section (a hand-written one is kept).
         record = add_prefix_correction(output, data, processor, refresh_card=True, show_progress=show)
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "prefix_correction": correction,
     }
     if args.push_to_hub:
-        from ..hub import push_to_hub
+        from ..publishing.hub import push_to_hub
 
         commit = push_to_hub(output, args.push_to_hub, private=args.private or None, token=args.token)
         result["pushed"] = getattr(commit, "pr_url", None) or getattr(commit, "commit_url", None) or str(commit)

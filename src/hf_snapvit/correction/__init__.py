@@ -31,6 +31,9 @@ hidden states are kept: ``N × tokens × width``, twice while a block runs, plus
 for the guard), only the current block's two Hessians exist at once, and they are
 accumulated batch by batch in float32. The solve runs in float64 (on CPU and CUDA), which costs little at these
 sizes and keeps the Cholesky factorisation of large, badly conditioned Hessians (ViT-L ``fc2``: 4096²) stable.
+
+May import: architectures, surgery, data and the shared modules. Loading imports it (a checkpoint's stored
+correction), so it never imports loading, the pruner, evaluation or publishing.
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
 from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
-from ..calibration import calibration_batches
+from ..data.calibration import calibration_batches
 from ..errors import CorrectionError
-from ..slicing import OUTPUT_KINDS, slice_model_
+from ..surgery.slicing import OUTPUT_KINDS, slice_model_
 
 from .config import CorrectionConfig, CorrectionSummary, LayerCorrection
 from .guard import final_outputs, guard_block, guard_model, split_held_out

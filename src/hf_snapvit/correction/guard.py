@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 
-from ..embedding import forward_inputs, image_embedding, inference_settings, pooled_embedding
+from ..architectures.embedding import forward_inputs, image_embedding, inference_settings, pooled_embedding
 from ..errors import CorrectionError
 from .config import CorrectionConfig, LayerCorrection
 from .inputs import BlockInputs, model_inputs_of

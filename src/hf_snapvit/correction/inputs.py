@@ -13,9 +13,9 @@ import torch.nn as nn
 from huggingface_hub.utils import tqdm
 
 from ..architectures import get_attention, get_layers, get_mlp, get_projection, head_dim
-from ..embedding import image_embedding
+from ..architectures.embedding import image_embedding
 from ..errors import CorrectionError
-from ..views import model_inputs, processor_inputs
+from ..data.views import model_inputs, processor_inputs
 
 
 def model_inputs_of(batch: Any, processor: Any, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:

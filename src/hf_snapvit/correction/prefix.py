@@ -27,9 +27,9 @@ import torch.nn as nn
 from transformers import PreTrainedModel
 
 from ..architectures import get_attention, get_layers, get_spec, head_dim
-from ..calibration import calibration_batches
+from ..data.calibration import calibration_batches
 from ..errors import CorrectionError
-from ..slicing import OUTPUT_KINDS
+from ..surgery.slicing import OUTPUT_KINDS
 from .config import CorrectionConfig
 from .guard import held_out_count
 from .inputs import (HessianHook, capture_first_block_inputs, dense_block_hessians, halve, model_inputs_of,

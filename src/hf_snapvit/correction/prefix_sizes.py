@@ -25,8 +25,8 @@ from transformers import PreTrainedModel
 
 from ..architectures import get_backbone, get_spec
 from ..errors import CorrectionError
-from ..slicing import prefixes, slice_model_
-from ..embedding import image_embedding, pooled_embedding
+from ..surgery.slicing import prefixes, slice_model_
+from ..architectures.embedding import image_embedding, pooled_embedding
 from .guard import EVIDENCE, distances, final_outputs
 from .inputs import model_inputs_of
 from .prefix import MIN_CHECKED_IMAGES, PrefixCorrection, first_band

@@ -20,6 +20,9 @@ which load offline.
 Modules: :mod:`.images` (what to evaluate on), :mod:`.features` (one forward pass per batch), :mod:`.metrics`,
 :mod:`.probe` (the linear probe), :mod:`.evaluator` (:class:`Evaluator`, :func:`evaluate`), :mod:`.sweep` (a grid of
 methods x sparsities), :mod:`.sweep_result` (its rows and files), :mod:`.sweep_plots`.
+
+May import every earlier stage, the pruner (sweeps rank) and the benchmarks included; publishing and the CLI
+import it, never the other way.
 """
 
 from .evaluator import EvaluationResult, Evaluator, evaluate, load_model

@@ -15,11 +15,11 @@ import torch
 from transformers import PreTrainedModel
 
 from ..architectures import model_class
-from ..budget import backbone_parameters, estimate_gflops, layer_widths
+from ..architectures.budget import backbone_parameters, estimate_gflops, layer_widths
 from ..errors import EvaluationError
 from ..files import write_text_atomic
-from ..ranking import ElasticRanking
-from ..views import load_processor
+from ..elastic.ranking import ElasticRanking
+from ..data.views import load_processor
 from .features import Features, extract_features, has_classifier
 from .images import ImageSet, load_split
 from .metrics import METRICS, knn_accuracy, representation_retention, top1_accuracy
@@ -339,7 +339,7 @@ def load_model(path_or_repo_id: str | os.PathLike, sparsity: float | None = None
     transformers class named in their config (e.g. ``ViTForImageClassification``)."""
     from transformers import AutoConfig
 
-    from ..modeling import ElasticViTModel
+    from ..loading.modeling import ElasticViTModel
 
     config = AutoConfig.from_pretrained(path_or_repo_id)
     if getattr(config, "elastic_ranking", None) is not None or getattr(config, "elastic_layout", None) is not None:

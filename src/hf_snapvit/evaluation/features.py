@@ -14,9 +14,9 @@ from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
 from ..architectures import ArchitectureSpec, get_backbone, get_spec
-from ..embedding import forward_inputs, image_embedding, pooled_embedding
+from ..architectures.embedding import forward_inputs, image_embedding, pooled_embedding
 from ..errors import EvaluationError
-from ..views import load_processor, model_inputs
+from ..data.views import load_processor, model_inputs
 from .images import ImageSet
 
 

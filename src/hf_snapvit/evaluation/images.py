@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data import find_image_column, to_rgb
+from ..data.images import find_image_column, to_rgb
 from ..errors import EvaluationError
-from ..sampling import key_order
+from ..data.sampling import key_order
 
 
 @dataclass

@@ -30,13 +30,13 @@ import torch
 from transformers import PreTrainedModel
 
 from ..benchmark import hardware_info, measure_latency, sliced_copy
-from ..budget import model_shape
+from ..architectures.budget import model_shape
 from ..errors import SnapViTError, SweepError
 from ..extras import require_extra
 from ..files import public_name, write_text_atomic
-from ..methods import rank
-from ..ranking import ElasticRanking
-from ..views import load_processor
+from ..pruning.methods import rank
+from ..elastic.ranking import ElasticRanking
+from ..data.views import load_processor
 from .evaluator import Evaluator, load_model
 from .images import load_split
 from .probe import LinearProbeConfig
@@ -67,7 +67,7 @@ def _load_ranking(entry: ElasticRanking | str | os.PathLike, model: PreTrainedMo
             raise SweepError(f"The ranking of method {name!r} does not fit the model: {error}") from error
         return model, entry, {"source": "in memory"}
     if isinstance(entry, (str, os.PathLike)):
-        from ..modeling import ElasticViTModel
+        from ..loading.modeling import ElasticViTModel
 
         # An elastic checkpoint stores its weights permuted into rank order; its own dense model is the one its
         # ranking indexes (same function as the original model).

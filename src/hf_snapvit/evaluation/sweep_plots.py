@@ -11,7 +11,7 @@ from typing import Any
 
 from ..extras import require_extra
 from ..files import atomic_file
-from ..ranking import ElasticRanking
+from ..elastic.ranking import ElasticRanking
 from .sweep_result import ACCURACY_METRICS, SweepResult
 
 

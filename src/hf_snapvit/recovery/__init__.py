@@ -11,6 +11,9 @@ and (for classifiers) its logits can be matched to the teacher's on any images, 
   result is still an elastic checkpoint (save it with :func:`hf_snapvit.save_elastic`) that loads at any sparsity.
 
 The loop itself (batches, multi-process gradients, resuming) is :mod:`hf_snapvit.recovery.train`.
+
+May import: architectures, surgery, data, the elastic format and the shared modules. Loading imports it (recovered
+weights), so it never imports loading, the pruner, evaluation or publishing.
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
 from ..architectures import get_spec, vision_config
-from ..embedding import input_size
-from ..budget import layer_widths, model_shape
-from ..calibration import sample_images
+from ..architectures.embedding import input_size
+from ..architectures.budget import layer_widths, model_shape
+from ..data.calibration import sample_images
 from ..distributed import on_process_device, process_state, reduce_sum
 from ..errors import RecoveryError
-from ..ranking import ElasticRanking
-from ..views import embedder, load_processor
+from ..elastic.ranking import ElasticRanking
+from ..data.views import embedder, load_processor
 from .config import RecoveryConfig, RecoverySummary, warn_if_untrained
 from .forward import forward_outputs, per_image_loss, prefix_view
 from .held_out import HeldOutCheck, check_sizes, held_out_record, skipped_record, split_held_out
@@ -150,7 +153,7 @@ def _check_pair(student: PreTrainedModel, teacher: PreTrainedModel | None,
         raise RecoveryError("recover() needs the dense teacher: pass teacher=<the dense model> (or set "
                             "RecoveryConfig(elastic=True) to train a dense elastic model against its own copy).")
     if teacher is not None:
-        # By name: a sliced model is an instance of hf_snapvit.sliced's twin of its stock class (same name).
+        # By name: a sliced model is an instance of hf_snapvit.loading.sliced's twin of its stock class (same name).
         if type(teacher).__name__ != type(student).__name__ or \
                 get_spec(teacher).model_type != get_spec(student).model_type:
             raise RecoveryError(f"The teacher is a {type(teacher).__name__} and the student a "

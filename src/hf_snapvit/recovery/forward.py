@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..architectures import (ArchitectureSpec, get_attention, get_backbone, get_layers, get_mlp, get_projection,
                              head_dim)
-from ..embedding import forward_inputs, inference_settings, pooled_embedding
+from ..architectures.embedding import forward_inputs, inference_settings, pooled_embedding
 
 
 @dataclass

@@ -22,7 +22,7 @@ import torch.nn as nn
 from ..distributed import process_state, reduce_sum
 from ..errors import RecoveryError
 from ..files import atomic_file, remove_torn_writes
-from ..views import MultiCropConfig, Normalizer, image_tensor, multi_crops
+from ..data.views import MultiCropConfig, Normalizer, image_tensor, multi_crops
 from .config import RecoveryConfig
 
 STATE_FILE = "recovery_state.pt"

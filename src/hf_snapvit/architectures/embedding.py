@@ -1,0 +1,152 @@
+"""What a vision backbone reads and what represents an image.
+
+Inputs: the configured image size, SigLIP2's patch sequences (:func:`patchify`), seeded dummy inputs. Outputs: the
+``[B, D]`` embedding that ranking, fitness, correction and evaluation compare (:func:`image_embedding`): a bare
+backbone's pooled output or CLS token, or, for a task model (a depth estimator, a vision-language model), a summary
+of exactly the features its head or projector reads.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+import torch.nn as nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+from . import ArchitectureSpec, get_backbone, get_spec, vision_config
+from .discovery import pixel_shape
+from ..errors import DataError
+
+
+def input_size(config: PretrainedConfig) -> int:
+    """Side in pixels of the square images the model was configured for (SigLIP2: its default patch grid)."""
+    return pixel_shape(config, 1)[-1]
+
+
+def patchify(pixel_values: torch.Tensor, patch_size: int) -> dict[str, torch.Tensor]:
+    """``[B, C, H, W]`` images as SigLIP2 inputs: patches flattened row-major, each as ``(p, p, C)`` values (the order
+    of ``Siglip2ImageProcessor``), with an all-ones mask and the patch grid."""
+    b, c, h, w = pixel_values.shape
+    if h % patch_size or w % patch_size:
+        raise DataError(
+            f"Images of {h}x{w} px cannot be cut into {patch_size}-px patches; use a crop size that is a multiple of "
+            f"{patch_size}."
+        )
+    rows, cols = h // patch_size, w // patch_size
+    patches = pixel_values.reshape(b, c, rows, patch_size, cols, patch_size).permute(0, 2, 4, 3, 5, 1)
+    return {
+        "pixel_values": patches.reshape(b, rows * cols, patch_size * patch_size * c),
+        "pixel_attention_mask": torch.ones(b, rows * cols, dtype=torch.long, device=pixel_values.device),
+        "spatial_shapes": torch.tensor([[rows, cols]] * b, dtype=torch.long, device=pixel_values.device),
+    }
+
+
+def unpatchify(patches: torch.Tensor, patch_size: int, spatial_shapes: torch.Tensor | None = None) -> torch.Tensor:
+    """The inverse of :func:`patchify`: ``[B, rows·cols, p·p·C]`` patches of one grid (square by default) as
+    ``[B, C, H, W]`` images."""
+    b, n, d = patches.shape
+    rows, cols = (math.isqrt(n), math.isqrt(n)) if spatial_shapes is None else map(int, spatial_shapes[0])
+    if rows * cols != n or (spatial_shapes is not None and bool((spatial_shapes != spatial_shapes[0]).any())):
+        raise DataError(
+            f"Cannot turn {n} patches into one image grid; give images of one square size (got grids "
+            f"{None if spatial_shapes is None else spatial_shapes.tolist()})."
+        )
+    c = d // (patch_size * patch_size)
+    grid = patches.reshape(b, rows, cols, patch_size, patch_size, c).permute(0, 5, 1, 3, 2, 4)
+    return grid.reshape(b, c, rows * patch_size, cols * patch_size)
+
+
+def forward_inputs(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None) -> dict:
+    """``inputs`` as ``model.forward`` (or its vision encoder) takes them: ``[B, C, H, W]`` pixels become patch
+    sequences (with their mask and grid) for backbones that take those (SigLIP2), and a task model that reads hidden
+    states (LLaVA) asks for them; anything else passes through. Returns a new dict."""
+    spec = spec or get_spec(model)
+    kwargs = dict(inputs)
+    pixels = kwargs.get("pixel_values")
+    if spec.patch_inputs and pixels is not None and pixels.ndim == 4:
+        kwargs.update(patchify(pixels, int(vision_config(model.config).patch_size)))
+    if spec.task is not None and spec.task.features == "hidden_states":
+        kwargs["output_hidden_states"] = True
+    return kwargs
+
+
+def dummy_inputs(model: PreTrainedModel, batch_size: int, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Seeded random ``pixel_values`` of the model's configured input size (``[B, C, H, W]``, ``[B, T, C, H, W]``
+    for video models; patch sequences for backbones that take them, e.g. SigLIP2)."""
+    config = vision_config(model.config)
+    generator = torch.Generator().manual_seed(seed)
+    pixels = torch.randn(pixel_shape(model.config, batch_size), generator=generator)
+    if getattr(get_spec(model), "patch_inputs", False):
+        return patchify(pixels, int(config.patch_size))
+    return {"pixel_values": pixels}
+
+
+def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None):
+    """The ``[B, D]`` embedding that represents each image, computed by the backbone (task heads are skipped).
+
+    For a bare backbone: its pooled output or CLS token (the spec's ``embedding``). For a task model: a summary of
+    exactly the features the task reads (:func:`task_features`): the token mean of each, concatenated.
+
+    Crops smaller or larger than the configured image size are embedded with interpolated position embeddings.
+    Backbones that take patch sequences (SigLIP2) accept ``[B, C, H, W]`` images too: they are patchified here.
+    """
+    spec = spec or get_spec(model)
+    backbone = get_backbone(model, spec)
+    kwargs = forward_inputs(model, inputs, spec)
+    pixels = inputs.get("pixel_values")
+    if pixels is not None and pixels.ndim == 5:
+        raise DataError(f"pixel_values of shape {list(pixels.shape)} hold several tiles per image (an anyres "
+                        "processor's [B, tiles, C, H, W]); embed one [B, C, H, W] view per image, e.g. "
+                        "pixel_values[:, 0] (the resized whole image).")
+    size = getattr(vision_config(model.config), "image_size", None)
+    if pixels is not None and pixels.ndim == 4 and size is not None and pixels.shape[-1] != size:
+        if "interpolate_pos_encoding" in inspect.signature(backbone.forward).parameters:
+            kwargs["interpolate_pos_encoding"] = True
+    with inference_settings(model, spec):
+        return pooled_embedding(backbone(**kwargs), spec, model.config)
+
+
+@contextmanager
+def inference_settings(model: nn.Module, spec: ArchitectureSpec) -> Iterator[None]:
+    """Set the spec's ``inference_config`` on the model's vision config for the duration (ViTMAE's mask ratio 0:
+    every patch is seen, as in inference), then put the caller's values back."""
+    config = vision_config(model.config)
+    saved = {name: getattr(config, name) for name, _ in spec.inference_config if hasattr(config, name)}
+    try:
+        for name, value in spec.inference_config:
+            setattr(config, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+
+
+def task_features(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | None = None) -> list[torch.Tensor]:
+    """The tensors of a vision model's output that its task reads: a backbone's feature maps (Depth Anything, DPT,
+    or a bare ``*Backbone``), the hidden states at LLaVA's ``vision_feature_layer``, or the last hidden state."""
+    kind = spec.task.features if spec.task is not None else "feature_maps"
+    if kind == "feature_maps":
+        return list(out.feature_maps)
+    if kind == "hidden_states":
+        return [out.hidden_states[index] for index in spec.task.feature_layers(config)]
+    return [out.last_hidden_state]
+
+
+def pooled_embedding(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | None = None) -> torch.Tensor:
+    """The ``[B, D]`` image embedding read from a backbone's output (what :func:`image_embedding` returns); a task
+    model's needs its ``config`` (which features it reads)."""
+    if spec.task is not None or getattr(out, "feature_maps", None) is not None:
+        skip = spec.task.skip_tokens(config) if spec.task is not None else 0
+        # Feature maps come as [B, C, h, w] grids or [B, N, C] token sequences (reshape_hidden_states=False).
+        means = [f.mean((2, 3)) if f.ndim == 4 else f[:, skip:].mean(1) for f in task_features(out, spec, config)]
+        return torch.cat(means, -1)
+    if spec.embedding == "pooled":
+        pooled = getattr(out, "pooler_output", None)
+        return pooled if pooled is not None else out.last_hidden_state.mean(1)
+    if spec.embedding == "cls_dist_mean":
+        return out.last_hidden_state[:, :2].mean(1)
+    return out.last_hidden_state[:, 0]

@@ -1,0 +1,361 @@
+"""Elastic checkpoints on disk: reading only the slices a model keeps (writing them is :mod:`hf_snapvit.publishing.saving`).
+
+An elastic checkpoint is a normal transformers checkpoint whose heads and FFN neurons were permuted into rank order
+(function-preserving) with the ranking in ``config.json["elastic_ranking"]``. Stock ``AutoModel.from_pretrained``
+loads it as the dense model; :class:`~hf_snapvit.ElasticViTModel` reads only the prefix of each projection that a
+budget keeps, straight from the safetensors files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+from transformers.utils.hub import cached_file
+
+from ..architectures import get_spec, model_class
+from ..architectures.budget import ModelShape
+from ..errors import CheckpointError, RankingFormatError
+from ..sources import check_source
+from .fingerprint import RESAVE, close, expected_values, read_units, unit_rows
+from .ranking import ElasticRanking
+
+HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
+
+
+# ------------------------------------------------------------------------------------ finding the checkpoint
+def read_config(source: str | os.PathLike, hub_kwargs: dict[str, Any],
+                overrides: dict[str, Any]) -> tuple[PretrainedConfig, dict[str, Any]]:
+    """``config.json`` of ``source`` with ``overrides`` applied, and the overrides that are no config attribute
+    (``AutoConfig.from_pretrained(..., return_unused_kwargs=True)``), checked by :func:`check_source` before it is
+    read and by :func:`check_architecture` after."""
+    check_source(source, hub_kwargs.get("subfolder"))
+    config, unused = AutoConfig.from_pretrained(source, return_unused_kwargs=True, **hub_kwargs, **overrides)
+    check_architecture(config, source)
+    return config, unused
+
+
+def check_architecture(config: PretrainedConfig, source: str | os.PathLike) -> None:
+    """Refuse a ``config.json`` whose ``architectures`` names the class of another model type (hand-edited, or copied
+    from another checkpoint): building it would fail deep inside transformers, or load another model's weights.
+
+    Raises:
+        CheckpointError: The class ``config.architectures`` names takes another config class than ``model_type``'s.
+    """
+    cls = model_class(config)
+    expected = getattr(cls, "config_class", None)
+    if cls.__module__.startswith("transformers.models.auto") or expected is None or isinstance(config, expected):
+        return  # the Auto fallback, a class without a config class, or the class of this config
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    bare = MODEL_MAPPING_NAMES.get(config.model_type)
+    example = f" (the bare model is {bare!r})" if isinstance(bare, str) else ""
+    raise CheckpointError(
+        f"{str(source)!r}: config.json's \"architectures\" names {cls.__name__}, a {expected.model_type!r} model "
+        f"that takes a {expected.__name__}, but its \"model_type\" is {config.model_type!r} "
+        f"({type(config).__name__}): the checkpoint's architecture does not match its config. Set \"architectures\" "
+        f"in config.json to the class the weights were saved from, a class of model_type "
+        f"{config.model_type!r}{example}, or re-save the model with save_pretrained (hf_snapvit.save_elastic for an "
+        "elastic checkpoint).")
+
+
+def elastic_entries(config: Any, source: Any, *, how_to_create: str = "ranking = hf_snapvit.rank(model) and "
+                    "hf_snapvit.save_elastic(model, ranking, save_directory)") -> tuple[ElasticRanking | None, dict | None]:
+    """``(ranking, layout)`` stored in a checkpoint's config: an elastic checkpoint has a ranking, a sliced one a
+    layout (and its ranking when it kept one).
+
+    Raises:
+        RankingFormatError: Neither is there, or the ranking is corrupt; the message says how to create one
+            (``how_to_create``).
+    """
+    stored = getattr(config, "elastic_ranking", None)
+    layout = getattr(config, "elastic_layout", None)
+    if stored is None and layout is None:
+        raise RankingFormatError(
+            f"{str(source)!r} is not an elastic checkpoint: its config.json has no 'elastic_ranking'. Create one with "
+            f"{how_to_create}."
+        )
+    return (ElasticRanking.from_dict(stored) if stored is not None else None), layout
+
+
+class CheckpointReader:
+    """Random access to the tensors of a (possibly sharded) safetensors checkpoint, local or on the Hub.
+
+    Tensors are memory-mapped; :meth:`read` materialises only the requested prefix of each dimension. An empty,
+    truncated or garbage weights file, a corrupt shard index and a tensor missing from its shard raise
+    :class:`CheckpointError` naming the file.
+    """
+
+    def __init__(self, path_or_repo_id: str | os.PathLike, **hub_kwargs: Any) -> None:
+        hub_kwargs = {k: v for k, v in hub_kwargs.items() if v is not None}
+        common = dict(_raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False)
+        self._handles: dict[str, Any] = {}
+        self._index = cached_file(path_or_repo_id, SAFE_WEIGHTS_INDEX_NAME, **hub_kwargs, **common)
+        if self._index is not None:
+            weight_map = _read_index(self._index)
+            files = {}
+            for name in sorted(set(weight_map.values())):
+                try:
+                    files[name] = cached_file(path_or_repo_id, name, **hub_kwargs)
+                except OSError as error:
+                    raise _damaged(self._index, f"lists the shard {name!r}, which cannot be read ({error})") from None
+            self._file_of = {key: files[name] for key, name in weight_map.items()}
+        else:
+            single = cached_file(path_or_repo_id, SAFE_WEIGHTS_NAME, **hub_kwargs, **common)
+            if single is None:
+                raise CheckpointError(
+                    f"No {SAFE_WEIGHTS_NAME} or {SAFE_WEIGHTS_INDEX_NAME} found in {str(path_or_repo_id)!r}. "
+                    "Elastic checkpoints are stored as safetensors; re-save the model with save_pretrained()."
+                )
+            self._file_of = {key: single for key in self._open(single).keys()}
+
+    def keys(self) -> set[str]:
+        return set(self._file_of)
+
+    def _open(self, path: str):
+        if path not in self._handles:
+            try:
+                self._handles[path] = safe_open(path, "pt")
+            except Exception as error:  # safetensors raises its own error types, and OSError
+                raise _damaged(path, f"is not a readable safetensors file ({error})") from None
+        return self._handles[path]
+
+    def _slice(self, key: str):
+        path = self._file_of[key]
+        handle = self._open(path)
+        try:
+            return handle.get_slice(key)
+        except Exception as error:
+            raise _damaged(path, f"does not hold the tensor {key!r} that {self._index} assigns to it ({error})"
+                           ) from None
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._slice(key).get_shape())
+
+    def read(self, key: str, shape: tuple[int, ...], chunk: tuple[int, int] | None = None) -> torch.Tensor:
+        """Read the leading ``shape`` block of tensor ``key``.
+
+        ``chunk=(i, n)`` reads from the ``i``-th of ``n`` equal parts along dimension 0 (fused tensors such as a
+        SwiGLU ``weights_in`` that stores two projections stacked).
+        """
+        view = self._slice(key)
+        start = 0
+        if chunk is not None:
+            start = chunk[0] * (view.get_shape()[0] // chunk[1])
+        index = tuple(slice(start, start + n) if d == 0 else slice(0, n) for d, n in enumerate(shape))
+        return view[index] if index else view[...]
+
+
+def _damaged(path: str | os.PathLike, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"{str(path)!r} {why}: the checkpoint is damaged (or was not completely written or downloaded). Re-download "
+        "it (from_pretrained(..., force_download=True) for a Hub repo) or save it again."
+    )
+
+
+def _read_index(path: str) -> dict[str, str]:
+    """The ``weight_map`` of a shard index: tensor name -> shard file name in the checkpoint's folder."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            index = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise _damaged(path, f"is not valid JSON ({error})") from None
+    if not isinstance(index, dict) or "weight_map" not in index:
+        raise _damaged(path, "has no 'weight_map'")
+    weight_map = index["weight_map"]
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise _damaged(path, f"has a weight_map that is not a non-empty JSON object ({type(weight_map).__name__})")
+    for key, name in weight_map.items():
+        if not isinstance(name, str) or not name or os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+            raise _damaged(path, f"maps {key!r} to {name!r} in its weight_map, which is not a file name in the "
+                           "checkpoint's folder")
+    return weight_map
+
+
+def disk_names(model: PreTrainedModel, keys: set[str]) -> dict[str, tuple[str, tuple[int, int] | None]]:
+    """Map each state-dict name of ``model`` to ``(name in the checkpoint, chunk)``; names not found are left out.
+
+    Checkpoints saved by transformers keep their historical tensor names (``attention.attention.query``), which
+    transformers renames at load time. The renaming is transformers' own conversion mapping, applied in reverse
+    exactly as ``save_pretrained`` does; names already in the in-memory layout are used as they are.
+    """
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import PrefixChange, WeightConverter, apply_converters, apply_renamings
+
+    conversions = [c for c in get_model_conversion_mapping(model, add_legacy=False) if not isinstance(c, PrefixChange)]
+    reverse = [c.reverse_transform() for c in conversions[::-1]]
+    converters = [c for c in reverse if isinstance(c, WeightConverter)]
+    renamings = [c for c in reverse if not isinstance(c, WeightConverter)]
+    prefix = model.base_model_prefix
+    mapping: dict[str, tuple[str, tuple[int, int] | None]] = {}
+    for name in model.state_dict():
+        candidates: list[tuple[str, tuple[int, int] | None]] = [(name, None)]
+        converted, pattern = apply_converters(name, converters)
+        if pattern is not None:
+            converter = next(c for c in converters if pattern in c.source_patterns)
+            chunk = (converter.source_patterns.index(pattern), len(converter.source_patterns))
+            candidates.append((apply_renamings(converted, renamings), chunk))
+        else:
+            candidates.append((apply_renamings(name, renamings), None))
+        # A bare backbone checkpoint read into a task model, or the other way round.
+        for key, chunk in list(candidates):
+            candidates.append((f"{prefix}.{key}", chunk))
+            if key.startswith(prefix + "."):
+                candidates.append((key[len(prefix) + 1:], chunk))
+        found = next((c for c in candidates if c[0] in keys), None)
+        if found is not None:
+            mapping[name] = found
+    return mapping
+
+
+def load_sliced_state_dict(
+    model: PreTrainedModel, reader: CheckpointReader, sliceable: set[str], stored: dict[str, tuple[int, ...]],
+    described_by: str = "config.json",
+) -> dict[str, torch.Tensor]:
+    """Read the tensors of ``model``'s (meta) state dict from ``reader``, taking prefixes for ``sliceable`` ones.
+
+    Every tensor read must have exactly the shape ``stored`` gives it (what ``described_by``, the config or its
+    elastic layout, says the checkpoint holds), as stock transformers requires of a dense checkpoint: a tensor that
+    is larger, smaller or of another rank raises :class:`CheckpointError` naming it, whatever the budget. Tensors the
+    checkpoint lacks (e.g. a pooler saved without) are left out, for the caller to initialise.
+    """
+    mapping = disk_names(model, reader.keys())
+    state = {}
+    for name, target in model.state_dict().items():
+        if name not in mapping:
+            if name in sliceable:
+                raise CheckpointError(
+                    f"The checkpoint has no tensor for the prunable {name!r}. Is this checkpoint of the architecture "
+                    "its config.json names?"
+                )
+            continue
+        key, chunk = mapping[name]
+        found, held = reader.shape(key), tuple(stored[name])
+        expected = held if chunk is None else (held[0] * chunk[1], *held[1:])
+        if found != expected:
+            raise CheckpointError(
+                f"Checkpoint tensor {key!r} has shape {found}, but {described_by} says it holds {expected}. The "
+                "weights do not match the config: the checkpoint is damaged or was edited; re-export it with "
+                "hf_snapvit (save_elastic, or save_pretrained of a model ElasticViTModel loaded)."
+            )
+        # Copy into memory the model owns: a view into the memory-mapped file would keep the whole dense matrix
+        # reachable for column slices, and the file mapped for the model's lifetime.
+        state[name] = torch.empty(target.shape, dtype=target.dtype).copy_(reader.read(key, tuple(target.shape), chunk))
+    return state
+
+
+# ------------------------------------------------------------------------------------ checking the order
+def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, model: PreTrainedModel,
+                  shape: ModelShape, reader: CheckpointReader, *, sliced: bool = False,
+                  resized: bool = True) -> None:
+    """Check that ``ranking`` fits ``model`` (the dense skeleton the loader builds, of ``shape``) and that the weights
+    ``reader`` reads are in the order ``config.elastic_ranking`` describes.
+
+    A ``sliced`` checkpoint (``config.elastic_layout``) was written by a model this package sliced, so its units are
+    in rank order by construction; its weights differing from the fingerprint means they were trained since (e.g.
+    fine-tuned with ``Trainer``), which warns rather than fails, and loaded at its saved size (not ``resized``) its
+    order is never used, so it is not checked.
+
+    Raises:
+        RankingFormatError: The ranking's cost model differs from the model's, its fingerprint is corrupt, or the
+            weights are in another order (a ranking stored beside unpermuted weights, or copied from another
+            checkpoint).
+
+    A ranking without a fingerprint (written before fingerprints, or stored with plain ``save_pretrained``) loads
+    with a warning.
+    """
+    if ranking is None:
+        return
+    ranking.check_matches(shape)
+    if sliced and not resized:
+        return
+    stored = config.elastic_ranking.get("provenance")
+    fingerprint = stored.get("weights_fingerprint") if isinstance(stored, dict) else None
+    if fingerprint is None:
+        warnings.warn(
+            f"The elastic_ranking of {str(source)!r} has no weights fingerprint (it was written before hf_snapvit "
+            "recorded one, or stored with plain save_pretrained), so whether the weights are in its rank order "
+            "cannot be verified. If this checkpoint came from hf_snapvit.save_elastic, re-save it to add one: model = "
+            "transformers.AutoModel.from_pretrained(path); hf_snapvit.save_elastic(model, hf_snapvit.ElasticRanking."
+            "from_dict(model.config.elastic_ranking), folder). If the ranking was pasted beside unpermuted weights, "
+            "the loaded models keep the wrong units: save the ranked model with hf_snapvit.save_elastic instead.",
+            UserWarning, stacklevel=3,  # the caller of from_pretrained
+        )
+        return
+    expected = expected_values(fingerprint, ranking)
+    names = {id(p): n for n, p in model.named_parameters()}
+    disk = disk_names(model, reader.keys())
+    for block, ((v_weight, hd, in_weight), (heads, neurons)) in enumerate(zip(unit_rows(model), expected)):
+        found = [read_units(reader, disk.get(names[id(v_weight)]), hd, len(heads)),
+                 read_units(reader, disk.get(names[id(in_weight)]), None, len(neurons))]
+        for kind, want, got in zip(("heads", "FFN neurons"), (heads, neurons), found):
+            if got is not None and not close(want[:len(got)], got):
+                if sliced:
+                    warnings.warn(
+                        f"The weights of {str(source)!r} differ from those its elastic_ranking was computed on "
+                        f"(block {block}: the {kind}); it was probably fine-tuned (or its units reordered) after "
+                        "slicing. Slicing it further "
+                        "removes units in the ranking's order, which the training did not see; for a model of "
+                        "another size, slice the dense elastic checkpoint and fine-tune that instead.",
+                        UserWarning, stacklevel=3,
+                    )
+                    return
+                raise _order_error(source, model, block, kind)
+
+
+def _order_error(source: Any, model: PreTrainedModel, block: int, kind: str) -> RankingFormatError:
+    """The error for weights that differ from the ranking's fingerprint in ``block`` (``kind``: heads or neurons).
+
+    In a task model only the vision encoder is ranked, so a mismatch there means its tower is not the one the ranking
+    was made on: the message names the tower, since the rest of the checkpoint may well be right.
+    """
+    spec = get_spec(model)
+    if spec.task is None:
+        return RankingFormatError(
+            f"The weights of {str(source)!r} are not in the weight order its elastic_ranking describes (block "
+            f"{block}: the {kind} differ from the ranking's weights fingerprint). The ranking was stored beside "
+            "weights it was not made for (plain save_pretrained of an unpermuted model, or a config.json copied "
+            f"from another checkpoint); {RESAVE} from the model it was ranked on.")
+    return RankingFormatError(
+        f"The weights of {str(source)!r} are not in the weight order its elastic_ranking describes (block {block} "
+        f"of the vision encoder {spec.encoder!r} of this {spec.task.model_type} model: the {kind} differ from the "
+        "ranking's weights fingerprint). Its vision tower is not the one the ranking was made on: the tower's "
+        "weights were replaced (by another tower of the same shape), or the elastic_ranking was copied from a "
+        "checkpoint of another tower. Rank the model with the tower it has now (ranking = hf_snapvit.rank(model)) "
+        "and save it with hf_snapvit.save_elastic(model, ranking, folder), or put back the tower the ranking was "
+        "made on.")
+
+
+def stored_widths(layout: Any, dense_shape: Any) -> tuple[list[int], list[int]]:
+    """``(heads, neurons)`` per block as stored: the dense widths, or a sliced checkpoint's layout, checked: a list of
+    one integer per block, each between 1 and the dense width."""
+    if layout is None:
+        return dense_shape.dense_heads, dense_shape.dense_neurons
+    fix = "The checkpoint is corrupt: re-export it with save_pretrained of a model ElasticViTModel loaded."
+    if not isinstance(layout, dict):
+        raise RankingFormatError(f"config.elastic_layout must be a JSON object, got {type(layout).__name__}. {fix}")
+    widths = []
+    for key, dense in (("num_heads", dense_shape.num_heads), ("intermediate_size", dense_shape.intermediate_size)):
+        if key not in layout:
+            raise RankingFormatError(f"config.elastic_layout has no {key!r}. {fix}")
+        values, L = layout[key], dense_shape.num_layers
+        if not isinstance(values, list) or len(values) != L:
+            found = f"has {len(values)} entries" if isinstance(values, list) else "is not a list"
+            raise RankingFormatError(f"config.elastic_layout.{key}={values!r} {found}: expected a list of {L} "
+                                     f"integers, one per block ({L} blocks). {fix}")
+        for block, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= dense:
+                kind = "an integer " if isinstance(value, bool) or not isinstance(value, int) else ""
+                raise RankingFormatError(f"config.elastic_layout.{key}[{block}]={value!r} must be {kind}between 1 "
+                                         f"and {dense} (the dense model's width). {fix}")
+        widths.append(list(values))
+    multiple = layout.get("width_multiple")
+    if multiple is not None and (isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1):
+        raise RankingFormatError(f"config.elastic_layout.width_multiple={multiple!r} must be an integer >= 1. {fix}")
+    return widths[0], widths[1]

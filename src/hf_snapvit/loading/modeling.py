@@ -1,0 +1,374 @@
+"""``ElasticViTModel.from_pretrained(repo, sparsity=...)``: any model size from one elastic checkpoint."""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from ..architectures import get_spec
+from ..architectures.budget import layer_widths, model_shape, resolve_width_multiple, skeleton
+from ..elastic.checkpoint import (HUB_KWARGS, CheckpointReader, check_ranking, elastic_entries, load_sliced_state_dict,
+                         read_config, stored_widths)
+from ..correction import CorrectionConfig, correct_model_
+from ..correction.prefix import correct_widths_
+from ..correction.prefix_file import prefix_file_for
+from ..errors import BudgetError, CheckpointError, ConfigError, CorrectionError, RankingFormatError, RecoveryError
+from ..elastic.ranking import ElasticRanking, KeepCounts
+from ..recovery import RecoveryConfig, recover_, warn_if_untrained
+from .latency_table import load_latency_tables
+from .sliced import finish_sliced
+from .switchable import as_switchable
+from ..surgery.slicing import prefixes, slice_model_
+from ..data.views import load_processor
+
+
+class ElasticViTModel:
+    """Loads physically sliced models from elastic checkpoints.
+
+    This is a factory, like ``transformers.AutoModel``: :meth:`from_pretrained` returns an instance of the stock
+    transformers class named in the checkpoint's ``config.json`` (``ViTModel``, ``Dinov2Model``,
+    ``ViTForImageClassification``, ...), with fewer heads and FFN neurons per block.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise EnvironmentError(
+            "ElasticViTModel is a factory; use ElasticViTModel.from_pretrained(path_or_repo_id, sparsity=...)."
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        sparsity: float | None = None,
+        *,
+        target_params: int | None = None,
+        target_gflops: float | None = None,
+        width_multiple: int | None = None,
+        correction_data: Any = None,
+        correction: CorrectionConfig | None = None,
+        recovery_data: Any = None, recovery: RecoveryConfig | None = None,
+        processor: Any = None,
+        switchable: bool = False,
+        prefix_correction: bool | None = None,
+        **kwargs: Any,
+    ) -> PreTrainedModel:
+        """Load an elastic checkpoint at a budget, reading only the weights that budget keeps.
+
+        Args:
+            pretrained_model_name_or_path: A Hub repo id or a local folder holding an elastic checkpoint (from
+                :func:`hf_snapvit.save_elastic`) or a sliced one (``save_pretrained`` of a model returned here).
+            sparsity: Fraction of the backbone's parameters to remove (embeddings included, task heads excluded).
+            target_params: Alternatively, the number of backbone parameters to keep.
+            target_gflops: Alternatively, the theoretical GFLOPs of one forward pass.
+            width_multiple: Kept FFN widths are multiples of this, so GPU kernels stay fast (bf16/fp16 GEMMs slow down
+                several-fold at unaligned widths); ``None``: 64 for ViT-S/B/L (smaller for narrow FFNs, see
+                :func:`hf_snapvit.architectures.budget.resolve_width_multiple`); ``1``: exact widths.
+            correction_data: Unlabelled calibration images (PIL list, ``datasets`` Dataset or pixel tensor): the removed
+                units' contribution is compensated into the kept weights (:mod:`hf_snapvit.correction`) for this size.
+            correction: :class:`~hf_snapvit.correction.CorrectionConfig` for the correction (defaults if ``None``).
+            recovery_data, recovery: Images (as ``correction_data``, or a stream) and a ``RecoveryConfig``: the
+                model is distilled from the dense one (:func:`hf_snapvit.recover`, after any correction).
+            processor: Image processor for the images of either; by default the checkpoint's own.
+            switchable: Load every unit; the model then changes size in place (``model.set_budget(...)``, see
+                :mod:`hf_snapvit.loading.switchable`), starting at the budget given here, else at full size.
+            prefix_correction: The checkpoint's correction for every size (:func:`hf_snapvit.add_prefix_correction`):
+                ``None`` applies it where it helps, unless images are given to fit; ``True`` requires it; ``False``.
+            **kwargs: ``revision``, ``token``, ``cache_dir``, ``force_download``, ``local_files_only``, ``subfolder``
+                and ``proxies`` go to the Hub; ``dtype`` (or ``torch_dtype``), ``attn_implementation`` and
+                ``device_map`` (one device, or ``"auto"``: the accelerator if there is one, else the CPU) shape the
+                model; anything else overrides config attributes, as in transformers.
+
+        Returns:
+            The stock transformers model, sliced, in eval mode (its twin in :mod:`hf_snapvit.loading.sliced`);
+            ``config.elastic_layout`` records its widths, so ``save_pretrained`` writes a checkpoint this method (or
+            transformers with ``trust_remote_code=True``) reloads. A corrected (recovered) model records
+            ``config.elastic_correction`` (``elastic_recovery``) and reloads at its saved size only.
+
+        Example: ``ElasticViTModel.from_pretrained("my-org/vit-elastic", sparsity=0.3)``.
+        """
+        hub_kwargs = {k: kwargs.pop(k) for k in HUB_KWARGS if k in kwargs}
+        build_kwargs, device = _build_options(kwargs)
+        config, unused = read_config(pretrained_model_name_or_path, hub_kwargs, kwargs)  # checks the folder first
+        if unused:
+            raise TypeError(f"ElasticViTModel.from_pretrained got unexpected keyword arguments {sorted(unused)}.")
+        get_spec(config)  # unsupported architectures fail before any weight is touched
+        ranking, layout = elastic_entries(config, pretrained_model_name_or_path)
+        resized = any(v is not None for v in (sparsity, target_params, target_gflops))
+        fitting = (correction_data, correction), (recovery_data, recovery)
+        _check_fit_arguments(*fitting, layout, budget=resized, switchable=switchable)
+        build_kwargs["dtype"] = _dtype(build_kwargs["dtype"], config)
+        if layout is not None:
+            del config.elastic_layout  # the skeleton is built dense, then sliced
+        model = skeleton(config, **build_kwargs)
+        dense_shape = model_shape(model)
+        reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
+        check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader,
+                      sliced=layout is not None, resized=resized)
+        stored = stored_widths(layout, dense_shape)
+        counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
+                                           target_gflops, width_multiple, corrected=_fitted_to_size(config))
+        prefix = prefix_file_for(pretrained_model_name_or_path, prefix_correction, hub_kwargs, fitting, layout)
+        if switchable:
+            return _load_switchable(model, pretrained_model_name_or_path, ranking, dense_shape, reader, device,
+                                    hub_kwargs, (sparsity, target_params, target_gflops, width_multiple), prefix)
+        _load_sized(model, counts, stored, reader, device, fitting, processor,
+                    lambda images, given: _processor_for(images, given, pretrained_model_name_or_path, hub_kwargs),
+                    prefix)
+        model.config._name_or_path = str(pretrained_model_name_or_path)
+        return finish_sliced(model, counts, multiple, dense_shape)
+
+
+def _load_sized(model: PreTrainedModel, counts: KeepCounts, stored: tuple[list[int], list[int]],
+                reader: CheckpointReader, device: Any, fitting: tuple[tuple[Any, Any], tuple[Any, Any]],
+                processor: Any, processor_for: Any, prefix: Any) -> None:
+    """Fill the skeleton with the units ``counts`` keeps; with correction or recovery data, load what the checkpoint
+    holds (both start from the dense weights), then correct and/or recover it down to ``counts``; else apply the
+    checkpoint's ``prefix`` correction where it helps."""
+    (correction_data, _), (recovery_data, _) = fitting
+    warn_if_untrained(model.config, counts.sparsity)
+    keep = prefixes(counts.heads, counts.neurons)
+    fit = correction_data is not None or recovery_data is not None
+    _load_weights(model, prefixes(*stored) if fit else keep, reader, stored)
+    if device is not None:
+        model.to(device)
+    if fit:
+        images = correction_data if correction_data is not None else recovery_data
+        _fit(model, keep, *fitting, processor_for(images, processor))
+    elif prefix is not None and prefix.applies_at(counts.sparsity) and correct_widths_(model, prefix):
+        model.config.elastic_correction = prefix.record
+
+
+def _check_switchable(switchable: Any, layout: dict | None, fitting: bool) -> None:
+    if not isinstance(switchable, bool):
+        raise ConfigError(f"switchable={switchable!r} must be True or False.")
+    if switchable and layout is not None:
+        raise ConfigError("switchable=True needs the dense elastic checkpoint (every unit in rank order), but this "
+                          "one is sliced (config.elastic_layout is set). Load the elastic checkpoint it came from.")
+    if switchable and fitting:
+        raise ConfigError("Correction and recovery fit the weights to one size, so they cannot serve a switchable "
+                          "model. Load switchable=True without correction_data/recovery_data; for a checkpoint that "
+                          "is good at many sizes, recover with RecoveryConfig(elastic=True) and save_elastic.")
+
+
+def _load_switchable(model: PreTrainedModel, source: str | os.PathLike, ranking: ElasticRanking, dense_shape: Any,
+                     reader: CheckpointReader, device: Any, hub_kwargs: dict[str, Any],
+                     budget: tuple[Any, Any, Any, Any], prefix: Any = None) -> PreTrainedModel:
+    """Fill the dense skeleton with every unit, make it switchable, and switch it to ``budget`` (sparsity,
+    target_params, target_gflops, width_multiple) if one is given."""
+    dense = (dense_shape.dense_heads, dense_shape.dense_neurons)
+    _load_weights(model, prefixes(*dense), reader, dense)
+    if device is not None:
+        model.to(device)
+    model.config._name_or_path = str(source)
+    as_switchable(model, ranking, dense_shape, load_latency_tables(source, **hub_kwargs), correction=prefix)
+    sparsity, target_params, target_gflops, width_multiple = budget
+    if any(v is not None for v in (sparsity, target_params, target_gflops)):
+        model.set_budget(sparsity, target_params=target_params, target_gflops=target_gflops,
+                         width_multiple=width_multiple)
+    return model
+
+
+def _build_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """Pop the options that shape the model (``dtype``/``torch_dtype``, ``attn_implementation``, ``device_map``)."""
+    dtype = kwargs.pop("dtype", None)
+    torch_dtype = kwargs.pop("torch_dtype", None)
+    dtype = dtype if dtype is not None else torch_dtype
+    build_kwargs: dict[str, Any] = {"dtype": None if dtype == "auto" else dtype}
+    attn_implementation = kwargs.pop("attn_implementation", None)
+    if attn_implementation is not None:
+        build_kwargs["attn_implementation"] = attn_implementation
+    device = _single_device(kwargs.pop("device_map", None))
+    return build_kwargs, device
+
+
+def _single_device(device_map: Any) -> Any:
+    """The one device a ``device_map`` names: ``"auto"`` is the accelerator torch sees (its current device), else
+    the CPU; a dict must send every module to the same device. Multi-device placement is refused."""
+    if isinstance(device_map, dict):
+        devices = {_device_name(d) for d in device_map.values()}
+        if len(devices) != 1:
+            raise ConfigError(f"device_map={device_map!r} spreads the model over {sorted(devices)}; hf_snapvit "
+                              f"loads a sliced model onto one device: pass device_map='auto', 'cpu', 'cuda:0', or "
+                              f"a dict sending every module to one device (e.g. {{'': 'cuda:0'}}).")
+        device_map = devices.pop()
+    if device_map == "auto":
+        accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        return torch.device(accelerator.type, torch.accelerator.current_device_index()) if accelerator else "cpu"
+    if isinstance(device_map, str) and device_map in ("balanced", "balanced_low_0", "sequential"):
+        raise ConfigError(f"device_map={device_map!r} spreads the model over several devices, which hf_snapvit "
+                          "does not support; pass device_map='auto' (the one accelerator, else the CPU), 'cpu', "
+                          "'cuda:0', a torch.device or a device index.")
+    return device_map
+
+
+def _device_name(device: Any) -> str:
+    try:
+        return str(torch.device(device))
+    except (RuntimeError, TypeError):
+        return str(device)  # accelerate's "disk" offload, which torch does not name
+
+
+def _dtype(dtype: Any, config: Any) -> torch.dtype:
+    """The dtype asked for, else the checkpoint's own (``"auto"`` included), else float32."""
+    dtype = dtype if dtype is not None else getattr(config, "dtype", None) or torch.float32
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def _check_correction_arguments(correction: Any, correction_data: Any, layout: dict | None) -> None:
+    if correction is not None and correction_data is None:
+        raise CorrectionError("correction= was given without correction_data=; pass the calibration images too.")
+    if correction_data is not None and layout is not None:
+        raise CorrectionError(
+            "Correction needs the dense weights, but this checkpoint is already sliced (config.elastic_layout is "
+            "set). Load the dense elastic checkpoint with correction_data= instead."
+        )
+
+
+def _check_fit_arguments(correcting: tuple[Any, Any], recovering: tuple[Any, Any], layout: dict | None, *,
+                         budget: bool, switchable: Any = False) -> None:
+    """Check the ``(data, config)`` pairs of correction and recovery against the checkpoint, the budget and
+    ``switchable``."""
+    (correction_data, correction), (recovery_data, recovery) = correcting, recovering
+    _check_switchable(switchable, layout, correction_data is not None or recovery_data is not None)
+    _check_correction_arguments(correction, correction_data, layout)
+    if recovery is not None and not isinstance(recovery, RecoveryConfig):
+        raise RecoveryError(f"recovery must be a RecoveryConfig, got {type(recovery).__name__}.")
+    if recovery is not None and recovery_data is None:
+        raise RecoveryError("recovery= was given without recovery_data=; pass the unlabelled images too.")
+    if recovery_data is not None and layout is not None:
+        raise RecoveryError(
+            "Recovery distils from the dense weights, but this checkpoint is already sliced (config.elastic_layout "
+            "is set). Load the dense elastic checkpoint with recovery_data= instead."
+        )
+    if recovery is not None and recovery.elastic and (budget or correction_data is not None):
+        raise RecoveryError("RecoveryConfig(elastic=True) trains the dense elastic model for every size: load it "
+                            "without sparsity/target_params/target_gflops and without correction_data, save it with "
+                            "hf_snapvit.save_elastic, then load any size from that checkpoint.")
+
+
+def _fitted_to_size(config: Any) -> bool:
+    """Whether the checkpoint's weights were corrected or recovered for its saved size (so it cannot shrink)."""
+    recovery = getattr(config, "elastic_recovery", None)
+    return getattr(config, "elastic_correction", None) is not None or (
+        isinstance(recovery, dict) and not recovery.get("elastic", False))
+
+
+def _fit(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], correcting: tuple[Any, Any],
+         recovering: tuple[Any, Any], processor: Any) -> None:
+    """Correct and/or recover the dense ``model`` for ``keep``, slicing it to ``keep``; the teacher of a recovery
+    is the dense model as loaded."""
+    (correction_data, correction), (recovery_data, recovery) = correcting, recovering
+    elastic = recovery is not None and recovery.elastic
+    teacher = copy.deepcopy(model) if recovery_data is not None and not elastic else None
+    if correction_data is not None:
+        _correct(model, keep, correction_data, processor, correction)
+    else:
+        slice_model_(model, keep)
+    if recovery_data is not None:
+        recover_(model, teacher, recovery_data, recovery, processor=processor)
+
+
+def _resolve_budget(ranking: ElasticRanking | None, dense_shape: Any, layout: dict | None,
+                    stored: tuple[list[int], list[int]], sparsity: float | None, target_params: int | None,
+                    target_gflops: float | None, width_multiple: int | None, *,
+                    corrected: bool) -> tuple[KeepCounts, int | None]:
+    """The widths to load and their width multiple: the budget's (checked against what the checkpoint holds), else
+    the stored ones."""
+    stored_heads, stored_neurons = stored
+    multiple = resolve_width_multiple(width_multiple, dense_shape.intermediate_size)
+    if all(v is None for v in (sparsity, target_params, target_gflops)):
+        params = dense_shape.num_params(stored_heads, stored_neurons)
+        return KeepCounts(heads=stored_heads, neurons=stored_neurons, num_params=params,
+                          gflops=dense_shape.gflops(stored_heads, stored_neurons),
+                          sparsity=1.0 - params / dense_shape.num_params()), (layout or {}).get("width_multiple")
+    if ranking is None:
+        raise RankingFormatError(
+            "This sliced checkpoint has no elastic_ranking, so it can only be loaded at its saved size; "
+            "call from_pretrained without sparsity/target_params/target_gflops."
+        )
+    counts = ranking.keep_counts(sparsity, target_params=target_params, target_gflops=target_gflops,
+                                 width_multiple=width_multiple)
+    if corrected and (counts.heads != stored_heads or counts.neurons != stored_neurons):
+        raise BudgetError(
+            "This checkpoint was weight-corrected or recovered for its saved size, so it cannot be sliced further "
+            "(its weights were fitted to the units kept). Load it without a budget, or correct/recover the "
+            "dense elastic checkpoint at the new budget: from_pretrained(dense, sparsity=..., "
+            "correction_data=images) or recovery_data=images."
+        )
+    too_big = [l for l, (h, f, sh, sf) in enumerate(zip(counts.heads, counts.neurons, stored_heads,
+                                                       stored_neurons)) if h > sh or f > sf]
+    if too_big:
+        saved_sparsity = 1.0 - dense_shape.num_params(stored_heads, stored_neurons) / dense_shape.num_params()
+        raise BudgetError(
+            f"This checkpoint was saved sliced (sparsity {saved_sparsity:.4f}) and cannot grow back: the "
+            f"requested budget needs more units than it holds in blocks {too_big}. Ask for a sparsity >= "
+            f"{saved_sparsity:.4f}, or load the dense elastic checkpoint."
+        )
+    return counts, multiple
+
+
+def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], reader: CheckpointReader,
+                  stored: tuple[list[int], list[int]]) -> None:
+    """Slice the meta-device skeleton to ``keep`` and fill it with exactly those slices of the checkpoint, whose
+    tensors must have the shapes of the ``stored`` widths (the dense ones, or a sliced checkpoint's layout)."""
+    dense_state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    sliced = tuple(map(list, stored)) != layer_widths(model)
+    slice_model_(model, prefixes(*stored))
+    held = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    slice_model_(model, keep)  # a prefix of what the checkpoint holds
+    sliceable = {k for k, v in model.state_dict().items() if tuple(v.shape) != dense_state[k]}
+    state = load_sliced_state_dict(model, reader, sliceable, held,
+                                   "config.json's elastic_layout" if sliced else "config.json")
+    tied = getattr(model, "all_tied_weights_keys", None) or {}  # lm_head sharing the token embeddings (VLMs)
+    missing = [name for name in model.state_dict() if name not in state and name not in tied]
+    if missing:
+        _initialise_missing(model, missing)
+    model.load_state_dict(state, strict=False, assign=True)
+    if tied:
+        model.tie_weights()
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    if left:
+        raise CheckpointError(f"These tensors were neither in the checkpoint nor initialised: {left}.")
+    model.eval()
+
+
+def _processor_for(data: Any, processor: Any, source: Any, hub_kwargs: dict[str, Any]) -> Any:
+    """The processor for images handed to the loader: the caller's, else the checkpoint's own (pixels need none)."""
+    if processor is None and not isinstance(data, (torch.Tensor, Mapping)):
+        processor = load_processor(source, purpose="preprocess the calibration images", **hub_kwargs)
+    return processor
+
+
+def _correct(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], data: Any, processor: Any,
+             correction: CorrectionConfig | None) -> None:
+    summary = correct_model_(model, keep, data, processor, correction or CorrectionConfig())
+    if summary.num_removed:
+        model.config.elastic_correction = {
+            "settings": summary.config.to_dict(),
+            "num_images": summary.num_images,
+            "num_tokens": summary.num_tokens,
+            "mean_error_before": round(summary.mean_error("before"), 6),
+            "mean_error_after": round(summary.mean_error("after"), 6),
+            **summary.guard_record(),
+        }
+
+
+def _initialise_missing(model: PreTrainedModel, names: list[str]) -> None:
+    """Give tensors absent from the checkpoint fresh values, as transformers does, and say so."""
+    warnings.warn(
+        f"Some weights were not in the checkpoint and are newly initialized: {names}. You should probably train "
+        "them before use (as transformers would tell you for the same checkpoint).",
+        stacklevel=3,
+    )
+    owners = {name.rsplit(".", 1)[0] if "." in name else "" for name in names}
+    for owner in owners:
+        module = model.get_submodule(owner)
+        module.to_empty(device="cpu", recurse=False)
+        model._init_weights(module)

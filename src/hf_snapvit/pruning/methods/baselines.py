@@ -1,0 +1,137 @@
+"""Baseline importance scores: data-free (weight magnitude, LAMP, random) and gradient-based (SNIP, Taylor).
+
+Each scorer maps a model to ``(head_scores [L, H], neuron_scores [L, F])``, non-negative, larger = more important,
+in the model's current unit order. The gradient baselines score the same calibration images with the same crops as
+a SnapViT run would (the caller passes the image count and score settings), so comparisons are like for like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from ...architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim, head_tables
+from ...architectures.budget import ModelShape
+from ...data.calibration import draw_calibration
+from ...distributed import mixed_precision, on_process_device, process_state
+from ...errors import DataError
+from ..scoring import ScoreConfig, gradient_scores
+from ...data.views import embedder, load_processor
+
+# Gradient baselines: how each changes the score settings of the run it is compared with.
+GRADIENT_METHODS: dict[str, dict[str, str]] = {
+    "snip": {"definition": "snip"},
+    "taylor-ce": {"loss": "ce", "definition": "taylor"},
+}
+
+
+@torch.no_grad()
+def magnitude_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """L1 norm of every weight and bias a unit owns (q/k/v rows, o_proj columns and per-head table entries; FFN rows
+    and output column)."""
+    spec = get_spec(model)
+    heads, neurons = [], []
+    for layer in get_layers(model, spec):
+        attention = get_attention(layer, spec)
+        hd = head_dim(attention, spec)
+        per_row = torch.zeros(get_projection(attention, spec.q_proj).out_features, dtype=torch.float64)
+        for name in (spec.q_proj, spec.k_proj, spec.v_proj):
+            proj = get_projection(attention, name)
+            per_row += proj.weight.detach().abs().double().sum(1).cpu()
+            if proj.bias is not None:
+                per_row += proj.bias.detach().abs().double().cpu()
+        per_row += get_projection(attention, spec.o_proj).weight.detach().abs().double().sum(0).cpu()
+        per_head = per_row.view(-1, hd).sum(1)
+        for owner, name in head_tables(layer, spec):
+            per_head += getattr(owner, name).detach().abs().double().flatten(0, -2).sum(0).cpu()
+        heads.append(per_head.numpy())
+
+        mlp, variant = get_mlp(layer, spec)
+        out_proj = get_projection(mlp, variant.out_proj)
+        per_neuron = out_proj.weight.detach().abs().double().sum(0).cpu()
+        for name in variant.in_proj:
+            proj = get_projection(mlp, name)
+            per_neuron += proj.weight.detach().abs().double().sum(1).cpu()
+            if proj.bias is not None:
+                per_neuron += proj.bias.detach().abs().double().cpu()
+        neurons.append(per_neuron.numpy())
+    return np.stack(heads), np.stack(neurons)
+
+
+def random_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Uniform random importance per parameter: every removal order is equally likely in both ranking modes."""
+    rng = np.random.default_rng(seed)
+    heads = rng.random((shape.num_layers, shape.num_heads)) * shape.params_per_head
+    neurons = rng.random((shape.num_layers, shape.intermediate_size)) * shape.params_per_neuron
+    return heads, neurons
+
+
+def _lamp(weight: torch.Tensor) -> torch.Tensor:
+    """LAMP score of every weight of one matrix: w² / Σ of the w'² at least as large (Lee et al. 2021)."""
+    squares = weight.detach().double().pow(2).flatten()
+    order = torch.argsort(squares)
+    sorted_squares = squares[order]
+    remaining = torch.flip(torch.cumsum(torch.flip(sorted_squares, [0]), 0), [0])  # Σ over this and larger ones
+    scores = torch.empty_like(squares)
+    scores[order] = sorted_squares / remaining.clamp_min(torch.finfo(torch.float64).tiny)
+    return scores.view_as(weight).cpu()
+
+
+@torch.no_grad()
+def lamp_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean LAMP score of a unit's weights, normalised per matrix: the whole FFN input matrix for neurons, the value
+    matrix for heads (as the reference does), times the unit's parameter count."""
+    spec = get_spec(model)
+    heads, neurons = [], []
+    for layer in get_layers(model, spec):
+        attention = get_attention(layer, spec)
+        hd = head_dim(attention, spec)
+        heads.append(_lamp(get_projection(attention, spec.v_proj).weight).mean(1).view(-1, hd).mean(1).numpy())
+        mlp, variant = get_mlp(layer, spec)
+        neurons.append(np.mean([_lamp(get_projection(mlp, name).weight).mean(1).numpy()
+                                for name in variant.in_proj], 0))
+    return np.stack(heads) * shape.params_per_head, np.stack(neurons) * shape.params_per_neuron
+
+
+def gradient_baseline_scores(
+    model: PreTrainedModel,
+    shape: ModelShape,
+    method: str,
+    data: Any,
+    *,
+    scores: ScoreConfig,
+    num_images: int,
+    processor: Any,
+    seed: int,
+    label_column: str,
+    show_progress: bool,
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any], dict[str, Any]]:
+    """Scores of the gradient baseline ``method`` (a key of :data:`GRADIENT_METHODS`) on ``num_images`` images of
+    ``data``, scored with ``scores`` changed as the method needs; and ``(settings, calibration)`` for the provenance.
+
+    Under ``accelerate launch`` the gradient steps are split across processes as SnapViT's are."""
+    if data is None:
+        raise DataError(f"method={method!r} needs calibration images: pass data=... (a dataset or images).")
+    scores = replace(scores, **GRADIENT_METHODS[method])
+    labelled = scores.loss == "ce"
+    state = process_state()
+    images, _, _, labels = draw_calibration(data, num_images, 0, seed=seed,
+                                            label_column=label_column if labelled else None, model=model,
+                                            embed=embedder(model, processor))
+    if processor is None and not hasattr(images, "shape"):
+        processor = load_processor(model, purpose=f"preprocess the calibration images of method={method!r}")
+    with on_process_device(model, state):
+        heads, neurons = gradient_scores(model, images, processor, scores, labels=labels, seed=seed,
+                                         show_progress=show_progress and state.is_main_process)
+    if scores.definition != "taylor":  # means over a unit's weights -> totals, as every ranking score is
+        heads, neurons = heads * shape.params_per_head, neurons * shape.params_per_neuron
+    settings: dict[str, Any] = {"scores": scores.to_dict(), "num_gradient_images": len(images)}
+    if mixed_precision() != "no":  # it changes the scores; full precision leaves the record as it always was
+        settings["mixed_precision"] = mixed_precision()
+    calibration = {"source": type(data).__name__, "num_gradient": len(images),
+                   "label_column": label_column if labelled else None}
+    return heads, neurons, settings, calibration

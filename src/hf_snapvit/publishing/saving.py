@@ -1,0 +1,187 @@
+"""Writing an elastic checkpoint: the weights permuted into rank order, the ranking, and its model card.
+
+:func:`save_elastic` writes, in one atomic folder write, what ``ElasticViTModel.from_pretrained`` reads
+(:mod:`hf_snapvit.elastic.checkpoint`) plus a ``README.md`` model card (:mod:`hf_snapvit.cards.elastic`) that the Hub and
+``huggingface_hub.ModelCard.load`` read. Writing sits after the card modules in the data flow; loading never
+imports this module.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from ..architectures.discovery import is_discovered, spec_to_dict
+from ..architectures.budget import model_shape
+from ..errors import CheckpointError
+from ..correction import CorrectionConfig
+from ..correction.prefix import PrefixCorrection
+from ..correction.prefix_file import write_prefix_file
+from ..correction.prefix_sizes import check_sizes
+from ..files import atomic_directory, public_name
+from ..elastic.fingerprint import fingerprint_of
+from ..cards.elastic import GENERATED_MARKER, write_model_card
+from ..surgery.proof import ensure_proven
+from ..elastic.ranking import ElasticRanking
+from ..surgery.slicing import slice_model_
+
+__all__ = ["save_elastic"]
+
+def save_elastic(
+    model: PreTrainedModel,
+    ranking: ElasticRanking,
+    save_directory: str | os.PathLike,
+    *,
+    image_processor: Any = None,
+    model_card: bool = True,
+    base_model: str | None = None,
+    evaluations: Any = None,
+    card_options: Mapping[str, Any] | None = None,
+    **save_kwargs: Any,
+) -> ElasticRanking:
+    """Write the elastic checkpoint of ``model``: its weights permuted into rank order, the ranking, a model card.
+
+    The write is atomic (:func:`hf_snapvit.files.atomic_directory`): an interrupted save leaves ``save_directory``
+    as it was. ``model`` is not touched: the permuted weights are new tensors of a shallow copy, so the model's
+    parameter objects, values, gradients and config stay as they are (optimizers, hooks and EMA copies made before
+    the save keep working). The stored ranking carries a fingerprint of the permuted weights
+    (``provenance["weights_fingerprint"]``), which ``ElasticViTModel.from_pretrained`` checks. A local path the
+    base model was loaded from is stored by its folder name only (:func:`hf_snapvit.files.public_name`).
+
+    Args:
+        model: The dense model that ``ranking`` was computed on.
+        ranking: From :func:`hf_snapvit.rank`.
+        save_directory: Destination folder (created if needed).
+        image_processor: Saved alongside when given (e.g. ``AutoImageProcessor.from_pretrained(base)``), so
+            pipelines can load the checkpoint by path alone.
+        model_card: Write ``README.md`` (and its allocation heatmap when matplotlib, ``hf-snapvit[plots]``, is
+            installed): metadata, sizes table, usage, the ranking's provenance. A hand-written README.md already in
+            ``save_directory`` is kept as it is; a generated one is rewritten. ``False`` writes no card.
+        base_model: Hub id of the model that was ranked, for the card's ``base_model`` metadata; by default the
+            recorded one when it is a Hub id (a local folder is never put into the metadata).
+        evaluations: Measured metrics per sparsity for the card's table and ``model-index`` (the forms accepted
+            are listed in :mod:`hf_snapvit.cards.results`).
+        card_options: Further arguments of :func:`hf_snapvit.cards.elastic.write_model_card` (``sparsities``,
+            ``repo_id``, ``model_name``, ``license``, ``datasets``, ``eval_dataset``, ...).
+        **save_kwargs: Passed to ``model.save_pretrained`` (``max_shard_size``, ...). To publish the folder, call
+            :func:`hf_snapvit.push_to_hub` on it (or :func:`hf_snapvit.publishing.hub.save_and_push` for both in one call).
+
+    Returns:
+        The ranking as stored (in rank order): what ``ElasticViTModel.from_pretrained`` resolves budgets with.
+    """
+    spec = ensure_proven(model)
+    ranking.check_matches(model_shape(model))
+    if getattr(model.config, "elastic_layout", None):
+        raise CheckpointError(
+            "save_elastic needs the dense model, but this one is sliced (config.elastic_layout is set). Load the dense "
+            "elastic checkpoint or the original model instead."
+        )
+    options = dict(card_options or {})
+    reserved = sorted({"base_model", "evaluations", "source", "save_directory"} & set(options))
+    if reserved:
+        raise CheckpointError(f"card_options must not hold {reserved}: pass them as save_elastic's own arguments.")
+    data = ranking.sorted().to_dict()
+    data["provenance"]["base_model"] = public_name(data["provenance"].get("base_model"))
+    permuted = slice_model_(_shadow_copy(model), ranking.orders())
+    data["provenance"]["weights_fingerprint"] = fingerprint_of(permuted)
+    permuted.config.elastic_ranking = data
+    if is_discovered(spec):  # a model no registry knows: loading reads its proven spec from config.json
+        permuted.config.elastic_spec = spec_to_dict(spec, model.config)
+    with atomic_directory(save_directory) as staging:
+        permuted.save_pretrained(staging, **save_kwargs)
+        if image_processor is not None:
+            image_processor.save_pretrained(staging)
+        if model_card and not _hand_written_card(save_directory):
+            # From the folder just written: the card describes exactly the config.json beside it.
+            write_model_card(staging, staging, base_model=base_model, evaluations=evaluations, **options)
+    return ElasticRanking.from_dict(data)
+
+
+def _hand_written_card(save_directory: str | os.PathLike) -> bool:
+    """Whether ``save_directory`` holds a README.md that hf_snapvit did not generate: it is the user's, and kept."""
+    readme = Path(save_directory) / "README.md"
+    return readme.is_file() and GENERATED_MARKER not in readme.read_text(encoding="utf-8", errors="replace")
+
+
+def _shadow_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A copy of ``model``'s module tree and config that shares its parameters and buffers: slicing the copy
+    assigns new tensors to the copy's modules and leaves ``model`` as it is."""
+    copies: dict[int, torch.nn.Module] = {}
+
+    def shadow(module: torch.nn.Module) -> torch.nn.Module:
+        if id(module) not in copies:
+            clone = copy.copy(module)
+            copies[id(module)] = clone
+            clone._parameters = dict(module._parameters)
+            clone._buffers = dict(module._buffers)
+            clone._modules = {name: None if child is None else shadow(child)
+                              for name, child in module._modules.items()}
+        return copies[id(module)]
+
+    clone = shadow(model)
+    clone.config = copy.deepcopy(model.config)
+    return clone
+
+
+def add_prefix_correction(
+    folder: str | os.PathLike,
+    images: Any,
+    processor: Any = None,
+    config: CorrectionConfig | None = None,
+    *,
+    refresh_card: bool = False,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Fit the correction for every size of a local elastic checkpoint and store it beside its weights
+    (``prefix_correction.safetensors``, :mod:`hf_snapvit.correction.prefix_file`).
+
+    From then on ``ElasticViTModel.from_pretrained(folder, sparsity=s)`` (and a switchable model at every size)
+    compensates the removed heads' and neurons' contribution into the kept output-projection weights: the per-size
+    least-squares correction of :mod:`hf_snapvit.correction` (dense propagation), without images at load time, at the
+    sizes where held-out images say it helps. At full size the model is unchanged. A later save of the checkpoint's
+    weights drops the file.
+
+    Args:
+        folder: A local dense elastic checkpoint (from :func:`save_elastic`).
+        images: Unlabelled calibration images (PIL list, ``datasets`` Dataset or ``[N, C, H, W]`` pixels).
+        processor: Their image processor; by default the checkpoint's own.
+        config: Damping, ``num_samples``, batch size and seed. With ``guard`` (the default) a quarter of the images
+            is held out and decides at which sizes the correction applies
+            (:mod:`hf_snapvit.correction.prefix_sizes`); ``guard=False`` applies it at every size.
+        refresh_card: Rewrite the folder's ``README.md`` if hf_snapvit generated it, so that it describes the
+            correction: with :func:`~hf_snapvit.cards.elastic.write_model_card`'s defaults, so a card written with
+            other options (evaluations, ``card_options``) loses them; a hand-written card is always kept. By default
+            the card stays as it is.
+        show_progress: Show progress bars.
+
+    Returns:
+        The record stored in the file's metadata (and in ``config.elastic_correction`` of the models it corrects).
+    """
+    from ..loading.modeling import ElasticViTModel
+    from ..data.views import load_processor
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{str(folder)!r} is not a local checkpoint folder (no config.json); save the elastic "
+                              "checkpoint with hf_snapvit.save_elastic first, or download it.")
+    model = ElasticViTModel.from_pretrained(folder, prefix_correction=False)
+    if getattr(model.config, "elastic_layout", None) or getattr(model.config, "elastic_ranking", None) is None:
+        raise CheckpointError(f"{str(folder)!r} is not a dense elastic checkpoint; add the prefix correction to the "
+                              "checkpoint save_elastic wrote (every unit, in rank order).")
+    if processor is None and not isinstance(images, (torch.Tensor, Mapping)):
+        processor = load_processor(folder, purpose="preprocess the calibration images")
+    correction = PrefixCorrection.fit(model, images, processor, config, show_progress=show_progress)
+    if correction.config.guard:
+        check_sizes(correction, model, ElasticRanking.from_dict(model.config.elastic_ranking),
+                    show_progress=show_progress)
+    record = correction.record()
+    write_prefix_file(folder, correction.factors, record)
+    if refresh_card and (folder / "README.md").is_file() and not _hand_written_card(folder):
+        write_model_card(folder, folder)
+    return record
