@@ -1,5 +1,6 @@
-"""What ``bench_gpu_latency.py`` adds to ``latency_vs_sparsity``: how each mode runs a model, the switchable model's
-rows, and the plot of speedup against the GFLOP ratio.
+"""What the GPU latency scripts (``serving_paths.py``, ``profile_latency.py``) share: the random-weight shapes they
+time, how each mode runs a model, and the switchable model's rows. (``bench_gpu_latency.py``, the precision and width
+multiple grid of issues 15-29, left the tree once its results were recorded; it is in commit 96763dc.)
 
 Modes: ``eager`` (plain PyTorch), ``compile`` (``torch.compile`` with inductor, default mode unless
 ``--compile-mode`` says otherwise) and ``compile-graphs`` (inductor with ``mode="reduce-overhead"``: CUDA graphs, which
@@ -10,7 +11,6 @@ models it is compared with.
 from __future__ import annotations
 
 import contextlib
-import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -19,13 +19,31 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import transformers
 from transformers import PreTrainedModel
 
 import hf_snapvit
 from hf_snapvit import ElasticViTModel
 from hf_snapvit.benchmark import measure_latency
 from hf_snapvit.benchmark.latency import compiled_graph_room
-from hf_snapvit.files import atomic_file
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = {
+    "vit-b16": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "vit-s16": dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536),
+    "vit-ti16": dict(hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768),
+    # For tests: small enough for a CPU, wide enough FFN (256) for the default multiple.
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256, image_size=32,
+                 patch_size=8),
+}
+
+
+def build(shape: str, seed: int) -> transformers.ViTModel:
+    """A random-weight ViT backbone of ``shape``: which units a ranking keeps does not matter for speed, only the
+    widths do."""
+    torch.manual_seed(seed)
+    return transformers.ViTModel(transformers.ViTConfig(**SHAPES[shape]), add_pooling_layer=False).eval()
+
 
 MODES = ("eager", "compile", "compile-graphs")
 # "max-autotune" also captures CUDA graphs on a GPU; "max-autotune-no-cudagraphs" keeps it comparable to "compile".
@@ -137,52 +155,3 @@ def _switchable_row(budget: Any, requested: float, timings: Mapping[str, Any], d
             "neurons": list(budget.neurons), "theoretical_speedup": theoretical, "latency": timings["switchable"],
             "dense_latency": timings["dense"], "speedup": speedup,
             "efficiency": {batch: value / theoretical for batch, value in speedup.items()}}
-
-
-def _series_label(run: Mapping[str, Any], model: str, several_multiples: bool) -> str:
-    label = f"{run['mode']} {run['precision']}"
-    if several_multiples:
-        label += f" x{run['width_multiple']}"
-    return label + (" switchable" if model == "switchable" else "")
-
-
-def plot_speedups(runs: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path | None:
-    """Speedup over dense against the GFLOP ratio at the largest batch, one panel per shape and one series per mode,
-    precision (and multiple, model), with the ideal ``speedup = GFLOP ratio``; ``None`` without matplotlib."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib is not installed (pip install 'hf-snapvit[plots]'): no plot written", file=sys.stderr)
-        return None
-    matplotlib.use("Agg")  # no display on benchmark machines
-    import matplotlib.pyplot as plt
-
-    shapes = list(dict.fromkeys(run["shape"] for run in runs))
-    several = len({run["width_multiple"] for run in runs}) > 1
-    batches = {int(b) for run in runs for row in run["rows"] for b in row.get("speedup", {})}
-    if not batches:
-        print("no row was measured: no plot written", file=sys.stderr)
-        return None
-    batch = str(max(batches))
-    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4.5), squeeze=False)
-    for ax, shape in zip(axes[0], shapes):
-        top = 1.0
-        for run in (r for r in runs if r["shape"] == shape):
-            color = None  # the switchable series takes the colour of the sliced one of its run
-            for model, style in (("sliced", "-"), ("switchable", "--")):
-                points = sorted((row["theoretical_speedup"], row["speedup"][batch]) for row in run["rows"]
-                                if row.get("model") == model and batch in row.get("speedup", {}))
-                if points:
-                    line, = ax.plot(*zip(*points), marker="o", linestyle=style, color=color,
-                                    label=_series_label(run, model, several))
-                    color = line.get_color()
-                    top = max(top, *(max(point) for point in points))
-        ax.plot([1.0, top], [1.0, top], color="grey", linestyle=":", label="ideal: speedup = GFLOP ratio")
-        ax.set(xlabel="GFLOP ratio (dense / sliced)", ylabel=f"speedup over dense, batch {batch}",
-               title=f"{shape}, {title}")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_file(path, "wb") as handle:
-        fig.savefig(handle, format="png", dpi=120)
-    plt.close(fig)
-    return path

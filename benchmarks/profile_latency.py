@@ -1,6 +1,6 @@
 """Where a forward pass spends its time, dense against sliced: torch.profiler time grouped by kind of work.
 
-For each shape (random weights, as in ``bench_gpu_latency.py``: only the widths matter for speed), the dense model
+For each shape (random weights, see ``_latency_modes.py``: only the widths matter for speed), the dense model
 and one sliced copy per sparsity are timed side by side (``hf_snapvit.benchmark.measure_latency``, median wall time
 per forward) and then profiled for ``--steps`` forwards. The profiled time is grouped by :func:`kind_of` into gemm,
 attention, norm, elementwise, copies and other (work done inside a gemm, attention or norm op counts as that op's:
@@ -41,7 +41,6 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import _latency_modes as modes  # noqa: E402
-import bench_gpu_latency  # noqa: E402
 import hf_snapvit  # noqa: E402
 from hf_snapvit.benchmark import device_slug, dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
 from hf_snapvit.benchmark.latency import compiled_graph_room  # noqa: E402
@@ -99,7 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; ``--precision`` defaults to bf16 on CUDA and fp32 elsewhere."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["vit-b16"], choices=sorted(bench_gpu_latency.SHAPES))
+    parser.add_argument("--shapes", nargs="+", default=["vit-b16"], choices=sorted(modes.SHAPES))
     parser.add_argument("--sparsities", type=float, nargs="+", default=[0.5],
                         help="sliced sizes profiled next to the dense model (fractions of parameters removed)")
     parser.add_argument("--width-multiple", type=int, default=64,
@@ -193,7 +192,7 @@ def group_events(events: list[Any], on_gpu: bool, steps: int) -> dict[str, Any]:
 def profile_shape(shape: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[float]]:
     """Rows (one per sparsity and batch size, dense first) for one shape, and the sparsities beyond its floors."""
     device = torch.device(args.device)
-    model = bench_gpu_latency.build(shape, args.seed)
+    model = modes.build(shape, args.seed)
     ranking = hf_snapvit.rank(model, method="magnitude", seed=args.seed, show_progress=False)
     limit = ranking.max_sparsity_for(args.width_multiple)
     sparsities = [0.0] + [s for s in args.sparsities if 0 < s <= limit]
@@ -297,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     hardware = hardware_info(device=args.device)
     name = device_slug(hardware)
     output = (Path(args.output) if args.output
-              else bench_gpu_latency.ROOT / "benchmarks" / "results" / f"profile_latency_{name}.json")
+              else modes.ROOT / "benchmarks" / "results" / f"profile_latency_{name}.json")
     on_gpu = torch.device(args.device).type == "cuda"
     command = ["python", "benchmarks/profile_latency.py", *(argv if argv is not None else sys.argv[1:])]
     report = {

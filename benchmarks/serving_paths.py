@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-import bench_gpu_latency  # noqa: E402
+import _latency_modes as modes  # noqa: E402
 import profile_latency  # noqa: E402
 import hf_snapvit  # noqa: E402
 from hf_snapvit.benchmark import device_slug, dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["vit-b16"], choices=sorted(bench_gpu_latency.SHAPES))
+    parser.add_argument("--shapes", nargs="+", default=["vit-b16"], choices=sorted(modes.SHAPES))
     parser.add_argument("--paths", nargs="+", default=["eager", "compile", "compile-unpadded", "graphs-unpadded"],
                         choices=list(PATHS))
     parser.add_argument("--sparsities", type=float, nargs="+", default=[0.5])
@@ -206,8 +206,6 @@ def path_profile(model: nn.Module, dense: nn.Module, batch: int, warmup: int,
 def switchable_rows(dense: nn.Module, ranking: hf_snapvit.ElasticRanking, shape: str,
                     args: argparse.Namespace) -> dict[str, Any]:
     """The switchable model, eager, switched to each sparsity and timed beside the eager dense model."""
-    import _latency_modes as modes
-
     dtype = next(dense.parameters()).dtype
     timing = {"batch_sizes": args.batch_sizes, "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed}
     with modes.elastic_checkpoint(dense, ranking) as folder:
@@ -278,13 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     hardware = hardware_info(device=args.device)
     output = (Path(args.output) if args.output else
-              bench_gpu_latency.ROOT / "benchmarks" / "results" / f"serving_paths_{device_slug(hardware)}.json")
+              modes.ROOT / "benchmarks" / "results" / f"serving_paths_{device_slug(hardware)}.json")
     report: dict[str, Any] = {
         "command": " ".join(["python", "benchmarks/serving_paths.py", *(argv if argv is not None else sys.argv[1:])]),
         "hardware": hardware, "settings": {k: v for k, v in vars(args).items() if k != "output"}, "runs": []}
     dtype = profile_latency.DTYPES[args.precision]
     for shape in args.shapes:
-        model = bench_gpu_latency.build(shape, args.seed)
+        model = modes.build(shape, args.seed)
         ranking = hf_snapvit.rank(model, method="magnitude", seed=args.seed, show_progress=False)
         limit = ranking.max_sparsity_for(args.width_multiple)
         if any(s > limit for s in args.sparsities):

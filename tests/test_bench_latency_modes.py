@@ -1,0 +1,60 @@
+"""benchmarks/_latency_modes.py, shared by the GPU latency scripts, on a CPU with a tiny model: compiled sliced and
+switchable models give the eager outputs, modes compile the same way, compiled graphs get room."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import load_benchmark
+
+
+@pytest.mark.slow
+def test_compiled_sliced_and_switchable_models_give_the_eager_outputs(tmp_path):
+    modes = load_benchmark("_latency_modes")
+    from hf_snapvit.benchmark import sliced_copy
+
+    import hf_snapvit
+
+    model = modes.build("tiny", 0)
+    ranking = hf_snapvit.rank(model, method="magnitude", seed=0, show_progress=False)
+    pixels = torch.randn(2, 3, 32, 32)
+    sliced = sliced_copy(model, ranking, 0.5, width_multiple=1)
+    with modes.elastic_checkpoint(model, ranking) as folder:
+        switchable = modes.load_switchable(folder, torch.float32, "cpu")
+    switchable.set_budget(sparsity=0.5, width_multiple=1)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        for candidate in (sliced, switchable):
+            expected = candidate(pixel_values=pixels).last_hidden_state
+            # fullgraph: no graph break in the sliced model or behind the switchable model's gate.
+            compiled = torch.compile(candidate, backend="inductor", fullgraph=True, dynamic=False)
+            torch.testing.assert_close(compiled(pixel_values=pixels).last_hidden_state, expected, atol=1e-4, rtol=0)
+    torch._dynamo.reset()
+
+
+def test_modes_compile_the_same_way_and_cuda_graphs_need_cuda():
+    modes = load_benchmark("_latency_modes")
+    assert modes.compile_options("eager") is None
+    assert modes.compile_options("compile") == {"backend": "inductor", "mode": "default"}
+    assert modes.compile_options("compile", "max-autotune")["mode"] == "max-autotune"
+    assert modes.compile_options("compile-graphs") == {"backend": "inductor", "mode": "reduce-overhead"}
+    assert "CUDA graphs" in modes.skip_reason("compile-graphs", "cpu")
+    assert modes.skip_reason("compile-graphs", "cuda:0") is None and modes.skip_reason("compile", "cpu") is None
+    with pytest.raises(ValueError, match="bf16-compile"):
+        modes.compile_options("bf16-compile")
+
+
+def test_compiled_graph_room_keeps_more_graphs_and_fails_rather_than_running_eagerly():
+    from hf_snapvit.benchmark.latency import compiled_graph_room
+
+    double = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    torch._dynamo.reset()
+    with compiled_graph_room(12):
+        for size in range(1, 13):  # 12 shapes: past dynamo's default 8 graphs per function
+            assert torch.equal(double(torch.ones(size)), torch.full((size,), 2.0))
+    torch._dynamo.reset()
+    with compiled_graph_room(0), pytest.raises(Exception, match="recompile|cache"):
+        for size in range(1, 40):
+            double(torch.ones(size))
+    torch._dynamo.reset()
