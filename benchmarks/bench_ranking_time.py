@@ -52,6 +52,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from PIL import Image  # noqa: E402
 
+import _latency_modes as modes  # noqa: E402
 import hf_snapvit  # noqa: E402
 from hf_snapvit.architectures.embedding import image_embedding  # noqa: E402
 from hf_snapvit.benchmark import device_slug, hardware_info  # noqa: E402
@@ -59,15 +60,11 @@ from hf_snapvit.distributed import autocast, resolve_precision, tf32_matmuls  # 
 from hf_snapvit.files import write_text_atomic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = {
-    "vit-b16": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-    "vit-s16": dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536),
-    # The shared ViT-Tiny's shape: a CPU's ranking times without the shared checkpoint.
-    "vit-ti16": dict(hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768),
-    # For tests: small enough for a CPU.
-    "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
-                 patch_size=8),
-}
+# The standard ViT shapes of the latency scripts (vit-ti16 is the shared ViT-Tiny's: a CPU's ranking times without
+# the shared checkpoint), and a tiny one for tests, small enough for a CPU.
+SHAPES = {**{name: modes.SHAPES[name] for name in ("vit-b16", "vit-s16", "vit-ti16")},
+          "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+                       patch_size=8)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
