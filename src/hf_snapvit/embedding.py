@@ -146,7 +146,10 @@ def pooled_embedding(out: Any, spec: ArchitectureSpec, config: PretrainedConfig 
         return torch.cat(means, -1)
     if spec.embedding == "pooled":
         pooled = getattr(out, "pooler_output", None)
-        return pooled if pooled is not None else out.last_hidden_state.mean(1)
+        if pooled is not None:
+            return pooled
+        last = out.last_hidden_state  # tokens [B, N, D], or a [B, C, h, w] feature map (SAM's neck)
+        return last.mean((2, 3)) if last.ndim == 4 else last.mean(1)
     if spec.embedding == "cls_dist_mean":
         return out.last_hidden_state[:, :2].mean(1)
     return out.last_hidden_state[:, 0]

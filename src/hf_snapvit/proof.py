@@ -112,7 +112,7 @@ def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, 
 
 def _refusal(spec: ArchitectureSpec, why: str) -> UnsupportedArchitectureError:
     found = {name: getattr(spec, name) for name in ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj",
-                                                    "mlp", "head_width")}
+                                                    "mlp", "head_width", "qkv_blocks")}
     variant = spec.mlp_variants[0]
     return UnsupportedArchitectureError(
         f"hf_snapvit discovered the structure of this {spec.model_type!r} model as {found}, FFN "

@@ -61,7 +61,12 @@ class ArchitectureSpec:
         head_count_attrs: Dotted paths of attention-module attributes that hold the number of heads; slicing updates
             every one present.
         head_size_attrs: The same for attributes that hold heads × head width (``all_head_size``).
-        head_width: Dotted path of the attention-module attribute that holds one head's width.
+        head_width: Dotted path of the attention-module attribute that holds one head's width (``""``: the module
+            keeps none, and the width is the query rows over the first of ``head_count_attrs`` it has, as in SAM).
+        qkv_blocks: The row block of its projection that query, key and value each take: ``(0, 1, 2)`` where
+            ``q_proj``, ``k_proj`` and ``v_proj`` name one fused projection whose rows are [query heads | key heads |
+            value heads] (SAM, BLIP-2, timm); ``(0, 0, 0)`` for three separate projections. A projection named by
+            ``n`` of the three holds ``n`` equal blocks, each cut with the heads.
         head_tables: Dotted paths from a block to parameters whose last dimension has one entry per head (BEiT's
             relative position bias table): sliced and reordered with the heads, and counted in each head's cost.
         unsupported_config: ``(attribute, value, reason and fix)`` of config settings hf_snapvit cannot prune;
@@ -98,6 +103,7 @@ class ArchitectureSpec:
     head_count_attrs: tuple[str, ...] = ("num_heads", "num_attention_heads")
     head_size_attrs: tuple[str, ...] = ("all_head_size",)
     head_width: str = "head_dim"
+    qkv_blocks: tuple[int, int, int] = (0, 0, 0)
     head_tables: tuple[str, ...] = ()
     unsupported_config: tuple[tuple[str, object, str], ...] = ()
     patch_inputs: bool = False
@@ -311,14 +317,39 @@ def get_mlp(layer: nn.Module, spec: ArchitectureSpec) -> tuple[nn.Module, MlpSpe
     )
 
 
+def row_blocks(spec: ArchitectureSpec, path: str) -> int:
+    """How many equal row blocks (one per query, key or value it computes) the projection at ``path`` holds."""
+    return (spec.q_proj, spec.k_proj, spec.v_proj).count(path)
+
+
+def qkv_projections(attention: nn.Module, spec: ArchitectureSpec) -> list[tuple[nn.Linear, int]]:
+    """Each distinct query/key/value projection once (one fused ``qkv``, or three), with its number of row blocks."""
+    paths = dict.fromkeys((spec.q_proj, spec.k_proj, spec.v_proj))
+    return [(get_projection(attention, path), row_blocks(spec, path)) for path in paths]
+
+
+def qkv_rows(attention: nn.Module, spec: ArchitectureSpec, role: int) -> tuple[nn.Linear, slice]:
+    """The projection computing the query (``role`` 0), key (1) or value (2) heads, and the rows of its weight that
+    hold them (all of them, or one block of a fused projection)."""
+    path = (spec.q_proj, spec.k_proj, spec.v_proj)[role]
+    linear = get_projection(attention, path)
+    width = linear.weight.shape[0] // row_blocks(spec, path)
+    return linear, slice(spec.qkv_blocks[role] * width, (spec.qkv_blocks[role] + 1) * width)
+
+
 def head_dim(attention: nn.Module, spec: ArchitectureSpec) -> int:
     """Width of one head. Read from the module, so it stays right after heads are removed."""
-    return int(find_attribute(attention, spec.head_width))
+    if spec.head_width:
+        return int(find_attribute(attention, spec.head_width))
+    counts = [find_attribute(attention, path) for path in spec.head_count_attrs]
+    count = next(int(c) for c in counts if isinstance(c, int))  # no width kept: query rows over the head count
+    return get_projection(attention, spec.q_proj).out_features // row_blocks(spec, spec.q_proj) // count
 
 
 def num_heads(attention: nn.Module, spec: ArchitectureSpec) -> int:
     """Current number of heads, derived from the q projection so it is right for sliced modules."""
-    return get_projection(attention, spec.q_proj).out_features // head_dim(attention, spec)
+    rows = get_projection(attention, spec.q_proj).out_features // row_blocks(spec, spec.q_proj)
+    return rows // head_dim(attention, spec)
 
 
 def vision_config(config: PretrainedConfig) -> PretrainedConfig:
