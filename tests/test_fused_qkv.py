@@ -1,0 +1,113 @@
+"""Families whose attention computes query, key and value with one fused ``qkv`` projection (SAM's image encoder,
+timm ViTs through transformers), found by discovery alone: ranked (data-free and SnapViT on images), saved elastic,
+loaded dense by stock transformers and sliced by hf_snapvit equal to the masked model, switchable equal to sliced,
+and the sliced checkpoint loaded back by path with ``trust_remote_code``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+import hf_snapvit as hs
+from hf_snapvit import proof
+from hf_snapvit.architectures import discovery, get_spec
+from hf_snapvit.embedding import dummy_inputs
+from hf_snapvit.proof import _output
+from helpers import masked_copy
+
+
+def _sam() -> transformers.PreTrainedModel:
+    """SAM's image encoder: windowed and global attention, relative-position tables shared by the heads, a neck."""
+    config = transformers.SamVisionConfig(hidden_size=32, output_channels=16, num_hidden_layers=2,
+                                          num_attention_heads=4, mlp_dim=48, image_size=32, patch_size=8,
+                                          window_size=2, global_attn_indexes=[1], num_pos_feats=8)
+    return transformers.SamVisionModel(config)
+
+
+FAMILIES = {"sam": _sam}
+
+
+def _perturbed(model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
+    """Weights moved off their initial values (zero biases and tables would hide a wrong slice)."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def saved(request, tmp_path_factory):
+    """``(name, model, ranking, stored ranking, folder)``: the tiny model ranked by magnitude and saved elastic."""
+    torch.manual_seed(0)
+    model = _perturbed(FAMILIES[request.param]())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(discovery, "_DISCOVERED", {})
+        patch.setattr(proof, "_PROVEN", set())
+        assert model.config.model_type not in hs.supported_model_types()
+        ranking = hs.rank(model, method="magnitude", show_progress=False)
+        folder = tmp_path_factory.mktemp(f"elastic-{request.param}")
+        stored = hs.save_elastic(model, ranking, folder, model_card=False)
+        yield request.param, model, ranking, stored, folder
+
+
+@pytest.fixture(autouse=True)
+def fresh_discoveries(monkeypatch):
+    """Each test loads from the spec stored in config.json, as a new process would."""
+    monkeypatch.setattr(discovery, "_DISCOVERED", {})
+    monkeypatch.setattr(proof, "_PROVEN", set())
+
+
+def test_discovery_finds_the_fused_qkv_and_stores_it(saved):
+    _, model, _, _, folder = saved
+    spec = get_spec(model)
+    assert spec.q_proj == spec.k_proj == spec.v_proj and spec.qkv_blocks == (0, 1, 2)
+    stored = json.loads((folder / "config.json").read_text())["elastic_spec"]
+    assert stored["qkv_blocks"] == [0, 1, 2] and stored["q_proj"] == spec.q_proj
+
+
+def test_stock_transformers_loads_dense_and_sparsity_0_equals_it(saved):
+    _, model, _, _, folder = saved
+    inputs = dummy_inputs(model, 2, seed=3)
+    reference = _output(model, inputs)
+    stock = type(model).from_pretrained(folder).eval()
+    torch.testing.assert_close(_output(stock, inputs), reference, rtol=1e-5, atol=1e-5)
+    dense = hs.ElasticViTModel.from_pretrained(folder, sparsity=0.0)
+    torch.testing.assert_close(_output(dense, inputs), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_sliced_is_the_stock_class_smaller_equal_to_masking_and_switchable_equals_it(saved, tmp_path):
+    _, model, ranking, stored, folder = saved
+    inputs = dummy_inputs(model, 2, seed=3)
+    counts = stored.keep_counts(0.3)
+    assert sum(counts.heads) < ranking.shape.num_layers * ranking.shape.num_heads  # heads go: the fused rows are cut
+    sliced = hs.ElasticViTModel.from_pretrained(folder, sparsity=0.3)
+    assert isinstance(sliced, type(model))
+    assert sum(p.numel() for p in sliced.parameters()) < sum(p.numel() for p in model.parameters())
+    masked = masked_copy(model, ranking.keep_indices(counts))
+    expected = _output(sliced, inputs)
+    torch.testing.assert_close(expected, _output(masked, inputs), rtol=1e-4, atol=1e-5)
+    switchable = hs.ElasticViTModel.from_pretrained(folder, switchable=True)
+    switchable.set_budget(sparsity=0.3)
+    torch.testing.assert_close(_output(switchable, inputs), expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(_output(switchable.to_sliced(), inputs), expected, rtol=1e-5, atol=1e-6)
+    sliced.save_pretrained(tmp_path / "sliced")
+    discovery._DISCOVERED.clear()  # the loading module carries the spec: no registry, no discovery
+    remote = transformers.AutoModel.from_pretrained(tmp_path / "sliced", trust_remote_code=True).eval()
+    torch.testing.assert_close(_output(remote, inputs), expected, rtol=0, atol=0)
+
+
+def test_snapvit_ranks_from_images(saved):
+    from hf_snapvit.scoring import ScoreConfig
+    from hf_snapvit.views import MultiCropConfig
+
+    _, model, _, _, _ = saved
+    config = hs.SnapViTConfig.preset("fast", num_gradient_images=3, num_fitness_images=6, max_generations=1,
+                                     scores=ScoreConfig(crops=MultiCropConfig(num_local=2)))
+    ranking = hs.rank(model, method="snapvit", data=torch.randn(12, 3, 32, 32), config=config, show_progress=False)
+    counts = ranking.keep_counts(0.3)
+    assert ranking.provenance["method"] == "snapvit"
+    assert sum(counts.heads) + sum(counts.neurons) < ranking.shape.num_layers * (
+        ranking.shape.num_heads + ranking.shape.intermediate_size)
