@@ -87,14 +87,18 @@ def row(family: str) -> str:
             if model.config.model_type in _REGISTRY:
                 prove_spec(model, spec)
     except Exception as error:  # noqa: BLE001 - a refusal is this row's result
-        reason = str(error).split(". ")[0].replace("|", "/")
+        message = str(error)  # a failed proof says what was discovered, "but" why it failed: the why matters here
+        reason = (message.split(" but ", 1)[1] if " but " in message else message).split(". ")[0].replace("|", "/")
         return f"| {family} | `{name}` | refused | | {reason[:160]} |"
     source = "registered" if model.config.model_type in _REGISTRY else "discovered"
     _, variant = get_mlp(get_layers(model, spec)[0], spec)  # the layout this model has
     ffn = f"{'gated ' if len(variant.in_proj) > 1 else ''}FFN " + (f"`{spec.mlp}`" if spec.mlp else "in the block")
     tables = f", per-head tables {list(spec.head_tables)}" if spec.head_tables else ""
-    pruned = f"heads of `{'.'.join(filter(None, (spec.layers, '*', spec.attention)))}`, {ffn}{tables}"
-    return f"| {family} | `{name}` | {source} | {pruned} | proven: sliced = masked at 75 % and 40 % |"
+    fused = f" (one fused `{spec.q_proj}`)" if spec.qkv_blocks != (0, 0, 0) else ""
+    heads = f"heads of `{'.'.join(filter(None, (spec.layers, '*', spec.attention)))}`{fused}"
+    pruned = f"{heads if spec.prune_heads else 'every head kept (`prune_heads=False`)'}, {ffn}{tables}"
+    units = "" if spec.prune_heads else " of its FFN neurons"
+    return f"| {family} | `{name}` | {source} | {pruned} | proven: sliced = masked at 75 % and 40 %{units} |"
 
 
 def page() -> str:

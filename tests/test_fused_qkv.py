@@ -1,7 +1,8 @@
-"""Families whose attention computes query, key and value with one fused ``qkv`` projection (SAM's image encoder,
-timm ViTs through transformers), found by discovery alone: ranked (data-free and SnapViT on images), saved elastic,
-loaded dense by stock transformers and sliced by hf_snapvit equal to the masked model, switchable equal to sliced,
-and the sliced checkpoint loaded back by path with ``trust_remote_code``."""
+"""Families whose attention computes query, key and value with one fused ``qkv`` projection: SAM's image encoder
+(found by discovery alone) and BLIP-2's vision tower (a registered spec that keeps every head: its forward cannot run
+with fewer). Each is ranked (data-free and SnapViT on images), saved elastic, loaded dense by stock transformers and
+sliced by hf_snapvit equal to the masked model, switchable equal to sliced, and the sliced checkpoint loaded back by
+path with ``trust_remote_code``."""
 
 from __future__ import annotations
 
@@ -27,7 +28,15 @@ def _sam() -> transformers.PreTrainedModel:
     return transformers.SamVisionModel(config)
 
 
-FAMILIES = {"sam": _sam}
+def _blip2() -> transformers.PreTrainedModel:
+    """BLIP-2's vision tower: a fused qkv with a bias, registered with every head kept (see its spec)."""
+    config = transformers.Blip2VisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                            num_attention_heads=4, image_size=32, patch_size=8)
+    return transformers.Blip2VisionModel(config)
+
+
+# name -> (tiny model, found by discovery, heads pruned, a sparsity its floors allow: FFN neurons alone go in BLIP-2)
+FAMILIES = {"sam": (_sam, True, True, 0.3), "blip-2": (_blip2, False, False, 0.2)}
 
 
 def _perturbed(model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
@@ -42,11 +51,12 @@ def _perturbed(model: transformers.PreTrainedModel) -> transformers.PreTrainedMo
 def saved(request, tmp_path_factory):
     """``(name, model, ranking, stored ranking, folder)``: the tiny model ranked by magnitude and saved elastic."""
     torch.manual_seed(0)
-    model = _perturbed(FAMILIES[request.param]())
+    build, discovered, _, _ = FAMILIES[request.param]
+    model = _perturbed(build())
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(discovery, "_DISCOVERED", {})
         patch.setattr(proof, "_PROVEN", set())
-        assert model.config.model_type not in hs.supported_model_types()
+        assert (model.config.model_type in hs.supported_model_types()) is not discovered
         ranking = hs.rank(model, method="magnitude", show_progress=False)
         folder = tmp_path_factory.mktemp(f"elastic-{request.param}")
         stored = hs.save_elastic(model, ranking, folder, model_card=False)
@@ -60,12 +70,15 @@ def fresh_discoveries(monkeypatch):
     monkeypatch.setattr(proof, "_PROVEN", set())
 
 
-def test_discovery_finds_the_fused_qkv_and_stores_it(saved):
-    _, model, _, _, folder = saved
+def test_the_spec_names_one_fused_qkv_and_a_discovered_one_is_stored(saved):
+    name, model, _, _, folder = saved
     spec = get_spec(model)
-    assert spec.q_proj == spec.k_proj == spec.v_proj and spec.qkv_blocks == (0, 1, 2)
-    stored = json.loads((folder / "config.json").read_text())["elastic_spec"]
-    assert stored["qkv_blocks"] == [0, 1, 2] and stored["q_proj"] == spec.q_proj
+    assert spec.q_proj == spec.k_proj == spec.v_proj == "qkv" and spec.qkv_blocks == (0, 1, 2)
+    config = json.loads((folder / "config.json").read_text())
+    if FAMILIES[name][1]:
+        assert config["elastic_spec"]["qkv_blocks"] == [0, 1, 2] and config["elastic_spec"]["q_proj"] == "qkv"
+    else:
+        assert "elastic_spec" not in config
 
 
 def test_stock_transformers_loads_dense_and_sparsity_0_equals_it(saved):
@@ -79,18 +92,22 @@ def test_stock_transformers_loads_dense_and_sparsity_0_equals_it(saved):
 
 
 def test_sliced_is_the_stock_class_smaller_equal_to_masking_and_switchable_equals_it(saved, tmp_path):
-    _, model, ranking, stored, folder = saved
+    name, model, ranking, stored, folder = saved
     inputs = dummy_inputs(model, 2, seed=3)
-    counts = stored.keep_counts(0.3)
-    assert sum(counts.heads) < ranking.shape.num_layers * ranking.shape.num_heads  # heads go: the fused rows are cut
-    sliced = hs.ElasticViTModel.from_pretrained(folder, sparsity=0.3)
+    sparsity = FAMILIES[name][3]
+    counts = stored.keep_counts(sparsity)
+    if FAMILIES[name][2]:  # heads go: the fused rows are cut
+        assert sum(counts.heads) < ranking.shape.num_layers * ranking.shape.num_heads
+    else:
+        assert counts.heads == [ranking.shape.num_heads] * ranking.shape.num_layers
+    sliced = hs.ElasticViTModel.from_pretrained(folder, sparsity=sparsity)
     assert isinstance(sliced, type(model))
     assert sum(p.numel() for p in sliced.parameters()) < sum(p.numel() for p in model.parameters())
     masked = masked_copy(model, ranking.keep_indices(counts))
     expected = _output(sliced, inputs)
     torch.testing.assert_close(expected, _output(masked, inputs), rtol=1e-4, atol=1e-5)
     switchable = hs.ElasticViTModel.from_pretrained(folder, switchable=True)
-    switchable.set_budget(sparsity=0.3)
+    switchable.set_budget(sparsity=sparsity)
     torch.testing.assert_close(_output(switchable, inputs), expected, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(_output(switchable.to_sliced(), inputs), expected, rtol=1e-5, atol=1e-6)
     sliced.save_pretrained(tmp_path / "sliced")
@@ -103,11 +120,34 @@ def test_snapvit_ranks_from_images(saved):
     from hf_snapvit.scoring import ScoreConfig
     from hf_snapvit.views import MultiCropConfig
 
-    _, model, _, _, _ = saved
+    name, model, _, _, _ = saved
     config = hs.SnapViTConfig.preset("fast", num_gradient_images=3, num_fitness_images=6, max_generations=1,
                                      scores=ScoreConfig(crops=MultiCropConfig(num_local=2)))
     ranking = hs.rank(model, method="snapvit", data=torch.randn(12, 3, 32, 32), config=config, show_progress=False)
-    counts = ranking.keep_counts(0.3)
+    counts = ranking.keep_counts(FAMILIES[name][3])
     assert ranking.provenance["method"] == "snapvit"
+    assert (counts.heads == [ranking.shape.num_heads] * ranking.shape.num_layers) is not FAMILIES[name][2]
     assert sum(counts.heads) + sum(counts.neurons) < ranking.shape.num_layers * (
         ranking.shape.num_heads + ranking.shape.intermediate_size)
+
+
+def test_blip2_by_discovery_alone_is_refused_naming_the_failure_and_nothing_is_written(monkeypatch, tmp_path):
+    from hf_snapvit.architectures import registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items()
+                                                if k != "blip_2_vision_model"})
+    model = _perturbed(_blip2())
+    with pytest.raises(hs.UnsupportedArchitectureError, match=r"'qkv_blocks': \(0, 1, 2\).*slicing with it failed"):
+        hs.save_elastic(model, None, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_ranking_that_would_drop_blip2_heads_is_refused_before_writing(tmp_path):
+    import dataclasses
+
+    model = _perturbed(_blip2())
+    ranking = hs.rank(model, method="magnitude", show_progress=False)
+    assert ranking.min_head_keep_ratio == 1.0  # rank() keeps every head of a spec that cannot prune them
+    with pytest.raises(hs.ConfigError, match="keeps all of them"):
+        hs.save_elastic(model, dataclasses.replace(ranking, min_head_keep_ratio=0.2), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -94,7 +94,7 @@ def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, 
         differences = {"reordered": float((_output(reordered, inputs) - reference).abs().max())}
         params = sum(p.numel() for p in base.parameters())
         for fraction in KEEP_FRACTIONS:
-            keep = [(np.sort(rng.choice(h, max(1, round(fraction * h)), replace=False)),
+            keep = [(np.sort(rng.choice(h, max(1, round(fraction * h)) if spec.prune_heads else h, replace=False)),
                      np.sort(rng.choice(n, max(1, round(fraction * n)), replace=False))) for h, n in widths]
             sliced = slice_model_(copy.deepcopy(base), keep)
             if sum(p.numel() for p in sliced.parameters()) >= params:

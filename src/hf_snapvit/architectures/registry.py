@@ -67,6 +67,9 @@ class ArchitectureSpec:
             ``q_proj``, ``k_proj`` and ``v_proj`` name one fused projection whose rows are [query heads | key heads |
             value heads] (SAM, BLIP-2, timm); ``(0, 0, 0)`` for three separate projections. A projection named by
             ``n`` of the three holds ``n`` equal blocks, each cut with the heads.
+        prune_heads: ``False`` where the stock forward cannot run with fewer heads (BLIP-2's vision attention splits
+            the hidden width, not the attention width, into heads): every block keeps all its heads (the ranking's
+            head floor is all of them) and only FFN neurons are pruned.
         head_tables: Dotted paths from a block to parameters whose last dimension has one entry per head (BEiT's
             relative position bias table): sliced and reordered with the heads, and counted in each head's cost.
         unsupported_config: ``(attribute, value, reason and fix)`` of config settings hf_snapvit cannot prune;
@@ -104,6 +107,7 @@ class ArchitectureSpec:
     head_size_attrs: tuple[str, ...] = ("all_head_size",)
     head_width: str = "head_dim"
     qkv_blocks: tuple[int, int, int] = (0, 0, 0)
+    prune_heads: bool = True
     head_tables: tuple[str, ...] = ()
     unsupported_config: tuple[tuple[str, object, str], ...] = ()
     patch_inputs: bool = False
