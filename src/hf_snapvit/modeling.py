@@ -325,7 +325,8 @@ def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarra
     slice_model_(model, keep)  # a prefix of what the checkpoint holds
     sliceable = {k for k, v in model.state_dict().items() if tuple(v.shape) != dense_state[k]}
     state = load_sliced_state_dict(model, reader, sliceable, held,
-                                   "config.json's elastic_layout" if sliced else "config.json", fused_row_blocks(model))
+                                   "config.json's elastic_layout" if sliced else "config.json",
+                                   fused_row_blocks(model))  # a fused qkv's first heads: a row range per block
     tied = getattr(model, "all_tied_weights_keys", None) or {}  # lm_head sharing the token embeddings (VLMs)
     missing = [name for name in model.state_dict() if name not in state and name not in tied]
     if missing:

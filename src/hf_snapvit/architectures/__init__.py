@@ -9,7 +9,8 @@ the registry (:mod:`.registry`). Supporting a new vision transformer means regis
 from .registry import (ArchitectureSpec, EmbeddingKind, FeatureKind, MlpSpec, TaskModelSpec, find_attribute,
                        get_attention, get_backbone, get_layers, get_mlp, get_projection, get_spec, head_dim,
                        head_tables, model_class, num_heads, qkv_projections, qkv_rows, register_architecture,
-                       register_task_model, row_blocks, supported_model_types, task_model_spec, used_layers, vision_config)
+                       register_task_model, row_blocks, supported_model_types, task_model_spec, used_layers,
+                       vision_config)
 from . import families, task_models  # noqa: E402,F401  (registers the specs)
 
 __all__ = ["ArchitectureSpec", "EmbeddingKind", "FeatureKind", "MlpSpec", "TaskModelSpec", "find_attribute",

@@ -4,8 +4,8 @@ one forward pass, and its data form for ``config.json``.
 The stack of blocks is the ``nn.ModuleList`` of same-class modules holding the most parameters. In its first block,
 the order in which one forward calls the ``nn.Linear`` layers names them: three projections from the hidden width to
 one attention width (query, key, value), or one fused projection to three times that width (its rows the query, key
-and value blocks), one back (the output projection), then the FFN: one or two projections out
-of the hidden width (a gated FFN has two) and one back. The attention and FFN modules are the closest common parents
+and value blocks), one back (the output projection), then the FFN: one or two projections out of the hidden width (a
+gated FFN has two) and one back. The attention and FFN modules are the closest common parents
 of their projections. A spec found here is a guess until :func:`hf_snapvit.proof.prove_spec` shows that slicing
 with it equals masking; ``save_elastic`` proves it before it writes anything, then stores :func:`spec_to_dict` in the
 checkpoint's ``config.json`` (``elastic_spec``), so loading needs no registration.
@@ -137,8 +137,9 @@ def _relative(path: str, parent: str) -> str:
 def _head_attributes(attention: nn.Module, heads: int, width: int,
                      any_size_name: bool) -> tuple[tuple[str, ...], tuple[str, ...], str]:
     """The attention module's attributes holding the head count, heads × head width, and one head's width (``""`` if
-    it keeps none, when it keeps the count): those whose names contain "head"; with ``any_size_name`` also the attention module's own integers equal to heads × head
-    width whatever their name (an ``embed_dim`` that a forward reshapes to)."""
+    it keeps none, when it keeps the count): those whose names contain "head"; with ``any_size_name`` also the
+    attention module's own integers equal to heads × head width whatever their name (an ``embed_dim`` that a forward
+    reshapes to)."""
     counts, sizes, widths = [], [], []
     for prefix, module in attention.named_modules():
         for name, value in vars(module).items():
