@@ -35,8 +35,21 @@ def _blip2() -> transformers.PreTrainedModel:
     return transformers.Blip2VisionModel(config)
 
 
-# name -> (tiny model, found by discovery, heads pruned, a sparsity its floors allow: FFN neurons alone go in BLIP-2)
-FAMILIES = {"sam": (_sam, True, True, 0.3), "blip-2": (_blip2, False, False, 0.2)}
+def _qwen2_vl() -> transformers.PreTrainedModel:
+    """Qwen2-VL's vision tower: 2-D rotary positions, a patch merger, and one sequence of every image's patches with
+    their grids as input (``forward(hidden_states, grid_thw)``), a class transformers does not export."""
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+    config = transformers.Qwen2VLVisionConfig(depth=2, embed_dim=32, hidden_size=48, num_heads=4, mlp_ratio=2,
+                                              patch_size=8, spatial_merge_size=2, temporal_patch_size=2,
+                                              image_size=32)
+    return Qwen2VisionTransformerPretrainedModel(config)
+
+
+# name -> (tiny model, found by discovery, heads pruned, a sparsity its floors allow: FFN neurons alone go in BLIP-2,
+# Qwen2-VL's patch merger is a large share of its tiny tower)
+FAMILIES = {"sam": (_sam, True, True, 0.3), "blip-2": (_blip2, False, False, 0.2),
+            "qwen2-vl": (_qwen2_vl, True, True, 0.2)}
 
 
 def _perturbed(model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
@@ -112,8 +125,11 @@ def test_sliced_is_the_stock_class_smaller_equal_to_masking_and_switchable_equal
     torch.testing.assert_close(_output(switchable.to_sliced(), inputs), expected, rtol=1e-5, atol=1e-6)
     sliced.save_pretrained(tmp_path / "sliced")
     discovery._DISCOVERED.clear()  # the loading module carries the spec: no registry, no discovery
-    remote = transformers.AutoModel.from_pretrained(tmp_path / "sliced", trust_remote_code=True).eval()
-    torch.testing.assert_close(_output(remote, inputs), expected, rtol=0, atol=0)
+    if hasattr(transformers, type(model).__name__):
+        again = transformers.AutoModel.from_pretrained(tmp_path / "sliced", trust_remote_code=True).eval()
+    else:  # a class transformers does not export gets no loading module (as a user's own class)
+        again = hs.ElasticViTModel.from_pretrained(tmp_path / "sliced")
+    torch.testing.assert_close(_output(again, inputs), expected, rtol=0, atol=0)
 
 
 def test_snapvit_ranks_from_images(saved):
@@ -121,9 +137,9 @@ def test_snapvit_ranks_from_images(saved):
     from hf_snapvit.views import MultiCropConfig
 
     name, model, _, _, _ = saved
-    config = hs.SnapViTConfig.preset("fast", num_gradient_images=3, num_fitness_images=6, max_generations=1,
-                                     scores=ScoreConfig(crops=MultiCropConfig(num_local=2)))
-    ranking = hs.rank(model, method="snapvit", data=torch.randn(12, 3, 32, 32), config=config, show_progress=False)
+    config = hs.SnapViTConfig.preset("fast", num_gradient_images=2, num_fitness_images=4, max_generations=1,
+                                     population_size=4, scores=ScoreConfig(crops=MultiCropConfig(num_local=1)))
+    ranking = hs.rank(model, method="snapvit", data=torch.randn(8, 3, 32, 32), config=config, show_progress=False)
     counts = ranking.keep_counts(FAMILIES[name][3])
     assert ranking.provenance["method"] == "snapvit"
     assert (counts.heads == [ranking.shape.num_heads] * ranking.shape.num_layers) is not FAMILIES[name][2]
@@ -151,3 +167,45 @@ def test_a_ranking_that_would_drop_blip2_heads_is_refused_before_writing(tmp_pat
     with pytest.raises(hs.ConfigError, match="keeps all of them"):
         hs.save_elastic(model, dataclasses.replace(ranking, min_head_keep_ratio=0.2), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _qwen2_vl_processor() -> transformers.Qwen2VLImageProcessorPil:
+    """The tiny tower's processor: 8-px patches in 2x2 merge windows, every image at 32x32 px."""
+    return transformers.Qwen2VLImageProcessorPil(patch_size=8, merge_size=2, temporal_patch_size=2,
+                                                 min_pixels=32 * 32, max_pixels=32 * 32)
+
+
+def test_grid_inputs_are_laid_out_as_the_qwen2_vl_processor_lays_out_an_image():
+    import numpy as np
+    from PIL import Image
+
+    from hf_snapvit.embedding import grid_patchify
+    from hf_snapvit.views import processor_inputs
+
+    model, processor = _qwen2_vl(), _qwen2_vl_processor()
+    image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    out = processor(images=[image], return_tensors="pt")
+    mean, std = torch.tensor(processor.image_mean)[:, None, None], torch.tensor(processor.image_std)[:, None, None]
+    pixels = ((torch.from_numpy(image).permute(2, 0, 1).float() / 255 - mean) / std)[None]  # no resize at 32 px
+    ours = grid_patchify(pixels, model.config)
+    assert ours["grid_thw"].tolist() == out["image_grid_thw"].tolist() == [[1, 4, 4]]
+    torch.testing.assert_close(ours["hidden_states"], out["pixel_values"].float(), rtol=1e-4, atol=1e-4)
+    # The processor's patches, turned back into images (what the search scores candidates on), are those pixels.
+    torch.testing.assert_close(processor_inputs([Image.fromarray(image)], processor), pixels, rtol=1e-4, atol=1e-4)
+
+
+def test_snapvit_ranks_qwen2_vl_from_images_through_its_own_processor():
+    import numpy as np
+    from PIL import Image
+
+    from hf_snapvit.scoring import ScoreConfig
+    from hf_snapvit.views import MultiCropConfig
+
+    model = _perturbed(_qwen2_vl())
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)) for _ in range(8)]
+    config = hs.SnapViTConfig.preset("fast", num_gradient_images=2, num_fitness_images=4, max_generations=1,
+                                     population_size=4, scores=ScoreConfig(crops=MultiCropConfig(num_local=1)))
+    ranking = hs.rank(model, method="snapvit", data=images, processor=_qwen2_vl_processor(), config=config,
+                      show_progress=False)
+    assert ranking.provenance["method"] == "snapvit" and ranking.keep_counts(0.2).sparsity > 0.15

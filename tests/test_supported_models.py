@@ -14,3 +14,4 @@ def test_the_supported_models_page_is_the_one_the_registry_and_discovery_produce
     assert "| sam_vision_model | `SamVisionModel` | discovered | heads of `vision_encoder.layers.*.attn` (one fused " \
            "`qkv`)" in page
     assert "| blip_2_vision_model | `Blip2VisionModel` | registered | every head kept" in page
+    assert "| qwen2_vl_vision | `Qwen2VisionTransformerPretrainedModel` | discovered |" in page

@@ -60,6 +60,39 @@ def unpatchify(patches: torch.Tensor, patch_size: int, spatial_shapes: torch.Ten
     return grid.reshape(b, c, rows * patch_size, cols * patch_size)
 
 
+def grid_patchify(pixels: torch.Tensor, config: PretrainedConfig) -> dict[str, torch.Tensor]:
+    """``[B, C, H, W]`` images as the inputs of a tower that takes every image's patches in one sequence
+    (:attr:`~hf_snapvit.ArchitectureSpec.grid_inputs`, Qwen2-VL): each image repeated over the
+    ``temporal_patch_size`` frames of one time step, cut into ``patch_size`` patches, ordered window by window of
+    ``spatial_merge_size``² patches and flattened as ``(C, t, p, p)`` (the layout of ``Qwen2VLImageProcessor``), with
+    ``grid_thw = [1, H/p, W/p]`` per image."""
+    vision = vision_config(config)
+    p, t, m = int(vision.patch_size), int(vision.temporal_patch_size), int(vision.spatial_merge_size)
+    b, c, h, w = pixels.shape
+    if h % (p * m) or w % (p * m):
+        raise DataError(f"Images of {h}x{w} px cannot be cut into windows of {m}x{m} patches of {p} px; use a crop "
+                        f"size that is a multiple of {p * m}.")
+    rows, cols = h // p, w // p
+    frames = pixels[:, None].expand(b, t, c, h, w)
+    windows = frames.reshape(b, t, c, rows // m, m, p, cols // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return {"hidden_states": windows.reshape(b * rows * cols, c * t * p * p),
+            "grid_thw": torch.tensor([[1, rows, cols]] * b, dtype=torch.long, device=pixels.device)}
+
+
+def ungrid(patches: torch.Tensor, grid_thw: torch.Tensor, patch_size: int, temporal_patch_size: int,
+           merge_size: int) -> torch.Tensor:
+    """The inverse of :func:`grid_patchify` for images of one grid (a Qwen2-VL processor's ``pixel_values`` and
+    ``image_grid_thw``): ``[B, C, H, W]`` images, the first of each image's repeated frames."""
+    if len(grid_thw) == 0 or bool((grid_thw != grid_thw[0]).any()) or int(grid_thw[0, 0]) != 1:
+        raise DataError(f"Cannot turn patches of the grids {grid_thw.tolist()} into one batch of images; give images "
+                        "of one size, one frame each.")
+    p, t, m = patch_size, temporal_patch_size, merge_size
+    b, rows, cols = len(grid_thw), int(grid_thw[0, 1]), int(grid_thw[0, 2])
+    c = patches.shape[-1] // (t * p * p)
+    windows = patches.reshape(b, rows // m, cols // m, m, m, c, t, p, p)[:, :, :, :, :, :, 0]
+    return windows.permute(0, 5, 1, 3, 6, 2, 4, 7).reshape(b, c, rows * p, cols * p)
+
+
 def forward_inputs(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None) -> dict:
     """``inputs`` as ``model.forward`` (or its vision encoder) takes them: ``[B, C, H, W]`` pixels become patch
     sequences (with their mask and grid) for backbones that take those (SigLIP2), and a task model that reads hidden
@@ -69,6 +102,9 @@ def forward_inputs(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None
     pixels = kwargs.get("pixel_values")
     if spec.patch_inputs and pixels is not None and pixels.ndim == 4:
         kwargs.update(patchify(pixels, int(vision_config(model.config).patch_size)))
+    if spec.grid_inputs and pixels is not None and pixels.ndim == 4:
+        del kwargs["pixel_values"]
+        kwargs.update(grid_patchify(pixels, model.config))
     if spec.task is not None and spec.task.features == "hidden_states":
         kwargs["output_hidden_states"] = True
     return kwargs
@@ -80,9 +116,10 @@ def dummy_inputs(model: PreTrainedModel, batch_size: int, *, seed: int = 0) -> d
     config = vision_config(model.config)
     generator = torch.Generator().manual_seed(seed)
     pixels = torch.randn(pixel_shape(model.config, batch_size), generator=generator)
-    if getattr(get_spec(model), "patch_inputs", False):
+    spec = get_spec(model)
+    if spec.patch_inputs:
         return patchify(pixels, int(config.patch_size))
-    return {"pixel_values": pixels}
+    return grid_patchify(pixels, model.config) if spec.grid_inputs else {"pixel_values": pixels}
 
 
 def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None):
@@ -107,7 +144,7 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
         if "interpolate_pos_encoding" in inspect.signature(backbone.forward).parameters:
             kwargs["interpolate_pos_encoding"] = True
     with inference_settings(model, spec):
-        return pooled_embedding(backbone(**kwargs), spec, model.config)
+        return pooled_embedding(backbone(**kwargs), spec, model.config, images=len(kwargs.get("grid_thw", ())))
 
 
 @contextmanager
@@ -136,14 +173,23 @@ def task_features(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | N
     return [out.last_hidden_state]
 
 
-def pooled_embedding(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | None = None) -> torch.Tensor:
+def pooled_embedding(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | None = None,
+                     images: int = 0) -> torch.Tensor:
     """The ``[B, D]`` image embedding read from a backbone's output (what :func:`image_embedding` returns); a task
-    model's needs its ``config`` (which features it reads)."""
+    model's needs its ``config`` (which features it reads); a tower with ``grid_inputs``, whose outputs hold every
+    image's tokens in one sequence, the number of ``images`` (the token mean of each image's part)."""
     if spec.task is not None or getattr(out, "feature_maps", None) is not None:
         skip = spec.task.skip_tokens(config) if spec.task is not None else 0
         # Feature maps come as [B, C, h, w] grids or [B, N, C] token sequences (reshape_hidden_states=False).
         means = [f.mean((2, 3)) if f.ndim == 4 else f[:, skip:].mean(1) for f in task_features(out, spec, config)]
         return torch.cat(means, -1)
+    if spec.grid_inputs:
+        if images <= 0:
+            raise DataError("This tower returns every image's tokens in one sequence; pooled_embedding needs the "
+                            "number of images (images=len(grid_thw)).")
+        tokens = getattr(out, "pooler_output", None)  # the merged tokens a language model reads
+        tokens = out.last_hidden_state if tokens is None else tokens
+        return tokens.reshape(images, -1, tokens.shape[-1]).mean(1)
     if spec.embedding == "pooled":
         pooled = getattr(out, "pooler_output", None)
         if pooled is not None:

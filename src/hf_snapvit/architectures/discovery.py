@@ -13,6 +13,7 @@ checkpoint's ``config.json`` (``elastic_spec``), so loading needs no registratio
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from typing import Any
@@ -28,16 +29,21 @@ SPEC_KEY = "elastic_spec"
 # Specs of unregistered model types: read from a checkpoint's config.json or discovered in a model.
 _DISCOVERED: dict[str, ArchitectureSpec] = {}
 SPEC_FORMAT = 1
+DEFAULT_SIDE = 224  # pixels, for a tower whose config names no image size
 _PATH_FIELDS = ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "mlp", "head_width")
 
 
 def pixel_shape(config: PretrainedConfig, batch_size: int) -> tuple[int, ...]:
     """The shape of ``pixel_values`` the model was configured for: ``[B, C, H, W]``, or ``[B, T, C, H, W]`` for a
-    video model (its config has ``num_frames``: VideoMAE's tubelet input)."""
+    video model (its config has ``num_frames``: VideoMAE's tubelet input); :data:`DEFAULT_SIDE` px where the config
+    names no size."""
     vision = vision_config(config)
     size = getattr(vision, "image_size", None)
-    if size is None:
+    if size is None and getattr(vision, "num_patches", None) is not None:
         size = math.isqrt(int(vision.num_patches)) * int(vision.patch_size)
+    if size is None:  # a tower of any resolution (Qwen2-VL): 224 px, in whole merge windows of patches
+        step = int(vision.patch_size) * int(getattr(vision, "spatial_merge_size", 1))
+        size = max(step, DEFAULT_SIDE // step * step)
     side = int(size[0] if isinstance(size, (tuple, list)) else size)
     channels = int(getattr(vision, "num_channels", 3))
     frames = getattr(vision, "num_frames", None)
@@ -78,7 +84,7 @@ def _trace_block(model: nn.Module, block: nn.Module) -> tuple[list[tuple[str, nn
     model.eval()  # a training-mode forward would update running statistics of the caller's model
     try:
         with torch.no_grad():
-            model(pixel_values=torch.zeros(shape, dtype=dtype, device=device))
+            model(**blank_inputs(model, torch.zeros(shape, dtype=dtype, device=device)))
     except Exception as error:  # noqa: BLE001 - any failure means the model cannot be discovered this way
         raise UnsupportedArchitectureError(
             f"hf_snapvit could not run one forward of {type(model).__name__} on blank pixel_values of shape "
@@ -96,9 +102,28 @@ def _trace_block(model: nn.Module, block: nn.Module) -> tuple[list[tuple[str, nn
     return order, tokens[0] if tokens else 0
 
 
+def takes_grid(model: nn.Module) -> bool:
+    """Whether ``model``'s forward takes one sequence of every image's patches and their ``grid_thw`` (Qwen2-VL's
+    vision tower) rather than ``pixel_values``."""
+    return "grid_thw" in inspect.signature(model.forward).parameters and "pixel_values" not in inspect.signature(
+        model.forward).parameters
+
+
+def blank_inputs(model: nn.Module, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``pixels`` as the keyword arguments of ``model``'s forward (patch sequences and grids where it takes those)."""
+    if takes_grid(model):
+        from ..embedding import grid_patchify  # the input layouts build on this module
+
+        return grid_patchify(pixels, model.config)
+    return {"pixel_values": pixels}
+
+
 def _tokens(args: tuple, kwargs: dict) -> int:
+    """Tokens per image a block sees: ``[B, N, D]`` hidden states, or one image's ``[N, D]`` sequence."""
     hidden = args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
-    return int(hidden.shape[1]) if isinstance(hidden, torch.Tensor) and hidden.dim() == 3 else 0
+    if not isinstance(hidden, torch.Tensor):
+        return 0
+    return int(hidden.shape[1]) if hidden.dim() == 3 else int(hidden.shape[0]) if hidden.dim() == 2 else 0
 
 
 def _role(name: str) -> int | None:
@@ -225,7 +250,7 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> Architect
         mlp_variants=(MlpSpec(tuple(_relative(n, mlp) for n, _ in ups), _relative(downs[0][0], mlp)),),
         embedding="pooled", extra_tokens=lambda c, e=extra: e, num_patches=lambda c, n=patches: n,
         head_count_attrs=counts, head_size_attrs=sizes, head_width=head_width, token_subsets=False,
-        qkv_blocks=(0, 1, 2) if fused else (0, 0, 0))
+        qkv_blocks=(0, 1, 2) if fused else (0, 0, 0), grid_inputs=takes_grid(model))
 
 
 def _is_fused(calls: list[tuple[str, nn.Linear]]) -> bool:
@@ -251,7 +276,7 @@ def spec_to_dict(spec: ArchitectureSpec, config: PretrainedConfig) -> dict[str, 
             "mlp_in": list(variant.in_proj), "mlp_out": variant.out_proj, "embedding": spec.embedding,
             "head_count_attrs": list(spec.head_count_attrs), "head_size_attrs": list(spec.head_size_attrs),
             "extra_tokens": int(spec.extra_tokens(config)), "num_patches": int(spec.num_patches(config)),
-            "qkv_blocks": list(spec.qkv_blocks)}
+            "qkv_blocks": list(spec.qkv_blocks), "grid_inputs": spec.grid_inputs}
 
 
 def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None = None) -> ArchitectureSpec:
@@ -283,6 +308,8 @@ def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None 
         raise fail(f"has qkv_blocks {blocks!r}; expected [0, 0, 0] (separate q/k/v) or [0, 1, 2] (one fused qkv)")
     if blocks == [0, 1, 2] and not data["q_proj"] == data["k_proj"] == data["v_proj"]:
         raise fail("has qkv_blocks [0, 1, 2] (one fused qkv) but names different q_proj, k_proj and v_proj")
+    if not isinstance(data.get("grid_inputs", False), bool):
+        raise fail(f"needs a boolean 'grid_inputs', got {data.get('grid_inputs')!r}")
     if data["embedding"] not in ("cls", "pooled", "cls_dist_mean"):
         raise fail(f"has embedding {data['embedding']!r}; expected 'cls', 'pooled' or 'cls_dist_mean'")
     return ArchitectureSpec(
@@ -290,7 +317,7 @@ def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None 
         mlp_variants=(MlpSpec(tuple(data["mlp_in"]), data["mlp_out"]),), embedding=data["embedding"],
         head_count_attrs=tuple(data["head_count_attrs"]), head_size_attrs=tuple(data["head_size_attrs"]),
         extra_tokens=lambda c, e=data["extra_tokens"]: e, num_patches=lambda c, n=data["num_patches"]: n,
-        token_subsets=False, qkv_blocks=tuple(blocks))
+        token_subsets=False, qkv_blocks=tuple(blocks), grid_inputs=data.get("grid_inputs", False))
 
 
 def unregistered_spec(model_or_config: object, config: PretrainedConfig | None,

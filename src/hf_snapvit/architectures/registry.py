@@ -76,6 +76,9 @@ class ArchitectureSpec:
             :func:`get_layers` refuses a model that has one.
         patch_inputs: The backbone takes flattened patch sequences with a mask and the patch grid (SigLIP2's
             variable-resolution inputs) instead of ``[B, C, H, W]`` images; :func:`image_embedding` patchifies images.
+        grid_inputs: The backbone takes every image's patches in one sequence, flattened in merge-window order, with
+            each image's ``grid_thw`` (Qwen2-VL's vision tower: ``forward(hidden_states, grid_thw)``) instead of
+            ``[B, C, H, W]`` images; :func:`~hf_snapvit.embedding.grid_patchify` turns images into that.
         token_subsets: The blocks can be given part of an image's tokens (``SnapViTConfig.fitness_token_fraction``):
             ``False`` where positions enter inside the blocks (BEiT's relative position bias, DINOv3's rotary
             embeddings), where the embeddings shuffle the patches (ViTMAE) or where the inputs are masked patch
@@ -111,6 +114,7 @@ class ArchitectureSpec:
     head_tables: tuple[str, ...] = ()
     unsupported_config: tuple[tuple[str, object, str], ...] = ()
     patch_inputs: bool = False
+    grid_inputs: bool = False
     token_subsets: bool = True
     inference_config: tuple[tuple[str, object], ...] = ()
     encoder: str = ""
@@ -367,13 +371,23 @@ def vision_config(config: PretrainedConfig) -> PretrainedConfig:
 
 def model_class(config: PretrainedConfig) -> type:
     """The transformers class a checkpoint's config names: the first of ``config.architectures`` that transformers
-    exports (``ViTForImageClassification``, ``Dinov2Model``, ...); else ``AutoModelForImageClassification`` for a
-    classifier of a class transformers lacks, else ``AutoModel``."""
+    exports (``ViTForImageClassification``, ``Dinov2Model``, ...) or that the modeling module beside the config's
+    class defines (a vision tower transformers does not export, Qwen2-VL's); else
+    ``AutoModelForImageClassification`` for a classifier of a class transformers lacks, else ``AutoModel``."""
+    import importlib
+
     import transformers
 
     names = list(getattr(config, "architectures", None) or [])
+    module = type(config).__module__
+    beside = module.replace(".configuration_", ".modeling_") if module.startswith("transformers.models.") else None
     for name in names:
         cls = getattr(transformers, name, None)
+        if cls is None and beside is not None:
+            try:
+                cls = getattr(importlib.import_module(beside), name, None)
+            except ImportError:
+                cls = None
         if isinstance(cls, type):
             return cls
     if any("ForImageClassification" in name for name in names):
