@@ -82,7 +82,7 @@ def _grid_processor_inputs(images: list[Image.Image], processor: Any, batch_size
     its pixel bounds allow, in whole merge windows), so that all share one grid."""
     p, m, t = int(processor.patch_size), int(processor.merge_size), int(processor.temporal_patch_size)
     step = p * m
-    size = dict(getattr(processor, "size", None) or {})  # its pixel bounds: {"shortest_edge": min, "longest_edge": max}
+    size = dict(getattr(processor, "size", None) or {})  # pixel bounds: {"shortest_edge": min, "longest_edge": max}
     low = math.isqrt(int(size.get("shortest_edge") or getattr(processor, "min_pixels", None) or 0))
     high = math.isqrt(int(size.get("longest_edge") or getattr(processor, "max_pixels", None) or DEFAULT_SIDE**2))
     side = max(step, min(max(DEFAULT_SIDE, -(-low // step) * step), high // step * step))

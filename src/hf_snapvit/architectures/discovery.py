@@ -105,8 +105,8 @@ def _trace_block(model: nn.Module, block: nn.Module) -> tuple[list[tuple[str, nn
 def takes_grid(model: nn.Module) -> bool:
     """Whether ``model``'s forward takes one sequence of every image's patches and their ``grid_thw`` (Qwen2-VL's
     vision tower) rather than ``pixel_values``."""
-    return "grid_thw" in inspect.signature(model.forward).parameters and "pixel_values" not in inspect.signature(
-        model.forward).parameters
+    parameters = inspect.signature(model.forward).parameters
+    return "grid_thw" in parameters and "pixel_values" not in parameters
 
 
 def blank_inputs(model: nn.Module, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
