@@ -349,9 +349,10 @@ def head_dim(attention: nn.Module, spec: ArchitectureSpec) -> int:
     """Width of one head. Read from the module, so it stays right after heads are removed."""
     if spec.head_width:
         return int(find_attribute(attention, spec.head_width))
-    counts = [find_attribute(attention, path) for path in spec.head_count_attrs]
-    count = next(int(c) for c in counts if isinstance(c, int))  # no width kept: query rows over the head count
-    return get_projection(attention, spec.q_proj).out_features // row_blocks(spec, spec.q_proj) // count
+    counts = [c for c in (find_attribute(attention, path) for path in spec.head_count_attrs) if isinstance(c, int)]
+    if not counts:  # no width kept, and no count to derive it from (query rows over the head count)
+        raise UnsupportedArchitectureError(f"{spec.model_type!r}: head_width is '' and no head_count_attrs is set.")
+    return get_projection(attention, spec.q_proj).out_features // row_blocks(spec, spec.q_proj) // int(counts[0])
 
 
 def num_heads(attention: nn.Module, spec: ArchitectureSpec) -> int:
