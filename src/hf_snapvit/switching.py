@@ -99,6 +99,7 @@ class SwitchBlock:
     ffn_out: nn.Linear
     head_width: int
     tables: tuple[tuple[nn.Module, HeadPrefix], ...] = ()
+    row_blocks: tuple[int, ...] = ()  # per q/k/v projection: 3 for a fused qkv (query, key, value), else 1
 
 
 def switch_blocks(model: PreTrainedModel) -> list[SwitchBlock]:
@@ -109,12 +110,13 @@ def switch_blocks(model: PreTrainedModel) -> list[SwitchBlock]:
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
         mlp, variant = get_mlp(layer, spec)
-        qkv = tuple(linear for linear, _ in qkv_projections(attention, spec))
+        qkv, row_blocks = zip(*qkv_projections(attention, spec))
         tables = tuple((owner, HeadPrefix(getattr(owner, name).shape[-1], num_heads(attention, spec)))
                        for owner, name in head_tables(layer, spec))
         blocks.append(SwitchBlock(attention, qkv, get_projection(attention, spec.o_proj),
                                   tuple(get_projection(mlp, n) for n in variant.in_proj),
-                                  get_projection(mlp, variant.out_proj), head_dim(attention, spec), tables))
+                                  get_projection(mlp, variant.out_proj), head_dim(attention, spec), tables,
+                                  row_blocks))
     return blocks
 
 
@@ -138,13 +140,11 @@ def make_switchable_(model: PreTrainedModel) -> list[SwitchBlock]:
                     "or adding adapters, or load it at one size with from_pretrained(path, sparsity=...)."
                 )
     remove_head_prefixes_(model)
-    spec = get_spec(model)
-    for layer in get_layers(model, spec):
-        for linear, count in qkv_projections(get_attention(layer, spec), spec):
-            linear.row_blocks = count  # read by PrefixLinear.forward and set_widths_
     for block in blocks:
         for linear in (*block.qkv, block.o_proj, *block.ffn_in, block.ffn_out):
             linear.__class__ = PrefixLinear
+        for linear, count in zip(block.qkv, block.row_blocks):
+            linear.row_blocks = count  # read by PrefixLinear.active
         for linear in (block.o_proj, block.ffn_out):  # what a prefix correction replaces at reduced sizes
             if "corrected" not in linear._buffers:
                 linear.register_buffer("corrected", None, persistent=False)
@@ -164,8 +164,8 @@ def set_widths_(spec: ArchitectureSpec, blocks: Sequence[SwitchBlock], heads: Se
     integers change; the caller checks the widths against :func:`capacity`."""
     for block, h, f in zip(blocks, heads, neurons):
         rows = int(h) * block.head_width
-        for linear in block.qkv:
-            linear.out_features = rows * linear.__dict__.get("row_blocks", 1)
+        for linear, count in zip(block.qkv, block.row_blocks):
+            linear.out_features = rows * count
         block.o_proj.in_features = rows
         for linear in block.ffn_in:
             linear.out_features = int(f)

@@ -209,15 +209,15 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> Architect
             f"forward called {len(calls)} nn.Linear layers ({[n for n, _ in calls]}). Register an ArchitectureSpec.")
     hidden = calls[0][1].in_features
     q, k, v = (calls[0],) * 3 if fused else _by_role(calls[:3])
-    calls = calls[:1] * 2 + calls if fused else calls  # the fused projection stands for q, k and v
+    after = 1 if fused else 3  # the calls after the query, key and value projections
     width = q[1].out_features // (3 if fused else 1)
     if not fused and any(m.in_features != hidden or m.out_features != width for _, m in (q, k, v)):
         raise UnsupportedArchitectureError(
             f"{problem} query, key and value projections in block 0 of {layers_path}: the first three nn.Linear "
             f"calls are {[(n, m.in_features, m.out_features) for n, m in (q, k, v)]}, expected three {hidden} -> "
             f"{width}. Register an ArchitectureSpec naming them.")
-    o = calls[3]
-    rest = calls[4:]
+    o = calls[after]
+    rest = calls[after + 1:]
     ups = [(n, m) for n, m in rest if m.in_features == hidden and m.out_features != hidden]
     downs = [(n, m) for n, m in rest if m.out_features == hidden and ups and m.in_features == ups[0][1].out_features]
     if o[1].in_features != width or o[1].out_features != hidden or not ups or not downs:
