@@ -13,6 +13,7 @@ read. ``tests/test_supported_models.py`` checks that the committed page is what 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import warnings
@@ -60,13 +61,21 @@ FAMILIES = {
                          num_attention_heads=4, mlp_dim=48, output_channels=16, global_attn_indexes=[1],
                          window_size=2, **I)),
     "blip_2_vision_model": ("Blip2VisionModel", "Blip2VisionConfig", {**S, **I}),
+    "qwen2_vl_vision": ("models.qwen2_vl.modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel",
+                        "Qwen2VLVisionConfig", dict(depth=2, embed_dim=32, hidden_size=48, num_heads=4, mlp_ratio=2,
+                                                    spatial_merge_size=2, temporal_patch_size=2, **I)),
 }
 
 
 def build(family: str) -> transformers.PreTrainedModel | None:
     """The tiny seeded model of ``family``, or ``None`` where this transformers lacks the class."""
     model_name, config_name, arguments = FAMILIES[family]
-    model_class, config_class = getattr(transformers, model_name, None), getattr(transformers, config_name, None)
+    module, _, model_name = model_name.rpartition(".")  # a dotted name: a class transformers does not export
+    try:
+        owner = importlib.import_module(f"transformers.{module}") if module else transformers
+    except ImportError:
+        owner = None
+    model_class, config_class = getattr(owner, model_name, None), getattr(transformers, config_name, None)
     if model_class is None or config_class is None:
         return None
     torch.manual_seed(0)
@@ -87,14 +96,18 @@ def row(family: str) -> str:
             if model.config.model_type in _REGISTRY:
                 prove_spec(model, spec)
     except Exception as error:  # noqa: BLE001 - a refusal is this row's result
-        reason = str(error).split(". ")[0].replace("|", "/")
+        message = str(error)  # a failed proof says what was discovered, "but" why it failed: the why matters here
+        reason = (message.split(" but ", 1)[1] if " but " in message else message).split(". ")[0].replace("|", "/")
         return f"| {family} | `{name}` | refused | | {reason[:160]} |"
     source = "registered" if model.config.model_type in _REGISTRY else "discovered"
     _, variant = get_mlp(get_layers(model, spec)[0], spec)  # the layout this model has
     ffn = f"{'gated ' if len(variant.in_proj) > 1 else ''}FFN " + (f"`{spec.mlp}`" if spec.mlp else "in the block")
     tables = f", per-head tables {list(spec.head_tables)}" if spec.head_tables else ""
-    pruned = f"heads of `{'.'.join(filter(None, (spec.layers, '*', spec.attention)))}`, {ffn}{tables}"
-    return f"| {family} | `{name}` | {source} | {pruned} | proven: sliced = masked at 75 % and 40 % |"
+    fused = f" (one fused `{spec.q_proj}`)" if spec.qkv_blocks != (0, 0, 0) else ""
+    heads = f"heads of `{'.'.join(filter(None, (spec.layers, '*', spec.attention)))}`{fused}"
+    pruned = f"{heads if spec.prune_heads else 'every head kept (`prune_heads=False`)'}, {ffn}{tables}"
+    units = "" if spec.prune_heads else " of its FFN neurons"
+    return f"| {family} | `{name}` | {source} | {pruned} | proven: sliced = masked at 75 % and 40 %{units} |"
 
 
 def page() -> str:

@@ -121,12 +121,14 @@ def _pixels(batch=2):
     return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
-def test_a_model_no_registry_knows_is_ranked_saved_and_loaded_by_its_discovered_spec(tmp_path, gated):
-    model = _custom(gated=gated)
+@pytest.mark.parametrize("gated, fused", [(False, False), (True, False), (False, True)],
+                         ids=["plain", "gated", "fused-qkv"])
+def test_a_model_no_registry_knows_is_ranked_saved_and_loaded_by_its_discovered_spec(tmp_path, gated, fused):
+    model = _custom(gated=gated, fused=fused)
     spec = get_spec(model)
     assert (spec.layers, spec.attention, spec.q_proj, spec.k_proj, spec.v_proj, spec.o_proj) == (
-        "trunk", "mixer", "to_q", "to_k", "to_v", "proj")
+        "trunk", "mixer", *(("qkv",) * 3 if fused else ("to_q", "to_k", "to_v")), "proj")
+    assert spec.qkv_blocks == ((0, 1, 2) if fused else (0, 0, 0))
     assert (spec.mlp, spec.mlp_variants[0]) == (("ff", hs.MlpSpec(("w_gate", "w_in"), "w_out")) if gated else
                                                 ("ff", hs.MlpSpec(("0",), "2")))
     assert spec.head_width == "head_size" and spec.head_count_attrs == ("n_heads",)
@@ -136,6 +138,7 @@ def test_a_model_no_registry_knows_is_ranked_saved_and_loaded_by_its_discovered_
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the caller's model is untouched
     stored = json.loads((tmp_path / "config.json").read_text())["elastic_spec"]
     assert stored["layers"] == "trunk" and stored["num_patches"] == 16 and stored["extra_tokens"] == 1
+    assert stored["qkv_blocks"] == list(spec.qkv_blocks)
 
     registry._DISCOVERED.clear()  # loading reads the spec from config.json, as a fresh process does
     pixels = _pixels()
@@ -190,13 +193,6 @@ def test_ijepa_a_transformers_family_without_a_spec_works_by_discovery(tmp_path)
                                    sliced(pixel_values=pixels).last_hidden_state, rtol=0, atol=0)
 
 
-def test_a_fused_qkv_projection_is_refused_by_name_before_anything_is_written(tmp_path):
-    model = _custom(fused=True)
-    with pytest.raises(hs.UnsupportedArchitectureError, match=r"mixer.qkv is a fused qkv projection \(32 -> 96\)"):
-        hs.save_elastic(model, None, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
-
-
 def test_a_wrong_guess_fails_its_proof_and_the_next_guess_is_taken():
     model = _custom()
     spec = get_spec(model)
@@ -220,7 +216,8 @@ def test_a_model_no_guess_can_slice_is_refused_naming_the_modules_and_forgotten(
 
 
 @pytest.mark.parametrize("bad, named", [("not a dict", "JSON object"), ({"format": 9}, "format 9"),
-                                        ("missing-layers", "'layers'"), ("negative-tokens", "extra_tokens")])
+                                        ("missing-layers", "'layers'"), ("negative-tokens", "extra_tokens"),
+                                        ("fused-separate", "names different q_proj")])
 def test_a_tampered_stored_spec_gets_a_clear_error(tmp_path, bad, named):
     model = _custom()
     hs.save_elastic(model, hs.rank(model, method="magnitude", show_progress=False), tmp_path, model_card=False)
@@ -230,6 +227,8 @@ def test_a_tampered_stored_spec_gets_a_clear_error(tmp_path, bad, named):
         del spec["layers"]
     elif bad == "negative-tokens":
         spec["extra_tokens"] = -1
+    elif bad == "fused-separate":  # separate projections read as the row blocks of one fused qkv
+        spec["qkv_blocks"] = [0, 1, 2]
     else:
         spec = bad
     (tmp_path / "config.json").write_text(json.dumps({**config, "elastic_spec": spec}))

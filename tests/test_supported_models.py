@@ -11,4 +11,7 @@ def test_the_supported_models_page_is_the_one_the_registry_and_discovery_produce
     assert script.main(["--check"]) == 0, "rerun: python benchmarks/supported_models.py"
     page = script.PAGE.read_text()
     assert "| ijepa | `IJepaModel` | discovered |" in page and "| vit | `ViTModel` | registered |" in page
-    assert "| sam_vision_model | `SamVisionModel` | refused |" in page and "fused qkv" in page
+    assert "| sam_vision_model | `SamVisionModel` | discovered | heads of `vision_encoder.layers.*.attn` (one fused " \
+           "`qkv`)" in page
+    assert "| blip_2_vision_model | `Blip2VisionModel` | registered | every head kept" in page
+    assert "| qwen2_vl_vision | `Qwen2VisionTransformerPretrainedModel` | discovered |" in page

@@ -3,8 +3,9 @@ one forward pass, and its data form for ``config.json``.
 
 The stack of blocks is the ``nn.ModuleList`` of same-class modules holding the most parameters. In its first block,
 the order in which one forward calls the ``nn.Linear`` layers names them: three projections from the hidden width to
-one attention width (query, key, value), one back (the output projection), then the FFN: one or two projections out
-of the hidden width (a gated FFN has two) and one back. The attention and FFN modules are the closest common parents
+one attention width (query, key, value), or one fused projection to three times that width (its rows the query, key
+and value blocks), one back (the output projection), then the FFN: one or two projections out of the hidden width (a
+gated FFN has two) and one back. The attention and FFN modules are the closest common parents
 of their projections. A spec found here is a guess until :func:`hf_snapvit.surgery.proof.prove_spec` shows that slicing
 with it equals masking; ``save_elastic`` proves it before it writes anything, then stores :func:`spec_to_dict` in the
 checkpoint's ``config.json`` (``elastic_spec``), so loading needs no registration.
@@ -12,7 +13,6 @@ checkpoint's ``config.json`` (``elastic_spec``), so loading needs no registratio
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -21,6 +21,7 @@ import torch.nn as nn
 from transformers import PretrainedConfig
 
 from ..errors import UnsupportedArchitectureError
+from .inputs import blank_inputs, pixel_shape, takes_grid
 from .registry import ArchitectureSpec, MlpSpec, on_unregistered, supported_model_types, vision_config
 
 SPEC_KEY = "elastic_spec"
@@ -28,21 +29,6 @@ SPEC_KEY = "elastic_spec"
 _DISCOVERED: dict[str, ArchitectureSpec] = {}
 SPEC_FORMAT = 1
 _PATH_FIELDS = ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "mlp", "head_width")
-
-
-def pixel_shape(config: PretrainedConfig, batch_size: int) -> tuple[int, ...]:
-    """The shape of ``pixel_values`` the model was configured for: ``[B, C, H, W]``, or ``[B, T, C, H, W]`` for a
-    video model (its config has ``num_frames``: VideoMAE's tubelet input)."""
-    vision = vision_config(config)
-    size = getattr(vision, "image_size", None)
-    if size is None:
-        size = math.isqrt(int(vision.num_patches)) * int(vision.patch_size)
-    side = int(size[0] if isinstance(size, (tuple, list)) else size)
-    channels = int(getattr(vision, "num_channels", 3))
-    frames = getattr(vision, "num_frames", None)
-    if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0:
-        return (batch_size, frames, channels, side, side)
-    return (batch_size, channels, side, side)
 
 
 def _block_stack(root: nn.Module) -> tuple[str, nn.ModuleList]:
@@ -77,7 +63,7 @@ def _trace_block(model: nn.Module, block: nn.Module) -> tuple[list[tuple[str, nn
     model.eval()  # a training-mode forward would update running statistics of the caller's model
     try:
         with torch.no_grad():
-            model(pixel_values=torch.zeros(shape, dtype=dtype, device=device))
+            model(**blank_inputs(model, torch.zeros(shape, dtype=dtype, device=device)))
     except Exception as error:  # noqa: BLE001 - any failure means the model cannot be discovered this way
         raise UnsupportedArchitectureError(
             f"hf_snapvit could not run one forward of {type(model).__name__} on blank pixel_values of shape "
@@ -96,8 +82,11 @@ def _trace_block(model: nn.Module, block: nn.Module) -> tuple[list[tuple[str, nn
 
 
 def _tokens(args: tuple, kwargs: dict) -> int:
+    """Tokens per image a block sees: ``[B, N, D]`` hidden states, or one image's ``[N, D]`` sequence."""
     hidden = args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
-    return int(hidden.shape[1]) if isinstance(hidden, torch.Tensor) and hidden.dim() == 3 else 0
+    if not isinstance(hidden, torch.Tensor):
+        return 0
+    return int(hidden.shape[1]) if hidden.dim() == 3 else int(hidden.shape[0]) if hidden.dim() == 2 else 0
 
 
 def _role(name: str) -> int | None:
@@ -135,9 +124,10 @@ def _relative(path: str, parent: str) -> str:
 
 def _head_attributes(attention: nn.Module, heads: int, width: int,
                      any_size_name: bool) -> tuple[tuple[str, ...], tuple[str, ...], str]:
-    """The attention module's attributes holding the head count, heads × head width, and one head's width: those
-    whose names contain "head"; with ``any_size_name`` also the attention module's own integers equal to heads × head
-    width whatever their name (an ``embed_dim`` that a forward reshapes to)."""
+    """The attention module's attributes holding the head count, heads × head width, and one head's width (``""`` if
+    it keeps none, when it keeps the count): those whose names contain "head"; with ``any_size_name`` also the
+    attention module's own integers equal to heads × head width whatever their name (an ``embed_dim`` that a forward
+    reshapes to)."""
     counts, sizes, widths = [], [], []
     for prefix, module in attention.named_modules():
         for name, value in vars(module).items():
@@ -154,11 +144,12 @@ def _head_attributes(attention: nn.Module, heads: int, width: int,
                 sizes.append(path)
             elif value == width:
                 widths.append(path)
-    if not widths:
+    if not widths and not counts:
         raise UnsupportedArchitectureError(
-            f"{type(attention).__name__} keeps no attribute naming one head's width ({width}), so hf_snapvit cannot "
-            "follow its heads. Register an ArchitectureSpec whose head_width names it.")
-    return tuple(counts), tuple(sizes), widths[0]
+            f"{type(attention).__name__} keeps no attribute naming one head's width ({width}) or the head count "
+            f"({heads}), so hf_snapvit cannot follow its heads. Register an ArchitectureSpec whose head_width names "
+            "it.")
+    return tuple(counts), tuple(sizes), widths[0] if widths else ""  # "": the width is rows over the head count
 
 
 def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> ArchitectureSpec:
@@ -166,34 +157,30 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> Architect
     :func:`_head_attributes` (the second guess, when the first fails its proof).
 
     Raises:
-        UnsupportedArchitectureError: naming what could not be matched (no block stack, no q/k/v/o projections, a
-            fused ``qkv`` projection, no FFN), with the fix: a registered :class:`ArchitectureSpec`.
+        UnsupportedArchitectureError: naming what could not be matched (no block stack, no q/k/v/o projections, no
+            FFN), with the fix: a registered :class:`ArchitectureSpec`.
     """
     config = vision_config(model.config)
     base = getattr(model, "base_model", model)
     layers_path, layers = _block_stack(base)
     calls, tokens = _trace_block(model, layers[0])
     problem = "hf_snapvit could not match"
-    first = calls[0][1] if calls else None
-    if first is not None and len(calls) > 1 and first.out_features == 3 * calls[1][1].in_features:
-        raise UnsupportedArchitectureError(
-            f"{problem} separate query, key and value projections: {layers_path}.0.{calls[0][0]} is a fused qkv "
-            f"projection ({first.in_features} -> {first.out_features}), which hf_snapvit cannot slice yet. Models "
-            "with separate q/k/v projections are discovered; for this one, wait for fused-projection support.")
-    if len(calls) < 5:
+    fused = _is_fused(calls)
+    if len(calls) < (3 if fused else 5):
         raise UnsupportedArchitectureError(
             f"{problem} attention and FFN projections in block 0 of {layers_path} ({type(layers[0]).__name__}): its "
             f"forward called {len(calls)} nn.Linear layers ({[n for n, _ in calls]}). Register an ArchitectureSpec.")
     hidden = calls[0][1].in_features
-    q, k, v = _by_role(calls[:3])
-    width = q[1].out_features
-    if any(m.in_features != hidden or m.out_features != width for _, m in (q, k, v)):
+    q, k, v = (calls[0],) * 3 if fused else _by_role(calls[:3])
+    after = 1 if fused else 3  # the calls after the query, key and value projections
+    width = q[1].out_features // (3 if fused else 1)
+    if not fused and any(m.in_features != hidden or m.out_features != width for _, m in (q, k, v)):
         raise UnsupportedArchitectureError(
             f"{problem} query, key and value projections in block 0 of {layers_path}: the first three nn.Linear "
             f"calls are {[(n, m.in_features, m.out_features) for n, m in (q, k, v)]}, expected three {hidden} -> "
             f"{width}. Register an ArchitectureSpec naming them.")
-    o = calls[3]
-    rest = calls[4:]
+    o = calls[after]
+    rest = calls[after + 1:]
     ups = [(n, m) for n, m in rest if m.in_features == hidden and m.out_features != hidden]
     downs = [(n, m) for n, m in rest if m.out_features == hidden and ups and m.in_features == ups[0][1].out_features]
     if o[1].in_features != width or o[1].out_features != hidden or not ups or not downs:
@@ -225,7 +212,17 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> Architect
         o_proj=_relative(o[0], attention), mlp=mlp,
         mlp_variants=(MlpSpec(tuple(_relative(n, mlp) for n, _ in ups), _relative(downs[0][0], mlp)),),
         embedding="pooled", extra_tokens=lambda c, e=extra: e, num_patches=lambda c, n=patches: n,
-        head_count_attrs=counts, head_size_attrs=sizes, head_width=head_width, token_subsets=False)
+        head_count_attrs=counts, head_size_attrs=sizes, head_width=head_width, token_subsets=False,
+        qkv_blocks=(0, 1, 2) if fused else (0, 0, 0), grid_inputs=takes_grid(model))
+
+
+def _is_fused(calls: list[tuple[str, nn.Linear]]) -> bool:
+    """Whether the block's first projection is one fused qkv: three times as many outputs as the next projection
+    (the output projection) takes and gives back, where separate ones would have called two more of its width."""
+    if len(calls) < 2:
+        return False
+    first, second = calls[0][1], calls[1][1]
+    return first.out_features == 3 * second.in_features and second.out_features == first.in_features
 
 
 def discovery_guesses(model: nn.Module) -> list[ArchitectureSpec]:
@@ -241,7 +238,8 @@ def spec_to_dict(spec: ArchitectureSpec, config: PretrainedConfig) -> dict[str, 
     return {"format": SPEC_FORMAT, **{name: getattr(spec, name) for name in _PATH_FIELDS},
             "mlp_in": list(variant.in_proj), "mlp_out": variant.out_proj, "embedding": spec.embedding,
             "head_count_attrs": list(spec.head_count_attrs), "head_size_attrs": list(spec.head_size_attrs),
-            "extra_tokens": int(spec.extra_tokens(config)), "num_patches": int(spec.num_patches(config))}
+            "extra_tokens": int(spec.extra_tokens(config)), "num_patches": int(spec.num_patches(config)),
+            "qkv_blocks": list(spec.qkv_blocks), "grid_inputs": spec.grid_inputs}
 
 
 def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None = None) -> ArchitectureSpec:
@@ -268,6 +266,13 @@ def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None 
         value = data.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise fail(f"needs a non-negative integer {name!r}, got {value!r}")
+    blocks = data.get("qkv_blocks", [0, 0, 0])  # absent in specs saved before fused projections
+    if blocks not in ([0, 0, 0], [0, 1, 2]) or any(isinstance(b, bool) for b in blocks):
+        raise fail(f"has qkv_blocks {blocks!r}; expected [0, 0, 0] (separate q/k/v) or [0, 1, 2] (one fused qkv)")
+    if blocks == [0, 1, 2] and not data["q_proj"] == data["k_proj"] == data["v_proj"]:
+        raise fail("has qkv_blocks [0, 1, 2] (one fused qkv) but names different q_proj, k_proj and v_proj")
+    if not isinstance(data.get("grid_inputs", False), bool):
+        raise fail(f"needs a boolean 'grid_inputs', got {data.get('grid_inputs')!r}")
     if data["embedding"] not in ("cls", "pooled", "cls_dist_mean"):
         raise fail(f"has embedding {data['embedding']!r}; expected 'cls', 'pooled' or 'cls_dist_mean'")
     return ArchitectureSpec(
@@ -275,7 +280,7 @@ def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None 
         mlp_variants=(MlpSpec(tuple(data["mlp_in"]), data["mlp_out"]),), embedding=data["embedding"],
         head_count_attrs=tuple(data["head_count_attrs"]), head_size_attrs=tuple(data["head_size_attrs"]),
         extra_tokens=lambda c, e=data["extra_tokens"]: e, num_patches=lambda c, n=data["num_patches"]: n,
-        token_subsets=False)
+        token_subsets=False, qkv_blocks=tuple(blocks), grid_inputs=data.get("grid_inputs", False))
 
 
 def unregistered_spec(model_or_config: object, config: PretrainedConfig | None,

@@ -18,7 +18,7 @@ import torch.nn as nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from . import ArchitectureSpec, get_backbone, get_spec, vision_config
-from .discovery import pixel_shape
+from .inputs import grid_patchify, pixel_shape
 from ..errors import DataError
 
 
@@ -69,6 +69,9 @@ def forward_inputs(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None
     pixels = kwargs.get("pixel_values")
     if spec.patch_inputs and pixels is not None and pixels.ndim == 4:
         kwargs.update(patchify(pixels, int(vision_config(model.config).patch_size)))
+    if spec.grid_inputs and pixels is not None and pixels.ndim == 4:
+        del kwargs["pixel_values"]
+        kwargs.update(grid_patchify(pixels, model.config))
     if spec.task is not None and spec.task.features == "hidden_states":
         kwargs["output_hidden_states"] = True
     return kwargs
@@ -80,9 +83,10 @@ def dummy_inputs(model: PreTrainedModel, batch_size: int, *, seed: int = 0) -> d
     config = vision_config(model.config)
     generator = torch.Generator().manual_seed(seed)
     pixels = torch.randn(pixel_shape(model.config, batch_size), generator=generator)
-    if getattr(get_spec(model), "patch_inputs", False):
+    spec = get_spec(model)
+    if spec.patch_inputs:
         return patchify(pixels, int(config.patch_size))
-    return {"pixel_values": pixels}
+    return grid_patchify(pixels, model.config) if spec.grid_inputs else {"pixel_values": pixels}
 
 
 def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None):
@@ -107,7 +111,7 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
         if "interpolate_pos_encoding" in inspect.signature(backbone.forward).parameters:
             kwargs["interpolate_pos_encoding"] = True
     with inference_settings(model, spec):
-        return pooled_embedding(backbone(**kwargs), spec, model.config)
+        return pooled_embedding(backbone(**kwargs), spec, model.config, images=len(kwargs.get("grid_thw", ())))
 
 
 @contextmanager
@@ -136,17 +140,29 @@ def task_features(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | N
     return [out.last_hidden_state]
 
 
-def pooled_embedding(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | None = None) -> torch.Tensor:
+def pooled_embedding(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | None = None,
+                     images: int = 0) -> torch.Tensor:
     """The ``[B, D]`` image embedding read from a backbone's output (what :func:`image_embedding` returns); a task
-    model's needs its ``config`` (which features it reads)."""
+    model's needs its ``config`` (which features it reads); a tower with ``grid_inputs``, whose outputs hold every
+    image's tokens in one sequence, the number of ``images`` (the token mean of each image's part)."""
     if spec.task is not None or getattr(out, "feature_maps", None) is not None:
         skip = spec.task.skip_tokens(config) if spec.task is not None else 0
         # Feature maps come as [B, C, h, w] grids or [B, N, C] token sequences (reshape_hidden_states=False).
         means = [f.mean((2, 3)) if f.ndim == 4 else f[:, skip:].mean(1) for f in task_features(out, spec, config)]
         return torch.cat(means, -1)
+    if spec.grid_inputs:
+        if images <= 0:
+            raise DataError("This tower returns every image's tokens in one sequence; pooled_embedding needs the "
+                            "number of images (images=len(grid_thw)).")
+        tokens = getattr(out, "pooler_output", None)  # the merged tokens a language model reads
+        tokens = out.last_hidden_state if tokens is None else tokens
+        return tokens.reshape(images, -1, tokens.shape[-1]).mean(1)
     if spec.embedding == "pooled":
         pooled = getattr(out, "pooler_output", None)
-        return pooled if pooled is not None else out.last_hidden_state.mean(1)
+        if pooled is not None:
+            return pooled
+        last = out.last_hidden_state  # tokens [B, N, D], or a [B, C, h, w] feature map (SAM's neck)
+        return last.mean((2, 3)) if last.ndim == 4 else last.mean(1)
     if spec.embedding == "cls_dist_mean":
         return out.last_hidden_state[:, :2].mean(1)
     return out.last_hidden_state[:, 0]

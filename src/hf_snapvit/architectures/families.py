@@ -104,6 +104,18 @@ for _family in (
         token_subsets=False,
     ),
     _clip_like("clip_vision_model", embedding="pooled"),  # pooler_output is the post-layernorm CLS token
+    _spec(  # one fused qkv; its forward splits the hidden width (not the heads' rows) into heads
+        "blip_2_vision_model",
+        "encoder.layers",
+        "self_attn",
+        "projection",
+        q_proj="qkv",
+        k_proj="qkv",
+        v_proj="qkv",
+        qkv_blocks=(0, 1, 2),
+        embedding="pooled",
+        prune_heads=False,
+    ),
     # *ForImageClassification of the dual-tower families: only the vision tower is pruned.
     _clip_like(
         "siglip",

@@ -1,9 +1,10 @@
-"""The architecture registry: what a spec says, where specs are kept, and how a model's parts are reached.
+"""The architecture registry: what a spec says and where specs are kept (a model's parts are reached through
+:mod:`~hf_snapvit.architectures.parts`).
 
 :class:`ArchitectureSpec` describes one vision transformer family (``model_type``): where its blocks, attention
 projections and FFN live. :class:`TaskModelSpec` describes a task model (a depth estimator, a vision-language model)
 by where its vision encoder lives and which of its features the task reads. Every other module reaches heads and
-neurons only through :func:`get_spec` and the accessors here; the specs themselves are data, in
+neurons only through :func:`get_spec` and the accessors of :mod:`.parts`; the specs themselves are data, in
 :mod:`~hf_snapvit.architectures.families` and :mod:`~hf_snapvit.architectures.task_models`.
 """
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
 
-import torch.nn as nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from ..errors import UnsupportedArchitectureError
@@ -61,13 +61,24 @@ class ArchitectureSpec:
         head_count_attrs: Dotted paths of attention-module attributes that hold the number of heads; slicing updates
             every one present.
         head_size_attrs: The same for attributes that hold heads × head width (``all_head_size``).
-        head_width: Dotted path of the attention-module attribute that holds one head's width.
+        head_width: Dotted path of the attention-module attribute that holds one head's width (``""``: the module
+            keeps none, and the width is the query rows over the first of ``head_count_attrs`` it has, as in SAM).
+        qkv_blocks: The row block of its projection that query, key and value each take: ``(0, 1, 2)`` where
+            ``q_proj``, ``k_proj`` and ``v_proj`` name one fused projection whose rows are [query heads | key heads |
+            value heads] (SAM, BLIP-2, timm); ``(0, 0, 0)`` for three separate projections. A projection named by
+            ``n`` of the three holds ``n`` equal blocks, each cut with the heads.
+        prune_heads: ``False`` where the stock forward cannot run with fewer heads (BLIP-2's vision attention splits
+            the hidden width, not the attention width, into heads): every block keeps all its heads (the ranking's
+            head floor is all of them) and only FFN neurons are pruned.
         head_tables: Dotted paths from a block to parameters whose last dimension has one entry per head (BEiT's
             relative position bias table): sliced and reordered with the heads, and counted in each head's cost.
         unsupported_config: ``(attribute, value, reason and fix)`` of config settings hf_snapvit cannot prune;
             :func:`get_layers` refuses a model that has one.
         patch_inputs: The backbone takes flattened patch sequences with a mask and the patch grid (SigLIP2's
             variable-resolution inputs) instead of ``[B, C, H, W]`` images; :func:`image_embedding` patchifies images.
+        grid_inputs: The backbone takes every image's patches in one sequence, flattened in merge-window order, with
+            each image's ``grid_thw`` (Qwen2-VL's vision tower: ``forward(hidden_states, grid_thw)``) instead of
+            ``[B, C, H, W]`` images; :func:`~hf_snapvit.architectures.inputs.grid_patchify` turns images into that.
         token_subsets: The blocks can be given part of an image's tokens (``SnapViTConfig.fitness_token_fraction``):
             ``False`` where positions enter inside the blocks (BEiT's relative position bias, DINOv3's rotary
             embeddings), where the embeddings shuffle the patches (ViTMAE) or where the inputs are masked patch
@@ -98,9 +109,12 @@ class ArchitectureSpec:
     head_count_attrs: tuple[str, ...] = ("num_heads", "num_attention_heads")
     head_size_attrs: tuple[str, ...] = ("all_head_size",)
     head_width: str = "head_dim"
+    qkv_blocks: tuple[int, int, int] = (0, 0, 0)
+    prune_heads: bool = True
     head_tables: tuple[str, ...] = ()
     unsupported_config: tuple[tuple[str, object, str], ...] = ()
     patch_inputs: bool = False
+    grid_inputs: bool = False
     token_subsets: bool = True
     inference_config: tuple[tuple[str, object], ...] = ()
     encoder: str = ""
@@ -254,82 +268,6 @@ def used_layers(config: PretrainedConfig, spec: ArchitectureSpec | None = None) 
     return max(1, max(index if index >= 0 else total + 1 + index for index in spec.task.feature_layers(config)))
 
 
-def _get(module: nn.Module, path: str) -> nn.Module:
-    return module.get_submodule(path) if path else module
-
-
-def find_attribute(owner: object, path: str) -> object:
-    """What the dotted ``path`` names inside ``owner`` (a module, parameter or plain attribute), ``None`` if absent."""
-    for name in path.split(".") if path else ():
-        owner = getattr(owner, name, None)
-    return owner
-
-
-def get_projection(module: nn.Module, path: str) -> nn.Linear:
-    """The projection a spec names by the dotted ``path`` inside ``module`` (``"q_proj"``, ``"attention.query"``)."""
-    return module.get_submodule(path)
-
-
-def head_tables(layer: nn.Module, spec: ArchitectureSpec) -> list[tuple[nn.Module, str]]:
-    """``(owning module, parameter name)`` of each of the spec's per-head tables that this block has."""
-    found = []
-    for path in spec.head_tables:
-        owner, _, name = path.rpartition(".")
-        module = find_attribute(layer, owner)
-        if isinstance(getattr(module, name, None), nn.Parameter):
-            found.append((module, name))
-    return found
-
-
-def get_backbone(model: nn.Module, spec: ArchitectureSpec | None = None) -> nn.Module:
-    """The vision backbone of ``model`` (the model itself for a bare backbone, e.g. ``vit`` of a classifier, the
-    vision tower of a task model)."""
-    spec = spec or get_spec(model)
-    vision = _get(model, spec.encoder)
-    if spec.backbone is not None:
-        return _get(vision, spec.backbone)
-    return getattr(vision, "base_model", vision)
-
-
-def get_layers(model: nn.Module, spec: ArchitectureSpec | None = None) -> nn.ModuleList:
-    """The transformer blocks of ``model``, in depth order."""
-    spec = spec or get_spec(model)
-    backbone = get_backbone(model, spec)
-    for name, value, why in spec.unsupported_config:
-        if getattr(getattr(backbone, "config", None), name, None) == value:
-            raise UnsupportedArchitectureError(
-                f"This {spec.model_type} model has config.{name}={value!r}, which hf_snapvit cannot prune: {why}"
-            )
-    return _get(backbone, spec.layers)
-
-
-def get_attention(layer: nn.Module, spec: ArchitectureSpec) -> nn.Module:
-    return _get(layer, spec.attention)
-
-
-def get_mlp(layer: nn.Module, spec: ArchitectureSpec) -> tuple[nn.Module, MlpSpec]:
-    """The FFN module of a block and the variant of :class:`MlpSpec` that describes it."""
-    mlp = _get(layer, spec.mlp)
-    for variant in spec.mlp_variants:
-        names = (*variant.in_proj, variant.out_proj)
-        if all(isinstance(find_attribute(mlp, name), nn.Linear) for name in names):
-            return mlp, variant
-    raise UnsupportedArchitectureError(
-        f"The FFN of this {spec.model_type!r} block ({type(mlp).__name__}) matches none of the registered layouts "
-        f"{[(*v.in_proj, v.out_proj) for v in spec.mlp_variants]}; register an MlpSpec for it."
-    )
-
-
-def head_dim(attention: nn.Module, spec: ArchitectureSpec) -> int:
-    """Width of one head. Read from the module, so it stays right after heads are removed."""
-    return int(find_attribute(attention, spec.head_width))
-
-
-def num_heads(attention: nn.Module, spec: ArchitectureSpec) -> int:
-    """Current number of heads, derived from the q projection so it is right for sliced modules."""
-    return get_projection(attention, spec.q_proj).out_features // head_dim(attention, spec)
-
-
 def vision_config(config: PretrainedConfig) -> PretrainedConfig:
     """The config of the vision backbone: the encoder's config of a task model (``backbone_config`` of Depth
     Anything), ``config.vision_config`` of dual-tower models (SigLIP, CLIP), else ``config`` itself."""
@@ -341,13 +279,23 @@ def vision_config(config: PretrainedConfig) -> PretrainedConfig:
 
 def model_class(config: PretrainedConfig) -> type:
     """The transformers class a checkpoint's config names: the first of ``config.architectures`` that transformers
-    exports (``ViTForImageClassification``, ``Dinov2Model``, ...); else ``AutoModelForImageClassification`` for a
-    classifier of a class transformers lacks, else ``AutoModel``."""
+    exports (``ViTForImageClassification``, ``Dinov2Model``, ...) or that the modeling module beside the config's
+    class defines (a vision tower transformers does not export, Qwen2-VL's); else
+    ``AutoModelForImageClassification`` for a classifier of a class transformers lacks, else ``AutoModel``."""
+    import importlib
+
     import transformers
 
     names = list(getattr(config, "architectures", None) or [])
+    module = type(config).__module__
+    beside = module.replace(".configuration_", ".modeling_") if module.startswith("transformers.models.") else None
     for name in names:
         cls = getattr(transformers, name, None)
+        if cls is None and beside is not None:
+            try:
+                cls = getattr(importlib.import_module(beside), name, None)
+            except ImportError:
+                cls = None
         if isinstance(cls, type):
             return cls
     if any("ForImageClassification" in name for name in names):

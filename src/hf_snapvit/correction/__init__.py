@@ -47,7 +47,7 @@ import torch.nn as nn
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
+from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, num_heads
 from ..data.calibration import calibration_batches
 from ..errors import CorrectionError
 from ..surgery.slicing import OUTPUT_KINDS, slice_model_
@@ -121,11 +121,11 @@ def _check_keep(model: nn.Module, spec, keep: Sequence[tuple[Any, Any]]) -> list
     checked = []
     for index, (layer, (heads, neurons)) in enumerate(zip(layers, keep)):
         attention = get_attention(layer, spec)
-        num_heads = get_projection(attention, spec.q_proj).out_features // head_dim(attention, spec)
+        heads_here = num_heads(attention, spec)
         mlp, variant = get_mlp(layer, spec)
         width = get_projection(mlp, variant.out_proj).in_features
         heads, neurons = np.asarray(heads, dtype=np.int64), np.asarray(neurons, dtype=np.int64)
-        for what, values, limit in (("head", heads, num_heads), ("neuron", neurons, width)):
+        for what, values, limit in (("head", heads, heads_here), ("neuron", neurons, width)):
             if values.ndim != 1 or values.size == 0 or values.min() < 0 or values.max() >= limit or \
                     len(np.unique(values)) != values.size:
                 raise CorrectionError(

@@ -21,6 +21,7 @@ from PIL import Image
 
 from ..architectures import vision_config
 from ..architectures.embedding import unpatchify
+from ..architectures.inputs import DEFAULT_SIDE, ungrid
 from .images import to_rgb
 from ..validation import is_real, require_int
 from ..errors import ConfigError, DataError
@@ -65,10 +66,31 @@ def processor_inputs(images: list[Image.Image] | torch.Tensor, processor: Any, b
             out = processor(images=square[i:i + batch_size], return_tensors="pt")
             chunks.append(unpatchify(out["pixel_values"], int(patch_size), out.get("spatial_shapes")))
         return torch.cat(chunks)
+    merge, temporal = getattr(processor, "merge_size", None), getattr(processor, "temporal_patch_size", None)
+    if patch_size and merge and temporal:
+        return _grid_processor_inputs(images, processor, batch_size)
     chunks = [
         processor(images=images[i:i + batch_size], return_tensors="pt")["pixel_values"]
         for i in range(0, len(images), batch_size)
     ]
+    return torch.cat(chunks)
+
+
+def _grid_processor_inputs(images: list[Image.Image], processor: Any, batch_size: int) -> torch.Tensor:
+    """Images through a processor that returns one sequence of every image's patches and their grids (Qwen2-VL's),
+    as ``[N, C, H, W]``: each image is first resized to one square the processor keeps (224 px, or the nearest side
+    its pixel bounds allow, in whole merge windows), so that all share one grid."""
+    p, m, t = int(processor.patch_size), int(processor.merge_size), int(processor.temporal_patch_size)
+    step = p * m
+    size = dict(getattr(processor, "size", None) or {})  # pixel bounds: {"shortest_edge": min, "longest_edge": max}
+    low = math.isqrt(int(size.get("shortest_edge") or getattr(processor, "min_pixels", None) or 0))
+    high = math.isqrt(int(size.get("longest_edge") or getattr(processor, "max_pixels", None) or DEFAULT_SIDE**2))
+    side = max(step, min(max(DEFAULT_SIDE, -(-low // step) * step), high // step * step))
+    square = [to_rgb(image).resize((side, side), Image.BICUBIC) for image in images]
+    chunks = []
+    for i in range(0, len(square), batch_size):
+        out = processor(images=square[i:i + batch_size], return_tensors="pt")
+        chunks.append(ungrid(out["pixel_values"].float(), out["image_grid_thw"], p, t, m))
     return torch.cat(chunks)
 
 

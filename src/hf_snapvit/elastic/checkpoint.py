@@ -19,11 +19,11 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from transformers.utils.hub import cached_file
 
-from ..architectures import get_spec, model_class
+from ..architectures import get_attention, get_layers, get_spec, model_class, qkv_projections
 from ..architectures.budget import ModelShape
 from ..errors import CheckpointError, RankingFormatError
 from ..sources import check_source
-from .fingerprint import RESAVE, close, expected_values, read_units, unit_rows
+from .fingerprint import RESAVE, block_of, close, expected_values, read_units, unit_rows
 from .ranking import ElasticRanking
 
 HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
@@ -216,15 +216,17 @@ def disk_names(model: PreTrainedModel, keys: set[str]) -> dict[str, tuple[str, t
 
 def load_sliced_state_dict(
     model: PreTrainedModel, reader: CheckpointReader, sliceable: set[str], stored: dict[str, tuple[int, ...]],
-    described_by: str = "config.json",
+    described_by: str = "config.json", row_blocks: dict[str, int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read the tensors of ``model``'s (meta) state dict from ``reader``, taking prefixes for ``sliceable`` ones.
 
     Every tensor read must have exactly the shape ``stored`` gives it (what ``described_by``, the config or its
     elastic layout, says the checkpoint holds), as stock transformers requires of a dense checkpoint: a tensor that
     is larger, smaller or of another rank raises :class:`CheckpointError` naming it, whatever the budget. Tensors the
-    checkpoint lacks (e.g. a pooler saved without) are left out, for the caller to initialise.
+    checkpoint lacks (e.g. a pooler saved without) are left out, for the caller to initialise. ``row_blocks`` names the
+    tensors made of equal row blocks (:func:`fused_row_blocks`), whose leading rows are read in each block.
     """
+    row_blocks = row_blocks or {}
     mapping = disk_names(model, reader.keys())
     state = {}
     for name, target in model.state_dict().items():
@@ -246,8 +248,34 @@ def load_sliced_state_dict(
             )
         # Copy into memory the model owns: a view into the memory-mapped file would keep the whole dense matrix
         # reachable for column slices, and the file mapped for the model's lifetime.
-        state[name] = torch.empty(target.shape, dtype=target.dtype).copy_(reader.read(key, tuple(target.shape), chunk))
+        state[name] = torch.empty(target.shape, dtype=target.dtype).copy_(
+            read_blocks(reader, key, tuple(target.shape), chunk, row_blocks.get(name, 1)))
     return state
+
+
+def fused_row_blocks(model: PreTrainedModel) -> dict[str, int]:
+    """``{state-dict name: row blocks}`` of the weights and biases of ``model``'s fused q/k/v projections."""
+    spec = get_spec(model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    found = {}
+    for layer in get_layers(model, spec):
+        for linear, blocks in qkv_projections(get_attention(layer, spec), spec):
+            for param in (linear.weight, linear.bias):
+                if blocks > 1 and param is not None:
+                    found[names[id(param)]] = blocks
+    return found
+
+
+def read_blocks(reader: CheckpointReader, key: str, shape: tuple[int, ...], chunk: tuple[int, int] | None,
+                blocks: int) -> torch.Tensor:
+    """The leading ``shape`` block of tensor ``key`` (of its ``chunk``), or for a tensor of ``blocks`` equal row blocks
+    (a fused ``qkv``: query, key, value rows) the leading rows of each block, concatenated: the first heads of a
+    rank-ordered fused projection are that many row ranges."""
+    if blocks == 1:
+        return reader.read(key, shape, chunk)
+    part, parts = chunk or (0, 1)
+    each = (shape[0] // blocks, *shape[1:])
+    return torch.cat([reader.read(key, each, (part * blocks + b, parts * blocks)) for b in range(blocks)])
 
 
 # ------------------------------------------------------------------------------------ checking the order
@@ -291,8 +319,8 @@ def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, mode
     expected = expected_values(fingerprint, ranking)
     names = {id(p): n for n, p in model.named_parameters()}
     disk = disk_names(model, reader.keys())
-    for block, ((v_weight, hd, in_weight), (heads, neurons)) in enumerate(zip(unit_rows(model), expected)):
-        found = [read_units(reader, disk.get(names[id(v_weight)]), hd, len(heads)),
+    for block, ((v_weight, rows, hd, in_weight), (heads, neurons)) in enumerate(zip(unit_rows(model), expected)):
+        found = [read_units(reader, block_of(disk.get(names[id(v_weight)]), rows), hd, len(heads)),
                  read_units(reader, disk.get(names[id(in_weight)]), None, len(neurons))]
         for kind, want, got in zip(("heads", "FFN neurons"), (heads, neurons), found):
             if got is not None and not close(want[:len(got)], got):

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
+from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim, row_blocks
 from ..errors import RankingFormatError
 from .ranking import ElasticRanking
 
@@ -25,16 +25,29 @@ FINGERPRINT_TOLERANCE = 0.25
 RESAVE = "re-save it with hf_snapvit.save_elastic(model, ranking, folder)"
 
 
-def unit_rows(model: PreTrainedModel) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
-    """Per block: the value projection's weight, the head width and the first FFN input projection's weight."""
+def unit_rows(model: PreTrainedModel) -> list[tuple[torch.Tensor, tuple[int, int], int, torch.Tensor]]:
+    """Per block: the value projection's weight, which ``(i, n)`` of its row blocks the value rows are (the ``i``-th of
+    ``n``: ``(2, 3)`` in a fused ``qkv``, ``(0, 1)`` alone), the head width and the first FFN input projection's
+    weight."""
     spec = get_spec(model)
     rows = []
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
         mlp, variant = get_mlp(layer, spec)
-        rows.append((get_projection(attention, spec.v_proj).weight, head_dim(attention, spec),
+        rows.append((get_projection(attention, spec.v_proj).weight,
+                     (spec.qkv_blocks[2], row_blocks(spec, spec.v_proj)), head_dim(attention, spec),
                      get_projection(mlp, variant.in_proj[0]).weight))
     return rows
+
+
+def block_of(found: tuple[str, tuple[int, int] | None] | None,
+             block: tuple[int, int]) -> tuple[str, tuple[int, int] | None] | None:
+    """``found`` (a checkpoint tensor and the ``(part, parts)`` of it one in-memory tensor is) narrowed to row block
+    ``block = (i, n)`` of that tensor."""
+    if found is None or block[1] == 1:
+        return found
+    part, parts = found[1] or (0, 1)
+    return found[0], (part * block[1] + block[0], parts * block[1])
 
 
 def rounded(values: torch.Tensor) -> list[float]:
@@ -45,8 +58,8 @@ def rounded(values: torch.Tensor) -> list[float]:
 def fingerprint_of(model: PreTrainedModel) -> dict[str, Any]:
     """The weight-order fingerprint of an in-memory (permuted) model."""
     heads, neurons = [], []
-    for v_weight, hd, in_weight in unit_rows(model):
-        heads.append(rounded(v_weight[::hd, 0]))
+    for v_weight, (block, blocks), hd, in_weight in unit_rows(model):
+        heads.append(rounded(v_weight.unflatten(0, (blocks, -1))[block, ::hd, 0]))
         neurons.append(rounded(in_weight[:FINGERPRINT_NEURONS, 0]))
     return {"version": 1, "heads": heads, "neurons": neurons}
 

@@ -33,7 +33,7 @@ class Floors:
     """The least every block keeps, whatever the budget, and the paired mode's head offset.
 
     Args:
-        min_head_keep_ratio: Each block keeps at least ``max(1, int(num_heads * ratio))`` heads.
+        min_head_keep_ratio: Each block keeps at least ``max(1, int(num_heads * ratio))`` heads (1: all of them).
         min_neuron_keep_ratio: Each block keeps at least ``max(1, int(intermediate_size * ratio))`` neurons.
         paired_head_offset: In ``"paired"`` mode, head ratio = ``max(0, neuron ratio - offset)``.
     """
@@ -83,8 +83,9 @@ class ElasticRanking:
             raise RankingFormatError(f"mode={self.mode!r} is not one of 'global', 'paired'.")
         for name in ("min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset"):
             value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise RankingFormatError(f"{name}={value} must be in [0, 1).")
+            closed = name != "paired_head_offset"  # a keep ratio of 1 keeps every unit (BLIP-2's heads)
+            if not (0.0 <= value <= 1.0 if closed else 0.0 <= value < 1.0):
+                raise RankingFormatError(f"{name}={value} must be in [0, {'1]' if closed else '1)'}.")
         object.__setattr__(self, "head_scores", heads)
         object.__setattr__(self, "neuron_scores", neurons)
         object.__setattr__(self, "_cache", {})

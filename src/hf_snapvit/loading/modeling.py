@@ -14,8 +14,8 @@ from transformers import PreTrainedModel
 
 from ..architectures import get_spec
 from ..architectures.budget import layer_widths, model_shape, resolve_width_multiple, skeleton
-from ..elastic.checkpoint import (HUB_KWARGS, CheckpointReader, check_ranking, elastic_entries, load_sliced_state_dict,
-                         read_config, stored_widths)
+from ..elastic.checkpoint import (HUB_KWARGS, CheckpointReader, check_ranking, elastic_entries, fused_row_blocks,
+                                  load_sliced_state_dict, read_config, stored_widths)
 from ..correction import CorrectionConfig, correct_model_
 from ..correction.prefix import correct_widths_
 from ..correction.prefix_file import prefix_file_for
@@ -325,7 +325,8 @@ def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarra
     slice_model_(model, keep)  # a prefix of what the checkpoint holds
     sliceable = {k for k, v in model.state_dict().items() if tuple(v.shape) != dense_state[k]}
     state = load_sliced_state_dict(model, reader, sliceable, held,
-                                   "config.json's elastic_layout" if sliced else "config.json")
+                                   "config.json's elastic_layout" if sliced else "config.json",
+                                   fused_row_blocks(model))  # a fused qkv's first heads: a row range per block
     tied = getattr(model, "all_tied_weights_keys", None) or {}  # lm_head sharing the token embeddings (VLMs)
     missing = [name for name in model.state_dict() if name not in state and name not in tied]
     if missing:

@@ -281,15 +281,15 @@ class SwitchableModelMixin:
         corrected = False
         for module in self.modules():
             if isinstance(module, PrefixLinear):
-                rows, cols = module.out_features, module.in_features
+                active_weight, active_bias = module.active()
                 fitted = module._buffers.get("corrected")
-                weight = fitted if fitted is not None else module.weight.detach()[:rows, :cols]
+                weight = fitted if fitted is not None else active_weight.detach()
                 memo[id(module.weight)] = nn.Parameter(weight.clone(), requires_grad=module.weight.requires_grad)
                 if fitted is not None:
                     memo[id(fitted)] = None
                     corrected = True
                 if module.bias is not None:
-                    memo[id(module.bias)] = nn.Parameter(module.bias.detach()[:rows].clone(),
+                    memo[id(module.bias)] = nn.Parameter(active_bias.detach().clone(),
                                                          requires_grad=module.bias.requires_grad)
         sliced = copy.deepcopy(self, memo)
         del sliced.__dict__["_elastic_switch"]

@@ -42,7 +42,7 @@ from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
 from ..architectures.embedding import input_size as architecture_input_size
-from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
+from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim, qkv_rows
 from ..architectures.embedding import image_embedding
 from ..data.views import MultiCropConfig, Normalizer, processor_inputs, seeded_multi_crops
 from ..errors import ConfigError, DataError
@@ -114,16 +114,18 @@ def dino_loss(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
     return cross.masked_fill(same[None], 0.0).sum((1, 2)).mean()
 
 
-def _scored_layers(model: PreTrainedModel, head_rows: str) -> tuple[list[list[nn.Linear]], list[list[nn.Linear]]]:
-    """The linear layers whose weight rows score each block's heads and FFN neurons."""
+def _scored_layers(model: PreTrainedModel, head_rows: str) -> tuple[list[list[tuple[nn.Linear, slice]]],
+                                                                     list[list[tuple[nn.Linear, slice]]]]:
+    """The linear layers, with the rows of each, whose weights score each block's heads and FFN neurons (the value
+    rows, or the query, key and value rows, which are row blocks of one fused ``qkv`` in some models)."""
     spec = get_spec(model)
     heads, neurons = [], []
+    roles = (2,) if head_rows == "v" else (0, 1, 2)
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
-        names = (spec.v_proj,) if head_rows == "v" else (spec.q_proj, spec.k_proj, spec.v_proj)
-        heads.append([get_projection(attention, n) for n in names])
+        heads.append([qkv_rows(attention, spec, role) for role in roles])
         mlp, variant = get_mlp(layer, spec)
-        neurons.append([get_projection(mlp, n) for n in variant.in_proj])
+        neurons.append([(get_projection(mlp, n), slice(None)) for n in variant.in_proj])
     return heads, neurons
 
 
@@ -263,7 +265,7 @@ def gradient_scores(
     normalizer = Normalizer(processor) if processor is not None else None
     input_size = architecture_input_size(model.config)
     head_layers, neuron_layers = _scored_layers(model, config.head_rows)
-    layers = [m for group in head_layers + neuron_layers for m in group]
+    layers = list(dict.fromkeys(m for group in head_layers + neuron_layers for m, _ in group))  # a fused qkv once
     weights = [m.weight for m in layers]
     saved, was_training = _only_these_require_grad(model, {id(w) for w in weights})
     recorder = SquaredSampleGradients(layers) if config.definition in ("fisher", "obd") else None
@@ -293,8 +295,8 @@ def gradient_scores(
         model.train(was_training)
     hd = head_dim(get_attention(get_layers(model, spec)[0], spec), spec)
     squared_sum = config.definition == "taylor"
-    heads = _reduce([[stats[id(m.weight)] for m in group] for group in head_layers], hd, squared_sum)
-    neurons = _reduce([[stats[id(m.weight)] for m in group] for group in neuron_layers], 1, squared_sum)
+    heads = _reduce([[stats[id(m.weight)][rows] for m, rows in group] for group in head_layers], hd, squared_sum)
+    neurons = _reduce([[stats[id(m.weight)][rows] for m, rows in group] for group in neuron_layers], 1, squared_sum)
     return heads, neurons
 
 

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 
 from ..architectures.discovery import is_discovered, spec_to_dict
 from ..architectures.budget import model_shape
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..correction import CorrectionConfig
 from ..correction.prefix import PrefixCorrection
 from ..correction.prefix_file import write_prefix_file
@@ -77,6 +77,11 @@ def save_elastic(
     """
     spec = ensure_proven(model)
     ranking.check_matches(model_shape(model))
+    if not spec.prune_heads and ranking.floors()[0] < ranking.shape.num_heads:
+        raise ConfigError(
+            f"This {spec.model_type} model cannot run with fewer attention heads, so every block keeps all of them, "
+            f"but the ranking's floor keeps {ranking.floors()[0]} of {ranking.shape.num_heads}. Rank it with "
+            "hf_snapvit.rank(model, ...), which sets that floor (min_head_keep_ratio=1.0).")
     if getattr(model.config, "elastic_layout", None):
         raise CheckpointError(
             "save_elastic needs the dense model, but this one is sliced (config.elastic_layout is set). Load the dense "

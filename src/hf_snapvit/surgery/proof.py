@@ -94,7 +94,7 @@ def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, 
         differences = {"reordered": float((_output(reordered, inputs) - reference).abs().max())}
         params = sum(p.numel() for p in base.parameters())
         for fraction in KEEP_FRACTIONS:
-            keep = [(np.sort(rng.choice(h, max(1, round(fraction * h)), replace=False)),
+            keep = [(np.sort(rng.choice(h, max(1, round(fraction * h)) if spec.prune_heads else h, replace=False)),
                      np.sort(rng.choice(n, max(1, round(fraction * n)), replace=False))) for h, n in widths]
             sliced = slice_model_(copy.deepcopy(base), keep)
             if sum(p.numel() for p in sliced.parameters()) >= params:
@@ -112,7 +112,7 @@ def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, 
 
 def _refusal(spec: ArchitectureSpec, why: str) -> UnsupportedArchitectureError:
     found = {name: getattr(spec, name) for name in ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj",
-                                                    "mlp", "head_width")}
+                                                    "mlp", "head_width", "qkv_blocks")}
     variant = spec.mlp_variants[0]
     return UnsupportedArchitectureError(
         f"hf_snapvit discovered the structure of this {spec.model_type!r} model as {found}, FFN "

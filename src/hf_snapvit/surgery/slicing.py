@@ -2,9 +2,9 @@
 
 One operation serves three purposes: permuting a dense model into rank order (keep every unit, reordered),
 slicing a model to a budget (keep a prefix of that order), and building the shapes of a meta-device skeleton before
-weights are read. Only the q/k/v rows, the o_proj columns, the FFN input rows, the FFN output columns and the heads'
-entries of per-head tables (BEiT's relative position bias) change; block outputs, norms, embeddings and task heads
-keep their width.
+weights are read. Only the q/k/v rows (in each row block of a fused ``qkv``), the o_proj columns, the FFN input rows,
+the FFN output columns and the heads' entries of per-head tables (BEiT's relative position bias) change; block
+outputs, norms, embeddings and task heads keep their width.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch.nn as nn
 from transformers import PreTrainedModel
 
 from ..architectures import (ArchitectureSpec, find_attribute, get_attention, get_layers, get_mlp, get_projection,
-                            get_spec, head_dim, head_tables)
+                             get_spec, head_dim, head_tables, qkv_projections)
 
 IndexLike = Sequence[int] | np.ndarray | torch.Tensor
 
@@ -48,14 +48,17 @@ def _take(linear: nn.Linear, index: torch.Tensor, dim: int, source: nn.Linear | 
 
 
 def slice_heads_(attention: nn.Module, spec: ArchitectureSpec, keep: IndexLike, source: nn.Module | None = None) -> None:
-    """Keep the heads ``keep`` (in that order) of one attention module, in place (taken from ``source`` if given)."""
+    """Keep the heads ``keep`` (in that order) of one attention module, in place (taken from ``source`` if given).
+
+    A fused projection keeps the heads' rows in each of its row blocks (query, key, value), blocks in their order."""
     source = source or attention
     hd = head_dim(source, spec)
     device = get_projection(source, spec.q_proj).weight.device
     heads = _as_index(keep, device)
     rows = (heads[:, None] * hd + torch.arange(hd, device=device)).reshape(-1)
-    for name in (spec.q_proj, spec.k_proj, spec.v_proj):
-        _take(get_projection(attention, name), rows, 0, get_projection(source, name))
+    for (linear, blocks), (origin, _) in zip(qkv_projections(attention, spec), qkv_projections(source, spec)):
+        width = origin.weight.shape[0] // blocks
+        _take(linear, torch.cat([block * width + rows for block in range(blocks)]), 0, origin)
     _take(get_projection(attention, spec.o_proj), rows, 1, get_projection(source, spec.o_proj))
     set_head_count_(attention, spec, len(heads), hd)
 

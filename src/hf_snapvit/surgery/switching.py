@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from ..architectures import (ArchitectureSpec, get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim,
-                            head_tables, num_heads)
+                             head_tables, num_heads, qkv_projections)
 from ..errors import BudgetError, UnsupportedArchitectureError
 from .slicing import OUTPUT_KINDS, set_head_count_
 
@@ -34,21 +34,33 @@ class PrefixLinear(nn.Linear):
     """An ``nn.Linear`` that uses the first ``out_features`` rows and first ``in_features`` columns of its weight.
 
     ``in_features`` and ``out_features`` say what the layer computes now, as on any ``nn.Linear``; the weight keeps
-    its full (capacity) shape. Built by :func:`make_switchable_` from an existing ``nn.Linear`` (its class is swapped,
-    its parameters are kept).
+    its full (capacity) shape; a fused projection uses the same prefix of each of its blocks (:meth:`active`). Built
+    by :func:`make_switchable_` from an existing ``nn.Linear`` (its class is swapped, its parameters are kept).
     """
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Linear's own argument name)
+    def active(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The weight and bias the layer computes with now: prefix views, or for a fused projection of
+        ``row_blocks`` blocks (query, key, value) the same prefix of each block (a copy: those rows are not
+        contiguous)."""
         weight, bias = self.weight, self.bias
-        corrected = self._buffers.get("corrected")
-        if corrected is not None and corrected.shape[1] == self.in_features:
-            return F.linear(input, corrected, bias)  # an output projection's weight corrected for this size
         if self.out_features != weight.shape[0]:
-            weight = weight[: self.out_features]
-            bias = None if bias is None else bias[: self.out_features]
+            blocks = self.__dict__.get("row_blocks", 1)
+            if blocks == 1:
+                weight = weight[: self.out_features]
+                bias = None if bias is None else bias[: self.out_features]
+            else:
+                rows = self.out_features // blocks
+                weight = weight.unflatten(0, (blocks, -1))[:, :rows].flatten(0, 1)
+                bias = None if bias is None else bias.unflatten(0, (blocks, -1))[:, :rows].flatten()
         if self.in_features != weight.shape[1]:
             weight = weight[:, : self.in_features]
-        return F.linear(input, weight, bias)
+        return weight, bias
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (nn.Linear's own argument name)
+        corrected = self._buffers.get("corrected")
+        if corrected is not None and corrected.shape[1] == self.in_features:
+            return F.linear(input, corrected, self.bias)  # an output projection's weight corrected for this size
+        return F.linear(input, *self.active())
 
 
 class HeadPrefix:
@@ -81,12 +93,13 @@ class SwitchBlock:
     """The modules a switch of one block touches, looked up once, so that a switch only writes integers."""
 
     attention: nn.Module
-    qkv: tuple[nn.Linear, ...]
+    qkv: tuple[nn.Linear, ...]  # each distinct q/k/v projection once (one fused qkv, or three)
     o_proj: nn.Linear
     ffn_in: tuple[nn.Linear, ...]
     ffn_out: nn.Linear
     head_width: int
     tables: tuple[tuple[nn.Module, HeadPrefix], ...] = ()
+    row_blocks: tuple[int, ...] = ()  # per q/k/v projection: 3 for a fused qkv (query, key, value), else 1
 
 
 def switch_blocks(model: PreTrainedModel) -> list[SwitchBlock]:
@@ -97,12 +110,13 @@ def switch_blocks(model: PreTrainedModel) -> list[SwitchBlock]:
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
         mlp, variant = get_mlp(layer, spec)
-        qkv = tuple(get_projection(attention, n) for n in (spec.q_proj, spec.k_proj, spec.v_proj))
+        qkv, row_blocks = zip(*qkv_projections(attention, spec))
         tables = tuple((owner, HeadPrefix(getattr(owner, name).shape[-1], num_heads(attention, spec)))
                        for owner, name in head_tables(layer, spec))
         blocks.append(SwitchBlock(attention, qkv, get_projection(attention, spec.o_proj),
                                   tuple(get_projection(mlp, n) for n in variant.in_proj),
-                                  get_projection(mlp, variant.out_proj), head_dim(attention, spec), tables))
+                                  get_projection(mlp, variant.out_proj), head_dim(attention, spec), tables,
+                                  row_blocks))
     return blocks
 
 
@@ -129,6 +143,8 @@ def make_switchable_(model: PreTrainedModel) -> list[SwitchBlock]:
     for block in blocks:
         for linear in (*block.qkv, block.o_proj, *block.ffn_in, block.ffn_out):
             linear.__class__ = PrefixLinear
+        for linear, count in zip(block.qkv, block.row_blocks):
+            linear.row_blocks = count  # read by PrefixLinear.active
         for linear in (block.o_proj, block.ffn_out):  # what a prefix correction replaces at reduced sizes
             if "corrected" not in linear._buffers:
                 linear.register_buffer("corrected", None, persistent=False)
@@ -139,7 +155,7 @@ def make_switchable_(model: PreTrainedModel) -> list[SwitchBlock]:
 
 def capacity(blocks: Sequence[SwitchBlock]) -> tuple[list[int], list[int]]:
     """``(heads, neurons)`` per block that the weights hold (the largest widths a switchable model can switch to)."""
-    return ([b.qkv[0].weight.shape[0] // b.head_width for b in blocks], [b.ffn_out.weight.shape[1] for b in blocks])
+    return ([b.o_proj.weight.shape[1] // b.head_width for b in blocks], [b.ffn_out.weight.shape[1] for b in blocks])
 
 
 def set_widths_(spec: ArchitectureSpec, blocks: Sequence[SwitchBlock], heads: Sequence[int],
@@ -148,8 +164,8 @@ def set_widths_(spec: ArchitectureSpec, blocks: Sequence[SwitchBlock], heads: Se
     integers change; the caller checks the widths against :func:`capacity`."""
     for block, h, f in zip(blocks, heads, neurons):
         rows = int(h) * block.head_width
-        for linear in block.qkv:
-            linear.out_features = rows
+        for linear, count in zip(block.qkv, block.row_blocks):
+            linear.out_features = rows * count
         block.o_proj.in_features = rows
         for linear in block.ffn_in:
             linear.out_features = int(f)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 from transformers import PreTrainedModel
 
-from ...architectures.discovery import pixel_shape
+from ...architectures.inputs import pixel_shape
 from ...architectures.budget import ModelShape, layer_widths, model_shape
 from ...errors import ConfigError, DataError
 from ...files import public_name
@@ -105,7 +105,7 @@ def rank(
     if max_generations is not None and method != "snapvit":
         raise ConfigError(f"max_generations={max_generations!r} sets the length of SnapViT's search, and "
                           f"method={method!r} has none: leave max_generations out, or use method='snapvit'.")
-    ensure_proven(model)  # a model no registry knows: its discovered structure is checked before it is ranked
+    spec = ensure_proven(model)  # a model no registry knows: its discovered structure is checked before it is ranked
     heads, neurons = layer_widths(model)
     if len(set(heads)) != 1 or len(set(neurons)) != 1:
         raise ConfigError(
@@ -119,6 +119,9 @@ def rank(
         _check_takes_images(model, method)
         config = _config(config, preset, mode if method == "snapvit" else None, seed, floors, method, precision,
                          max_generations)
+    if not spec.prune_heads:  # the stock forward cannot run with fewer heads: every block keeps all of them
+        floors = replace(floors, min_head_keep_ratio=1.0)
+        config = None if config is None else replace(config, min_head_keep_ratio=1.0)
     if method == "snapvit":
         pruner = SnapViTPruner(config)
         ranking = pruner.fit(model, data, processor=processor, show_progress=show_progress)

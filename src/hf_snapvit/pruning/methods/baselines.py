@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from ...architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim, head_tables
+from ...architectures import (get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim, head_tables,
+                              num_heads, qkv_rows)
 from ...architectures.budget import ModelShape
 from ...data.calibration import draw_calibration
 from ...distributed import mixed_precision, on_process_device, process_state
@@ -38,12 +39,12 @@ def magnitude_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tu
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
         hd = head_dim(attention, spec)
-        per_row = torch.zeros(get_projection(attention, spec.q_proj).out_features, dtype=torch.float64)
-        for name in (spec.q_proj, spec.k_proj, spec.v_proj):
-            proj = get_projection(attention, name)
-            per_row += proj.weight.detach().abs().double().sum(1).cpu()
+        per_row = torch.zeros(num_heads(attention, spec) * hd, dtype=torch.float64)
+        for role in range(3):
+            proj, rows = qkv_rows(attention, spec, role)
+            per_row += proj.weight.detach()[rows].abs().double().sum(1).cpu()
             if proj.bias is not None:
-                per_row += proj.bias.detach().abs().double().cpu()
+                per_row += proj.bias.detach()[rows].abs().double().cpu()
         per_row += get_projection(attention, spec.o_proj).weight.detach().abs().double().sum(0).cpu()
         per_head = per_row.view(-1, hd).sum(1)
         for owner, name in head_tables(layer, spec):
@@ -90,7 +91,8 @@ def lamp_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple[n
     for layer in get_layers(model, spec):
         attention = get_attention(layer, spec)
         hd = head_dim(attention, spec)
-        heads.append(_lamp(get_projection(attention, spec.v_proj).weight).mean(1).view(-1, hd).mean(1).numpy())
+        v_proj, rows = qkv_rows(attention, spec, 2)
+        heads.append(_lamp(v_proj.weight[rows]).mean(1).view(-1, hd).mean(1).numpy())
         mlp, variant = get_mlp(layer, spec)
         neurons.append(np.mean([_lamp(get_projection(mlp, name).weight).mean(1).numpy()
                                 for name in variant.in_proj], 0))

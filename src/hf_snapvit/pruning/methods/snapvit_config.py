@@ -193,8 +193,10 @@ class SnapViTConfig:
         require_choice(owner, "mode", self.mode, ("global", "paired"))
         for name in ("min_head_keep_ratio", "min_neuron_keep_ratio", "paired_head_offset"):
             value = getattr(self, name)
-            if not is_real(value) or not 0 <= value < 1:
-                raise ConfigError(f"{owner}({name}={value!r}): {name} must be a fraction in [0, 1).")
+            closed = name != "paired_head_offset"  # a keep ratio of 1 keeps every unit (BLIP-2's heads)
+            if not is_real(value) or not (0 <= value <= 1 if closed else 0 <= value < 1):
+                raise ConfigError(f"{owner}({name}={value!r}): {name} must be a fraction in "
+                                  f"[0, {'1]' if closed else '1)'}.")
         self._check_checkpointing(owner)
         if not isinstance(self.scores, ScoreConfig):
             raise ConfigError(f"{owner}(scores={self.scores!r}): scores must be a ScoreConfig, e.g. "

@@ -1,0 +1,83 @@
+"""The inputs a vision backbone takes: the pixel shape its config asks for, and the patch-sequence layout of towers
+that take every image's patches in one sequence with their grid (Qwen2-VL). Discovery runs its blank forward with
+these, and the embedding and the data views turn images into them and back."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+import torch.nn as nn
+from transformers import PretrainedConfig
+
+from ..errors import DataError
+from .registry import vision_config
+
+DEFAULT_SIDE = 224  # pixels, for a tower whose config names no image size
+
+
+def pixel_shape(config: PretrainedConfig, batch_size: int) -> tuple[int, ...]:
+    """The shape of ``pixel_values`` the model was configured for: ``[B, C, H, W]``, or ``[B, T, C, H, W]`` for a
+    video model (its config has ``num_frames``: VideoMAE's tubelet input); :data:`DEFAULT_SIDE` px where the config
+    names no size."""
+    vision = vision_config(config)
+    size = getattr(vision, "image_size", None)
+    if size is None and getattr(vision, "num_patches", None) is not None:
+        size = math.isqrt(int(vision.num_patches)) * int(vision.patch_size)
+    if size is None:  # a tower of any resolution (Qwen2-VL): 224 px, in whole merge windows of patches
+        step = int(vision.patch_size) * int(getattr(vision, "spatial_merge_size", 1))
+        size = max(step, DEFAULT_SIDE // step * step)
+    side = int(size[0] if isinstance(size, (tuple, list)) else size)
+    channels = int(getattr(vision, "num_channels", 3))
+    frames = getattr(vision, "num_frames", None)
+    if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0:
+        return (batch_size, frames, channels, side, side)
+    return (batch_size, channels, side, side)
+
+
+def takes_grid(model: nn.Module) -> bool:
+    """Whether ``model``'s forward takes one sequence of every image's patches and their ``grid_thw`` (Qwen2-VL's
+    vision tower) rather than ``pixel_values``."""
+    parameters = inspect.signature(model.forward).parameters
+    return "grid_thw" in parameters and "pixel_values" not in parameters
+
+
+def blank_inputs(model: nn.Module, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``pixels`` as the keyword arguments of ``model``'s forward (patch sequences and grids where it takes those)."""
+    if takes_grid(model):
+        return grid_patchify(pixels, model.config)
+    return {"pixel_values": pixels}
+
+
+def grid_patchify(pixels: torch.Tensor, config: PretrainedConfig) -> dict[str, torch.Tensor]:
+    """``[B, C, H, W]`` images as the inputs of a tower that takes every image's patches in one sequence
+    (:attr:`~hf_snapvit.ArchitectureSpec.grid_inputs`, Qwen2-VL): each image repeated over the
+    ``temporal_patch_size`` frames of one time step, cut into ``patch_size`` patches, ordered window by window of
+    ``spatial_merge_size``² patches and flattened as ``(C, t, p, p)`` (the layout of ``Qwen2VLImageProcessor``), with
+    ``grid_thw = [1, H/p, W/p]`` per image."""
+    vision = vision_config(config)
+    p, t, m = int(vision.patch_size), int(vision.temporal_patch_size), int(vision.spatial_merge_size)
+    b, c, h, w = pixels.shape
+    if h % (p * m) or w % (p * m):
+        raise DataError(f"Images of {h}x{w} px cannot be cut into windows of {m}x{m} patches of {p} px; use a crop "
+                        f"size that is a multiple of {p * m}.")
+    rows, cols = h // p, w // p
+    frames = pixels[:, None].expand(b, t, c, h, w)
+    windows = frames.reshape(b, t, c, rows // m, m, p, cols // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return {"hidden_states": windows.reshape(b * rows * cols, c * t * p * p),
+            "grid_thw": torch.tensor([[1, rows, cols]] * b, dtype=torch.long, device=pixels.device)}
+
+
+def ungrid(patches: torch.Tensor, grid_thw: torch.Tensor, patch_size: int, temporal_patch_size: int,
+           merge_size: int) -> torch.Tensor:
+    """The inverse of :func:`grid_patchify` for images of one grid (a Qwen2-VL processor's ``pixel_values`` and
+    ``image_grid_thw``): ``[B, C, H, W]`` images, the first of each image's repeated frames."""
+    if len(grid_thw) == 0 or bool((grid_thw != grid_thw[0]).any()) or int(grid_thw[0, 0]) != 1:
+        raise DataError(f"Cannot turn patches of the grids {grid_thw.tolist()} into one batch of images; give images "
+                        "of one size, one frame each.")
+    p, t, m = patch_size, temporal_patch_size, merge_size
+    b, rows, cols = len(grid_thw), int(grid_thw[0, 1]), int(grid_thw[0, 2])
+    c = patches.shape[-1] // (t * p * p)
+    windows = patches.reshape(b, rows // m, cols // m, m, m, c, t, p, p)[:, :, :, :, :, :, 0]
+    return windows.permute(0, 5, 1, 3, 6, 2, 4, 7).reshape(b, c, rows * p, cols * p)

@@ -1,0 +1,211 @@
+"""Families whose attention computes query, key and value with one fused ``qkv`` projection: SAM's image encoder
+(found by discovery alone) and BLIP-2's vision tower (a registered spec that keeps every head: its forward cannot run
+with fewer). Each is ranked (data-free and SnapViT on images), saved elastic, loaded dense by stock transformers and
+sliced by hf_snapvit equal to the masked model, switchable equal to sliced, and the sliced checkpoint loaded back by
+path with ``trust_remote_code``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+import hf_snapvit as hs
+from hf_snapvit.surgery import proof
+from hf_snapvit.architectures import discovery, get_spec
+from hf_snapvit.architectures.embedding import dummy_inputs
+from hf_snapvit.surgery.proof import _output
+from helpers import masked_copy
+
+
+def _sam() -> transformers.PreTrainedModel:
+    """SAM's image encoder: windowed and global attention, relative-position tables shared by the heads, a neck."""
+    config = transformers.SamVisionConfig(hidden_size=32, output_channels=16, num_hidden_layers=2,
+                                          num_attention_heads=4, mlp_dim=48, image_size=32, patch_size=8,
+                                          window_size=2, global_attn_indexes=[1], num_pos_feats=8)
+    return transformers.SamVisionModel(config)
+
+
+def _blip2() -> transformers.PreTrainedModel:
+    """BLIP-2's vision tower: a fused qkv with a bias, registered with every head kept (see its spec)."""
+    config = transformers.Blip2VisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                            num_attention_heads=4, image_size=32, patch_size=8)
+    return transformers.Blip2VisionModel(config)
+
+
+def _qwen2_vl() -> transformers.PreTrainedModel:
+    """Qwen2-VL's vision tower: 2-D rotary positions, a patch merger, and one sequence of every image's patches with
+    their grids as input (``forward(hidden_states, grid_thw)``), a class transformers does not export."""
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+    config = transformers.Qwen2VLVisionConfig(depth=2, embed_dim=32, hidden_size=48, num_heads=4, mlp_ratio=2,
+                                              patch_size=8, spatial_merge_size=2, temporal_patch_size=2,
+                                              image_size=32)
+    return Qwen2VisionTransformerPretrainedModel(config)
+
+
+# name -> (tiny model, found by discovery, heads pruned, a sparsity its floors allow: FFN neurons alone go in BLIP-2,
+# Qwen2-VL's patch merger is a large share of its tiny tower)
+FAMILIES = {"sam": (_sam, True, True, 0.3), "blip-2": (_blip2, False, False, 0.2),
+            "qwen2-vl": (_qwen2_vl, True, True, 0.2)}
+
+
+def _perturbed(model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
+    """Weights moved off their initial values (zero biases and tables would hide a wrong slice)."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def saved(request, tmp_path_factory):
+    """``(name, model, ranking, stored ranking, folder)``: the tiny model ranked by magnitude and saved elastic."""
+    torch.manual_seed(0)
+    build, discovered, _, _ = FAMILIES[request.param]
+    model = _perturbed(build())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(discovery, "_DISCOVERED", {})
+        patch.setattr(proof, "_PROVEN", set())
+        assert (model.config.model_type in hs.supported_model_types()) is not discovered
+        ranking = hs.rank(model, method="magnitude", show_progress=False)
+        folder = tmp_path_factory.mktemp(f"elastic-{request.param}")
+        stored = hs.save_elastic(model, ranking, folder, model_card=False)
+        yield request.param, model, ranking, stored, folder
+
+
+@pytest.fixture(autouse=True)
+def fresh_discoveries(monkeypatch):
+    """Each test loads from the spec stored in config.json, as a new process would."""
+    monkeypatch.setattr(discovery, "_DISCOVERED", {})
+    monkeypatch.setattr(proof, "_PROVEN", set())
+
+
+def test_the_spec_names_one_fused_qkv_and_a_discovered_one_is_stored(saved):
+    name, model, _, _, folder = saved
+    spec = get_spec(model)
+    assert spec.q_proj == spec.k_proj == spec.v_proj == "qkv" and spec.qkv_blocks == (0, 1, 2)
+    config = json.loads((folder / "config.json").read_text())
+    if FAMILIES[name][1]:
+        assert config["elastic_spec"]["qkv_blocks"] == [0, 1, 2] and config["elastic_spec"]["q_proj"] == "qkv"
+    else:
+        assert "elastic_spec" not in config
+
+
+def test_stock_transformers_loads_dense_and_sparsity_0_equals_it(saved):
+    _, model, _, _, folder = saved
+    inputs = dummy_inputs(model, 2, seed=3)
+    reference = _output(model, inputs)
+    stock = type(model).from_pretrained(folder).eval()
+    torch.testing.assert_close(_output(stock, inputs), reference, rtol=1e-5, atol=1e-5)
+    dense = hs.ElasticViTModel.from_pretrained(folder, sparsity=0.0)
+    torch.testing.assert_close(_output(dense, inputs), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_sliced_is_the_stock_class_smaller_equal_to_masking_and_switchable_equals_it(saved, tmp_path):
+    name, model, ranking, stored, folder = saved
+    inputs = dummy_inputs(model, 2, seed=3)
+    sparsity = FAMILIES[name][3]
+    counts = stored.keep_counts(sparsity)
+    if FAMILIES[name][2]:  # heads go: the fused rows are cut
+        assert sum(counts.heads) < ranking.shape.num_layers * ranking.shape.num_heads
+    else:
+        assert counts.heads == [ranking.shape.num_heads] * ranking.shape.num_layers
+    sliced = hs.ElasticViTModel.from_pretrained(folder, sparsity=sparsity)
+    assert isinstance(sliced, type(model))
+    assert sum(p.numel() for p in sliced.parameters()) < sum(p.numel() for p in model.parameters())
+    masked = masked_copy(model, ranking.keep_indices(counts))
+    expected = _output(sliced, inputs)
+    torch.testing.assert_close(expected, _output(masked, inputs), rtol=1e-4, atol=1e-5)
+    switchable = hs.ElasticViTModel.from_pretrained(folder, switchable=True)
+    switchable.set_budget(sparsity=sparsity)
+    torch.testing.assert_close(_output(switchable, inputs), expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(_output(switchable.to_sliced(), inputs), expected, rtol=1e-5, atol=1e-6)
+    sliced.save_pretrained(tmp_path / "sliced")
+    discovery._DISCOVERED.clear()  # the loading module carries the spec: no registry, no discovery
+    if hasattr(transformers, type(model).__name__):
+        again = transformers.AutoModel.from_pretrained(tmp_path / "sliced", trust_remote_code=True).eval()
+    else:  # a class transformers does not export gets no loading module (as a user's own class)
+        again = hs.ElasticViTModel.from_pretrained(tmp_path / "sliced")
+    torch.testing.assert_close(_output(again, inputs), expected, rtol=0, atol=0)
+
+
+def test_snapvit_ranks_from_images(saved):
+    from hf_snapvit.pruning.scoring import ScoreConfig
+    from hf_snapvit.data.views import MultiCropConfig
+
+    name, model, _, _, _ = saved
+    config = hs.SnapViTConfig.preset("fast", num_gradient_images=2, num_fitness_images=4, max_generations=1,
+                                     population_size=4, scores=ScoreConfig(crops=MultiCropConfig(num_local=1)))
+    ranking = hs.rank(model, method="snapvit", data=torch.randn(8, 3, 32, 32), config=config, show_progress=False)
+    counts = ranking.keep_counts(FAMILIES[name][3])
+    assert ranking.provenance["method"] == "snapvit"
+    assert (counts.heads == [ranking.shape.num_heads] * ranking.shape.num_layers) is not FAMILIES[name][2]
+    assert sum(counts.heads) + sum(counts.neurons) < ranking.shape.num_layers * (
+        ranking.shape.num_heads + ranking.shape.intermediate_size)
+
+
+def test_blip2_by_discovery_alone_is_refused_naming_the_failure_and_nothing_is_written(monkeypatch, tmp_path):
+    from hf_snapvit.architectures import registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items()
+                                                if k != "blip_2_vision_model"})
+    model = _perturbed(_blip2())
+    with pytest.raises(hs.UnsupportedArchitectureError, match=r"'qkv_blocks': \(0, 1, 2\).*slicing with it failed"):
+        hs.save_elastic(model, None, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_ranking_that_would_drop_blip2_heads_is_refused_before_writing(tmp_path):
+    import dataclasses
+
+    model = _perturbed(_blip2())
+    ranking = hs.rank(model, method="magnitude", show_progress=False)
+    assert ranking.min_head_keep_ratio == 1.0  # rank() keeps every head of a spec that cannot prune them
+    with pytest.raises(hs.ConfigError, match="keeps all of them"):
+        hs.save_elastic(model, dataclasses.replace(ranking, min_head_keep_ratio=0.2), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def _qwen2_vl_processor() -> transformers.Qwen2VLImageProcessorPil:
+    """The tiny tower's processor: 8-px patches in 2x2 merge windows, every image at 32x32 px."""
+    return transformers.Qwen2VLImageProcessorPil(patch_size=8, merge_size=2, temporal_patch_size=2,
+                                                 min_pixels=32 * 32, max_pixels=32 * 32)
+
+
+def test_grid_inputs_are_laid_out_as_the_qwen2_vl_processor_lays_out_an_image():
+    import numpy as np
+    from PIL import Image
+
+    from hf_snapvit.architectures.inputs import grid_patchify
+    from hf_snapvit.data.views import processor_inputs
+
+    model, processor = _qwen2_vl(), _qwen2_vl_processor()
+    image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    out = processor(images=[image], return_tensors="pt")
+    mean, std = torch.tensor(processor.image_mean)[:, None, None], torch.tensor(processor.image_std)[:, None, None]
+    pixels = ((torch.from_numpy(image).permute(2, 0, 1).float() / 255 - mean) / std)[None]  # no resize at 32 px
+    ours = grid_patchify(pixels, model.config)
+    assert ours["grid_thw"].tolist() == out["image_grid_thw"].tolist() == [[1, 4, 4]]
+    torch.testing.assert_close(ours["hidden_states"], out["pixel_values"].float(), rtol=1e-4, atol=1e-4)
+    # The processor's patches, turned back into images (what the search scores candidates on), are those pixels.
+    torch.testing.assert_close(processor_inputs([Image.fromarray(image)], processor), pixels, rtol=1e-4, atol=1e-4)
+
+
+def test_snapvit_ranks_qwen2_vl_from_images_through_its_own_processor():
+    import numpy as np
+    from PIL import Image
+
+    from hf_snapvit.pruning.scoring import ScoreConfig
+    from hf_snapvit.data.views import MultiCropConfig
+
+    model = _perturbed(_qwen2_vl())
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)) for _ in range(8)]
+    config = hs.SnapViTConfig.preset("fast", num_gradient_images=2, num_fitness_images=4, max_generations=1,
+                                     population_size=4, scores=ScoreConfig(crops=MultiCropConfig(num_local=1)))
+    ranking = hs.rank(model, method="snapvit", data=images, processor=_qwen2_vl_processor(), config=config,
+                      show_progress=False)
+    assert ranking.provenance["method"] == "snapvit" and ranking.keep_counts(0.2).sparsity > 0.15
