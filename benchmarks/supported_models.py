@@ -60,6 +60,12 @@ FAMILIES = {
     "sam_vision_model": ("SamVisionModel", "SamVisionConfig", dict(hidden_size=32, num_hidden_layers=2,
                          num_attention_heads=4, mlp_dim=48, output_channels=16, global_attn_indexes=[1],
                          window_size=2, **I)),
+    "sam": ("SamModel", "SamConfig", dict(  # whole: the image encoder pruned beside the prompt encoder and decoder
+        vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_dim=48, image_size=64,
+                           patch_size=8, output_channels=16, window_size=2, global_attn_indexes=[1], num_pos_feats=8),
+        prompt_encoder_config=dict(hidden_size=16, image_size=64, patch_size=8),
+        mask_decoder_config=dict(hidden_size=16, num_hidden_layers=1, mlp_dim=32, num_attention_heads=2,
+                                 iou_head_hidden_dim=16))),
     "blip_2_vision_model": ("Blip2VisionModel", "Blip2VisionConfig", {**S, **I}),
     "qwen2_vl_vision": ("models.qwen2_vl.modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel",
                         "Qwen2VLVisionConfig", dict(depth=2, embed_dim=32, hidden_size=48, num_heads=4, mlp_ratio=2,

@@ -251,6 +251,13 @@ FAMILIES = {  # transformers families without a registered spec, each ranked, sa
                                                                                     patch_size=8)),
     "internvl-vision": lambda T: T.InternVLVisionModel(T.InternVLVisionConfig(**_SMALL, image_size=32,
                                                                               patch_size=8)),
+    # SAM whole: the image encoder is pruned inside the model with its prompt encoder and mask decoder.
+    "sam": lambda T: T.SamModel(T.SamConfig(
+        vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_dim=48, image_size=64,
+                           patch_size=8, output_channels=16, window_size=2, global_attn_indexes=[1], num_pos_feats=8),
+        prompt_encoder_config=dict(hidden_size=16, image_size=64, patch_size=8),
+        mask_decoder_config=dict(hidden_size=16, num_hidden_layers=1, mlp_dim=32, num_attention_heads=2,
+                                 iou_head_hidden_dim=16))),
 }
 
 

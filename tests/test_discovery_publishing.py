@@ -63,3 +63,30 @@ def test_a_discovered_family_publishes_loads_stock_switches_and_loads_with_remot
     discovery._DISCOVERED.clear()
     remote = transformers.AutoModel.from_pretrained(tmp_path / "sliced", trust_remote_code=True).eval()
     torch.testing.assert_close(_output(remote, inputs), _output(sliced, inputs), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["sam", "vitpose"])
+def test_snapvit_ranks_a_whole_task_model_on_the_tokens_its_last_block_hands_the_head(family, monkeypatch):
+    from hf_snapvit.architectures import get_layers
+    from hf_snapvit.architectures.embedding import image_embedding
+    from hf_snapvit.data.views import MultiCropConfig
+    from hf_snapvit.pruning.scoring import ScoreConfig
+
+    monkeypatch.setattr(discovery, "_DISCOVERED", {})
+    monkeypatch.setattr(proof, "_PROVEN", set())
+    torch.manual_seed(0)
+    model = FAMILIES[family](transformers).eval()
+    pixels = dummy_inputs(model, 2, seed=3)["pixel_values"]
+    # Its output is the task's (masks, heatmaps), not an embedding: the embedding is the last block's token mean.
+    tokens = []
+    hook = get_layers(model)[-1].register_forward_hook(
+        lambda module, args, output: tokens.append(output[0] if isinstance(output, tuple) else output))
+    with torch.no_grad():
+        embedding = image_embedding(model, {"pixel_values": pixels})
+    hook.remove()
+    torch.testing.assert_close(embedding, tokens[0].flatten(1, -2).mean(1))
+    config = hs.SnapViTConfig.preset("fast", num_gradient_images=3, num_fitness_images=6, max_generations=1,
+                                     scores=ScoreConfig(crops=MultiCropConfig(num_local=2)))
+    ranking = hs.rank(model, method="snapvit", data=torch.randn(12, *pixels.shape[1:]), config=config,
+                      show_progress=False)
+    assert ranking.provenance["method"] == "snapvit" and 0.2 < ranking.keep_counts(0.3).sparsity < 0.4

@@ -1,5 +1,5 @@
-"""Task models built on a supported vision encoder: Depth Anything, DPT with a DINOv2 backbone, LLaVA, LLaVA-NeXT and
-PaliGemma. Only the encoder is pruned; the elastic checkpoint stays a normal checkpoint of the task model, and every
+"""Task models built on a supported vision encoder: Depth Anything, DPT with a DINOv2 backbone, ZoeDepth on BEiT, LLaVA,
+LLaVA-NeXT, PaliGemma and the other VLMs of TASKS. Only the encoder is pruned; the elastic checkpoint stays a normal checkpoint of the task model, and every
 size is the stock task class."""
 
 from __future__ import annotations
@@ -50,6 +50,16 @@ def _dpt(**vision):
     return T.DPTForDepthEstimation(T.DPTConfig(
         backbone_config=backbone, is_hybrid=False, neck_hidden_sizes=[8, 16, 32], fusion_hidden_size=16,
         reassemble_factors=[4, 2, 1], head_in_index=-1, hidden_size=backbone.hidden_size))
+
+
+def _zoedepth(**vision):
+    # BEiT with per-block relative position tables (sliced with the heads); two feature maps: the neck takes one per
+    # out_index.
+    backbone = T.BeitConfig(**_vision(**vision), out_indices=[1, vision.get("layers", 3)], reshape_hidden_states=False,
+                            use_relative_position_bias=True)
+    return T.ZoeDepthForDepthEstimation(T.ZoeDepthConfig(
+        backbone_config=backbone, backbone_hidden_size=backbone.hidden_size, bottleneck_features=16,
+        fusion_hidden_size=16, neck_hidden_sizes=[16, 16], reassemble_factors=[1, 1]))
 
 
 def _llava(**vision):
@@ -145,6 +155,7 @@ TASKS = [
     TaskCase("llava_onevision", _llava_onevision, _onevision_inputs, generates=True),
     TaskCase("vipllava", _vipllava, _vlm_inputs, generates=True),
     TaskCase("gemma3", _gemma3, lambda model: _vlm_inputs(model, image_tokens=4), generates=True),
+    TaskCase("zoedepth-beit", _zoedepth, _depth_inputs),
 ]
 
 
@@ -289,11 +300,13 @@ def test_the_embedding_is_the_token_mean_of_the_features_the_task_reads():
         hidden = model.model.vision_tower(pixel_values=pixels, output_hidden_states=True).hidden_states
         embedding = image_embedding(model, {"pixel_values": pixels})
     torch.testing.assert_close(embedding, hidden[-2][:, 1:].mean(1))  # default strategy: CLS dropped
-    depth = TASKS[0].model()
-    with torch.no_grad():
-        maps = depth.backbone(pixel_values=pixels).feature_maps
-        torch.testing.assert_close(image_embedding(depth, {"pixel_values": pixels}),
-                                   torch.cat([m.mean(1) for m in maps], -1))
+    # Depth models read their backbone's feature maps, also where the backbone wraps a model that returns none
+    # (ZoeDepth's BeitBackbone around a BeitModel).
+    for depth in (TASKS[0].model(), TASKS[-1].model()):
+        with torch.no_grad():
+            maps = depth.backbone(pixel_values=pixels).feature_maps
+            torch.testing.assert_close(image_embedding(depth, {"pixel_values": pixels}),
+                                       torch.cat([m.mean(1) for m in maps], -1))
 
 
 # --------------------------------------------------------------------------- what is not supported

@@ -333,7 +333,11 @@ def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
         warnings.simplefilter("ignore")
         # Meta tensors hold no data, so initialising them is wasted time.
         with init_empty_weights(), no_init_weights():
-            return build()
+            model = build()
+        # Built without weights, the model has not tied what its class shares (SAM's positional embedding, tied
+        # word embeddings): tie now, or the skeleton counts the shared parameters twice.
+        model.tie_weights()
+        return model
 
 
 def estimate_gflops(

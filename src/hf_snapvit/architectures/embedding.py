@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from . import ArchitectureSpec, get_backbone, get_spec, vision_config
+from . import ArchitectureSpec, get_backbone, get_layers, get_spec, vision_config
 from .inputs import grid_patchify, pixel_shape
 from ..errors import DataError
 
@@ -110,8 +110,24 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
     if pixels is not None and pixels.ndim == 4 and size is not None and pixels.shape[-1] != size:
         if "interpolate_pos_encoding" in inspect.signature(backbone.forward).parameters:
             kwargs["interpolate_pos_encoding"] = True
-    with inference_settings(model, spec):
-        return pooled_embedding(backbone(**kwargs), spec, model.config, images=len(kwargs.get("grid_thw", ())))
+    caller = backbone
+    if spec.task is not None and spec.task.features == "feature_maps" and spec.encoder:
+        # A transformers backbone returns the feature maps; the model inside it (ZoeDepth's BEiT) returns none.
+        caller = model.get_submodule(spec.encoder)
+    last: list[torch.Tensor] = []
+    hook = get_layers(model, spec)[-1].register_forward_hook(
+        lambda module, args, output: last.append(output[0] if isinstance(output, tuple) else output))
+    try:
+        with inference_settings(model, spec):
+            out = caller(**kwargs)
+    finally:
+        hook.remove()
+    if spec.task is None and not spec.grid_inputs and all(
+            getattr(out, name, None) is None for name in ("pooler_output", "last_hidden_state", "feature_maps")):
+        # A whole task model found by discovery (SAM with its prompt encoder and mask decoder, ViTPose) returns its
+        # task's outputs, not an embedding: embed with the tokens its last block hands the task's head.
+        return last[-1].flatten(1, -2).mean(1)
+    return pooled_embedding(out, spec, model.config, images=len(kwargs.get("grid_thw", ())))
 
 
 @contextmanager

@@ -42,6 +42,7 @@ _LAST = dict(encoder="model.vision_tower", encoder_config="vision_config", featu
 for _task in (
     TaskModelSpec("depth_anything", **_DEPTH),  # Depth Anything v1 and v2 (one model_type)
     TaskModelSpec("dpt", **_DEPTH),  # DPT with a backbone_config (DINOv2); DPT's own ViT encoder is not a backbone
+    TaskModelSpec("zoedepth", **_DEPTH),  # ZoeDepth on a BEiT backbone (its relative position tables go with the heads)
     TaskModelSpec("llava", **_LLAVA),
     TaskModelSpec("llava_next", **_LLAVA),
     TaskModelSpec("llava_onevision", **_LLAVA),  # a SigLIP tower; "full" keeps every token
