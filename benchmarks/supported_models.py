@@ -67,6 +67,8 @@ FAMILIES = {
         mask_decoder_config=dict(hidden_size=16, num_hidden_layers=1, mlp_dim=32, num_attention_heads=2,
                                  iou_head_hidden_dim=16))),
     "blip_2_vision_model": ("Blip2VisionModel", "Blip2VisionConfig", {**S, **I}),
+    "eomt": ("EomtForUniversalSegmentation", "EomtConfig",  # needs scipy (transformers builds EoMT's loss with it)
+             {**S, **I, "num_queries": 4, "num_blocks": 1, "num_register_tokens": 2}),
     "qwen2_vl_vision": ("models.qwen2_vl.modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel",
                         "Qwen2VLVisionConfig", dict(depth=2, embed_dim=32, hidden_size=48, num_heads=4, mlp_ratio=2,
                                                     spatial_merge_size=2, temporal_patch_size=2, **I)),

@@ -116,6 +116,17 @@ for _family in (
         embedding="pooled",
         prune_heads=False,
     ),
+    _spec(  # EoMT (whole: the segmentation queries join the last blocks); its forward expands the query mask to
+        # config.num_attention_heads in every block, so blocks cannot differ in heads: only FFN neurons go
+        "eomt",
+        "layers",
+        "attention",
+        "out_proj",
+        embedding="pooled",
+        extra_tokens=lambda config: 1 + config.num_register_tokens,
+        prune_heads=False,
+        token_subsets=False,
+    ),
     # *ForImageClassification of the dual-tower families: only the vision tower is pruned.
     _clip_like(
         "siglip",
