@@ -22,9 +22,9 @@ from transformers import PretrainedConfig
 
 from ..errors import UnsupportedArchitectureError
 from .inputs import blank_inputs, pixel_shape, takes_grid
-from .registry import ArchitectureSpec, MlpSpec, on_unregistered, supported_model_types, vision_config
+from .registry import (SPEC_KEY, ArchitectureSpec, MlpSpec, on_unregistered, supported_model_types,
+                       vision_config)
 
-SPEC_KEY = "elastic_spec"
 # Specs of unregistered model types: read from a checkpoint's config.json or discovered in a model.
 _DISCOVERED: dict[str, ArchitectureSpec] = {}
 SPEC_FORMAT = 1

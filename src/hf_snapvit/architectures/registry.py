@@ -157,7 +157,10 @@ class TaskModelSpec:
 
 _REGISTRY: dict[str, ArchitectureSpec] = {}
 _TASKS: dict[str, TaskModelSpec] = {}
-_DERIVED: dict[tuple[str, str], ArchitectureSpec] = {}  # (task model_type, encoder model_type) -> spec
+#: Where a checkpoint's config.json stores the proven spec of a model type no registry knows (written on saving).
+SPEC_KEY = "elastic_spec"
+# (task model_type, encoder model_type) -> (the encoder's spec, the task model's spec derived from it)
+_DERIVED: dict[tuple[str, str], tuple[ArchitectureSpec, ArchitectureSpec]] = {}
 
 
 # What :mod:`.discovery` installs when it is imported (it builds on this module, which therefore cannot import it):
@@ -231,31 +234,46 @@ def get_spec(model_or_config: PreTrainedModel | PretrainedConfig | str) -> Archi
             raise UnsupportedArchitectureError(
                 f"{model_type!r} is a task model whose vision encoder its config names; pass the model or its config "
                 f"to get_spec, not the model_type string.")
-        return _task_spec(_TASKS[model_type], config)
+        return _task_spec(_TASKS[model_type], config, model_or_config)
     if model_type not in _REGISTRY:
         return _UNREGISTERED["resolve"](model_or_config, config, model_type)
     return _REGISTRY[model_type]
 
 
-def _task_spec(task: TaskModelSpec, config: PretrainedConfig) -> ArchitectureSpec:
-    """The spec of ``task``'s vision encoder as found inside the task model (derived once per encoder type)."""
+def _task_spec(task: TaskModelSpec, config: PretrainedConfig, model: object = None) -> ArchitectureSpec:
+    """The spec of ``task``'s vision encoder as found inside the task model (derived once per encoder spec). An
+    encoder no registry knows (Idefics3's, InternVL's tower) is discovered in ``model``, or read from the spec a saved
+    checkpoint's ``config.json`` stores."""
     encoder_config = getattr(config, task.encoder_config, None)
     encoder_type = getattr(encoder_config, "model_type", None)
-    if encoder_type not in _REGISTRY:
+    encoder = _submodule(model, task.encoder)
+    if encoder_type in _REGISTRY:
+        base = _REGISTRY[encoder_type]
+    elif encoder_type is not None and (encoder is not None or getattr(config, SPEC_KEY, None) is not None):
+        base = _UNREGISTERED["resolve"](encoder if encoder is not None else encoder_config, config, encoder_type)
+    else:
         towers = ", ".join(sorted(t for t in _REGISTRY if not t.startswith(("clip", "siglip")) or "vision" in t))
         raise UnsupportedArchitectureError(
             f"This {task.model_type} model's vision encoder (config.{task.encoder_config}) is "
-            f"{encoder_type if encoder_config is not None else 'missing'}, which hf_snapvit cannot prune. A "
-            f"{task.model_type} model is supported when config.{task.encoder_config} is one of: {towers}."
-        )
-    if (task.model_type, encoder_type) not in _DERIVED:
-        base = _REGISTRY[encoder_type]
-        _DERIVED[task.model_type, encoder_type] = replace(
+            f"{encoder_type if encoder_config is not None else 'missing'}, which no registry knows. Pass the model "
+            f"itself, so that its encoder is discovered and proven; or register a spec for it; registered towers: "
+            f"{towers}.")
+    key = (task.model_type, encoder_type)
+    if key not in _DERIVED or _DERIVED[key][0] is not base:  # a discovered encoder's spec may be replaced
+        _DERIVED[key] = (base, replace(
             base, model_type=task.model_type, encoder=task.encoder, task=task,
             excluded_from_budget=(*base.excluded_from_budget, *task.unused),
             extra_tokens=lambda c: base.extra_tokens(vision_config(c)),
-            num_patches=lambda c: base.num_patches(vision_config(c)))
-    return _DERIVED[task.model_type, encoder_type]
+            num_patches=lambda c: base.num_patches(vision_config(c))))
+    return _DERIVED[key][1]
+
+
+def _submodule(model: object, path: str) -> object:
+    """``model``'s module at ``path``, or ``None`` when ``model`` is a config or has none there."""
+    try:
+        return model.get_submodule(path) if hasattr(model, "get_submodule") else None
+    except AttributeError:
+        return None
 
 
 def used_layers(config: PretrainedConfig, spec: ArchitectureSpec | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Task models whose vision encoder is a supported backbone, one :class:`TaskModelSpec` each (data, not code).
+"""Task models whose vision encoder is a supported backbone or a tower discovery finds, one :class:`TaskModelSpec`
+each (data, not code).
 
 Only the encoder is pruned; the rest (depth neck and head, multimodal projector, language model) loads as it is. The
 features each task reads decide what the ranking compares and which blocks it may leave at their floors.
@@ -39,6 +40,10 @@ _LLAVA = dict(encoder="model.vision_tower", encoder_config="vision_config", feat
 _LAST = dict(encoder="model.vision_tower", encoder_config="vision_config", features="last_hidden_state",
              feature_layers=_last_layer, unused=("head",))
 
+# Towers no registry knows, discovered in the model (or read from the saved checkpoint's elastic_spec).
+_IDEFICS3 = dict(encoder="model.vision_model", encoder_config="vision_config", features="last_hidden_state",
+                 feature_layers=_last_layer)
+
 for _task in (
     TaskModelSpec("depth_anything", **_DEPTH),  # Depth Anything v1 and v2 (one model_type)
     TaskModelSpec("dpt", **_DEPTH),  # DPT with a backbone_config (DINOv2); DPT's own ViT encoder is not a backbone
@@ -49,5 +54,8 @@ for _task in (
     TaskModelSpec("vipllava", **{**_LLAVA, "skip_tokens": lambda config: 1}),  # always drops CLS, several layers
     TaskModelSpec("paligemma", **_LAST),
     TaskModelSpec("gemma3", **_LAST),
+    TaskModelSpec("idefics3", **_IDEFICS3),  # Idefics3 (SmolVLM 1): the connector reads the post-layernormed tokens
+    TaskModelSpec("smolvlm", **_IDEFICS3),
+    TaskModelSpec("internvl", **{**_LLAVA, "unused": ()}),  # InternVL: vision_feature_layer -1, CLS dropped
 ):
     register_task_model(_task)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from ..architectures import get_spec
 from ..architectures.discovery import is_discovered, spec_to_dict
 from ..architectures.budget import model_shape
 from ..errors import CheckpointError, ConfigError
@@ -96,8 +97,11 @@ def save_elastic(
     permuted = slice_model_(_shadow_copy(model), ranking.orders())
     data["provenance"]["weights_fingerprint"] = fingerprint_of(permuted)
     permuted.config.elastic_ranking = data
-    if is_discovered(spec):  # a model no registry knows: loading reads its proven spec from config.json
-        permuted.config.elastic_spec = spec_to_dict(spec, model.config)
+    # A model (or a task model's encoder) no registry knows: loading reads its proven spec from config.json.
+    encoder = model.get_submodule(spec.encoder) if spec.task is not None else model
+    encoder_spec = get_spec(encoder)
+    if is_discovered(encoder_spec):
+        permuted.config.elastic_spec = spec_to_dict(encoder_spec, encoder.config)
     with atomic_directory(save_directory) as staging:
         permuted.save_pretrained(staging, **save_kwargs)
         if image_processor is not None:

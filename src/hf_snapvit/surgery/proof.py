@@ -125,6 +125,9 @@ def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
     """The model's spec, proven first if it was discovered rather than registered (once per spec and process): the
     first of discovery's guesses that passes is kept; if none does, the first one's failure is raised."""
     spec = get_spec(model)
+    if spec.task is not None:  # a task model: its encoder's spec is the one discovered (or registered)
+        ensure_proven(model.get_submodule(spec.encoder))
+        return get_spec(model)
     if not is_discovered(spec) or id(spec) in _PROVEN:
         return spec
     try:
