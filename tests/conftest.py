@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 # Before transformers and huggingface_hub are imported: they read these settings once, at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -20,6 +21,51 @@ from helpers import CASES, PROCESSOR, Case  # noqa: E402
 @pytest.fixture(params=CASES, ids=lambda c: c.name)
 def case(request) -> Case:
     return request.param
+
+
+def _heatmap_key(ranking, sparsities) -> tuple:
+    """Everything of ``ranking`` (its timings aside, which no heatmap shows) and the rows: equal keys, equal PNGs."""
+    import numpy as np
+
+    parts = []
+    for name, value in sorted(vars(ranking).items()):
+        if name == "_cache":
+            continue
+        if name == "provenance":
+            value = {k: v for k, v in value.items() if k != "timings"}
+        parts.append((name, (value.shape, value.dtype.str, value.tobytes()) if isinstance(value, np.ndarray)
+                      else repr(value)))
+    return type(ranking).__name__, tuple(parts), tuple(float(s) for s in sparsities)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def draw_each_card_heatmap_once():
+    """A saved model card's heatmap is drawn once per distinct ranking and rows in the session; a later save of the
+    same ranking writes the same PNG bytes through the same atomic write (a full disk still fails it).
+
+    Drawing the heatmap (matplotlib) is most of a tiny save's time, and many tests save the same tiny ranking. The
+    drawing itself is tested with fresh draws: ``plot_allocation`` is left alone (test_plotting, ``inspect --plot``);
+    only the card writer's name for it is wrapped, and without matplotlib it is the real one."""
+    import hf_snapvit.cards.elastic as elastic
+    from hf_snapvit.files import atomic_file
+
+    real, drawn = elastic.plot_allocation, {}
+
+    def plot_allocation(ranking, path, sparsities, **kwargs):
+        if kwargs or sys.modules.get("matplotlib", False) is None:
+            return real(ranking, path, sparsities=sparsities, **kwargs)
+        key = _heatmap_key(ranking, sparsities)
+        if key not in drawn:
+            real(ranking, path, sparsities=sparsities)
+            drawn[key] = path.read_bytes()
+            return None
+        with atomic_file(path, "wb") as handle:
+            handle.write(drawn[key])
+        return None
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(elastic, "plot_allocation", plot_allocation)
+        yield
 
 
 @pytest.fixture(scope="session")
