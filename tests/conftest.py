@@ -54,7 +54,7 @@ def draw_each_card_heatmap_once():
     Drawing the heatmap (matplotlib) is most of a tiny save's time, and many tests save the same tiny ranking. The
     drawing itself is tested with fresh draws: ``plot_allocation`` is left alone (test_plotting, ``inspect --plot``);
     only the card writer's name for it is wrapped, and without matplotlib it is the real one."""
-    import hf_snapvit.cards.elastic as elastic
+    from hf_snapvit.cards import elastic
     from hf_snapvit.files import atomic_file
 
     real, drawn = elastic.plot_allocation, {}
