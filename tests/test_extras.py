@@ -6,9 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from hf_snapvit.errors import MissingExtraError, SnapViTError
 from hf_snapvit.extras import EXTRAS, install_hint, require_extra
@@ -36,8 +38,10 @@ def _python(script: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def elastic_dir(tmp_path_factory) -> Path:
+    """The checkpoint _SAVE writes, written here: only its loading needs a fresh process."""
     folder = tmp_path_factory.mktemp("extras") / "elastic"
-    _python("import sys\n" + _SAVE, str(folder))
+    with torch.random.fork_rng():  # _SAVE seeds torch: the session's random state stays as it was
+        exec(_SAVE, {"sys": types.SimpleNamespace(argv=["-c", str(folder)])})
     return folder
 
 
