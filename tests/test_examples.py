@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, requires_shared
 
 ROOT = Path(__file__).resolve().parents[1]
