@@ -1,15 +1,24 @@
-"""pytest set-up: offline Hub, quiet transformers, and the `case` fixture over every tiny architecture."""
+"""pytest set-up: offline Hub, one torch thread, quiet transformers, the `case` fixture over every tiny architecture,
+and a tiny elastic checkpoint and model card heatmaps shared by the session."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 # Before transformers and huggingface_hub are imported: they read these settings once, at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# One intra-op thread, here and (through the environment) in the processes tests start, unless the caller sets one: the
+# tiny models' kernels are too small for a thread pool, and on a shared 2-vCPU machine its synchronisation cost several
+# times the work (test_snapvit.py and test_slicing.py: 91 s with torch's default threads, 12 s with one).
+THREADS = int(os.environ.setdefault("OMP_NUM_THREADS", "1"))
 
 import pytest
+import torch
 from transformers.utils import logging
+
+torch.set_num_threads(THREADS)
 
 logging.set_verbosity_error()
 logging.disable_progress_bar()
@@ -20,6 +29,51 @@ from helpers import CASES, PROCESSOR, Case  # noqa: E402
 @pytest.fixture(params=CASES, ids=lambda c: c.name)
 def case(request) -> Case:
     return request.param
+
+
+def _heatmap_key(ranking, sparsities) -> tuple:
+    """Everything of ``ranking`` (its timings aside, which no heatmap shows) and the rows: equal keys, equal PNGs."""
+    import numpy as np
+
+    parts = []
+    for name, value in sorted(vars(ranking).items()):
+        if name == "_cache":
+            continue
+        if name == "provenance":
+            value = {k: v for k, v in value.items() if k != "timings"}
+        parts.append((name, (value.shape, value.dtype.str, value.tobytes()) if isinstance(value, np.ndarray)
+                      else repr(value)))
+    return type(ranking).__name__, tuple(parts), tuple(float(s) for s in sparsities)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def draw_each_card_heatmap_once():
+    """A saved model card's heatmap is drawn once per distinct ranking and rows in the session; a later save of the
+    same ranking writes the same PNG bytes through the same atomic write (a full disk still fails it).
+
+    Drawing the heatmap (matplotlib) is most of a tiny save's time, and many tests save the same tiny ranking. The
+    drawing itself is tested with fresh draws: ``plot_allocation`` is left alone (test_plotting, ``inspect --plot``);
+    only the card writer's name for it is wrapped, and without matplotlib it is the real one."""
+    from hf_snapvit.cards import elastic
+    from hf_snapvit.files import atomic_file
+
+    real, drawn = elastic.plot_allocation, {}
+
+    def plot_allocation(ranking, path, sparsities, **kwargs):
+        if kwargs or sys.modules.get("matplotlib", False) is None:
+            return real(ranking, path, sparsities=sparsities, **kwargs)
+        key = _heatmap_key(ranking, sparsities)
+        if key not in drawn:
+            real(ranking, path, sparsities=sparsities)
+            drawn[key] = path.read_bytes()
+            return None
+        with atomic_file(path, "wb") as handle:
+            handle.write(drawn[key])
+        return None
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(elastic, "plot_allocation", plot_allocation)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import shutil
+import subprocess
 import sys
 import types
 from dataclasses import dataclass
@@ -40,6 +41,26 @@ def load_benchmark(name: str) -> types.ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+def run_at_once(commands: list[list[str]], envs: list[dict] | None = None, timeout: float = 300,
+                **kwargs) -> list[subprocess.CompletedProcess]:
+    """Run the ``commands`` as processes at the same time (each with its ``envs`` entry) and wait for all; a test of
+    several fresh processes then waits for the slowest rather than for their sum. Asserts every one exits with 0."""
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=None if envs is None else envs[i], **kwargs)
+                 for i, command in enumerate(commands)]
+    try:
+        done = [subprocess.CompletedProcess(p.args, None, *p.communicate(timeout=timeout)) for p in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for process, result in zip(processes, done):
+        result.returncode = process.returncode
+    assert all(r.returncode == 0 for r in done), [r.stderr[-2000:] for r in done if r.returncode]
+    return done
+
 
 def spearman(a, b) -> float:
     """Spearman's rank correlation of two equal-length sequences: Pearson's correlation of their ranks, tied values

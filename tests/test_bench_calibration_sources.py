@@ -10,7 +10,7 @@ from helpers import SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, load_benchmar
 
 calibration_sources = load_benchmark("calibration_sources")
 draw_memory = load_benchmark("draw_memory")
-TINY = json.dumps({"num_gradient_images": 4, "num_fitness_images": 4, "max_generations": 1, "pca_components": 4,
+TINY = json.dumps({"num_gradient_images": 2, "num_fitness_images": 4, "max_generations": 1, "pca_components": 4,
                    "fitness_sparsities": [0.3]})
 
 

@@ -24,7 +24,7 @@ from hf_snapvit.correction.prefix_file import PrefixFile
 from hf_snapvit.architectures.budget import backbone_parameters, estimate_gflops, layer_widths
 from hf_snapvit.cli import COMMANDS, main
 
-from helpers import output_of, tiny_vit_classifier
+from helpers import output_of, run_at_once, tiny_vit_classifier
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -411,21 +411,27 @@ def test_help_lists_every_command(capsys):
         assert command.name in out
 
 
-def test_python_dash_m_inspect_in_a_subprocess(elastic_dir):
-    result = subprocess.run([sys.executable, "-m", "hf_snapvit", "inspect", str(elastic_dir), "--json"],
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout)["ranking"]["method"] == "magnitude"
-
-
-def test_console_script_in_a_subprocess(elastic_dir):
+@pytest.fixture(scope="module")
+def entry_points(elastic_dir) -> dict:
+    """``inspect`` through ``python -m hf_snapvit`` and through the console script (where installed), as fresh
+    processes started at once: ``{"module": result, "script": result or None}``."""
+    commands = {"module": [sys.executable, "-m", "hf_snapvit", "inspect", str(elastic_dir), "--json"]}
     script = shutil.which("hf-snapvit")
-    if script is None:
-        pytest.skip("the hf-snapvit console script is not installed (pip install -e .)")
+    if script is not None:
+        commands["script"] = [script, "inspect", str(elastic_dir), "--sparsities", "0.2"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([script, "inspect", str(elastic_dir), "--sparsities", "0.2"], capture_output=True,
-                            text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
+    done = run_at_once(list(commands.values()), envs=[env] * len(commands))
+    return {"script": None, **dict(zip(commands, done))}
+
+
+def test_python_dash_m_inspect_in_a_subprocess(entry_points):
+    assert json.loads(entry_points["module"].stdout)["ranking"]["method"] == "magnitude"
+
+
+def test_console_script_in_a_subprocess(entry_points):
+    result = entry_points["script"]
+    if result is None:
+        pytest.skip("the hf-snapvit console script is not installed (pip install -e .)")
     assert result.stdout.startswith("checkpoint:") and "0.20" in result.stdout
 
 

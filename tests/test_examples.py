@@ -6,11 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, requires_shared
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a fresh process on the shared ViT-Tiny
 @requires_shared(SHARED_MODEL, SHARED_VALIDATION)
 def test_load_any_size_example(tmp_path):
     result = subprocess.run(
@@ -26,6 +28,7 @@ def test_load_any_size_example(tmp_path):
     assert (tmp_path / "elastic" / "preprocessor_config.json").exists()
 
 
+@pytest.mark.slow  # a fresh process on the shared ViT-Tiny
 @requires_shared(SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION)
 def test_prune_and_push_example(tmp_path):
     import hf_snapvit

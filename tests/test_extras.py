@@ -3,12 +3,13 @@ one names the extra to install. The packaging metadata (extras, license) says th
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import textwrap
+import types
 from pathlib import Path
 
 import pytest
+import torch
+from helpers import run_at_once
 
 from hf_snapvit.errors import MissingExtraError, SnapViTError
 from hf_snapvit.extras import EXTRAS, install_hint, require_extra
@@ -27,56 +28,63 @@ hf_snapvit.save_elastic(model, hf_snapvit.rank(model, method="magnitude"), sys.a
 """
 
 
-def _python(script: str, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+# Loads the checkpoint in sys.argv[1] in a fresh process and says which optional modules that imported.
+_LOAD = """
+import sys
+import torch, hf_snapvit
+model = hf_snapvit.ElasticViTModel.from_pretrained(sys.argv[1], sparsity=0.3)
+model(pixel_values=torch.randn(1, 3, 32, 32))
+print(model.config.elastic_layout["num_heads"])
+print(sorted(name for name in ("matplotlib", "evaluate", "datasets") if name in sys.modules))
+"""
+
+# With the optional modules blocked: saves (_SAVE), loads, slices and ranks, then asks for a metric.
+_BLOCKED = 'import sys\nfor name in ("matplotlib", "evaluate", "datasets"):\n    sys.modules[name] = None\n' + _SAVE + """
+import numpy as np
+from PIL import Image
+model = hf_snapvit.ElasticViTModel.from_pretrained(sys.argv[1], sparsity=0.3)
+print(model.config.elastic_layout["sparsity"] > 0.2)
+rng = np.random.default_rng(0)
+photos = [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)) for _ in range(4)]
+processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+dense = transformers.ViTForImageClassification.from_pretrained(sys.argv[1])
+ranking = hf_snapvit.rank(dense, method="snip", data=photos, processor=processor, preset="fast")
+print(ranking.provenance["calibration_data"]["num_gradient"])
+from hf_snapvit.evaluation.evaluate_metrics import load_metric
+try:
+    load_metric("top1_accuracy")
+except ImportError as error:
+    print("ERROR:", error)
+"""
 
 
 @pytest.fixture(scope="module")
 def elastic_dir(tmp_path_factory) -> Path:
+    """The checkpoint _SAVE writes, written here: only its loading needs a fresh process."""
     folder = tmp_path_factory.mktemp("extras") / "elastic"
-    _python("import sys\n" + _SAVE, str(folder))
+    with torch.random.fork_rng():  # _SAVE seeds torch: the session's random state stays as it was
+        exec(_SAVE, {"sys": types.SimpleNamespace(argv=["-c", str(folder)])})  # noqa: S102 (this file's own code)
     return folder
 
 
+@pytest.fixture(scope="module")
+def children(elastic_dir, tmp_path_factory) -> dict[str, list[str]]:
+    """The stdout lines of _LOAD (on ``elastic_dir``) and of _BLOCKED, fresh processes started at once."""
+    scripts = {"load": (_LOAD, elastic_dir), "blocked": (_BLOCKED, tmp_path_factory.mktemp("blocked") / "e")}
+    done = run_at_once([[sys.executable, "-c", script, str(folder)] for script, folder in scripts.values()])
+    return {name: result.stdout.strip().splitlines() for name, result in zip(scripts, done)}
+
+
 @pytest.mark.slow
-def test_import_and_loading_import_no_optional_dependency(elastic_dir):
-    result = _python("""
-        import sys
-        import torch, hf_snapvit
-        model = hf_snapvit.ElasticViTModel.from_pretrained(sys.argv[1], sparsity=0.3)
-        model(pixel_values=torch.randn(1, 3, 32, 32))
-        print(model.config.elastic_layout["num_heads"])
-        print(sorted(name for name in ("matplotlib", "evaluate", "datasets") if name in sys.modules))
-    """, str(elastic_dir))
-    heads, imported = result.stdout.strip().splitlines()[-2:]
+def test_import_and_loading_import_no_optional_dependency(children):
+    heads, imported = children["load"][-2:]
     assert imported == "[]"
     assert sum(eval(heads)) < 8  # really sliced: fewer than 2 x 4 heads
 
 
 @pytest.mark.slow
-def test_loading_slicing_and_ranking_work_with_the_optional_dependencies_blocked(tmp_path):
-    blocked = 'import sys\nfor name in ("matplotlib", "evaluate", "datasets"):\n    sys.modules[name] = None\n'
-    result = _python(blocked + _SAVE + textwrap.dedent("""
-        import numpy as np
-        from PIL import Image
-        model = hf_snapvit.ElasticViTModel.from_pretrained(sys.argv[1], sparsity=0.3)
-        print(model.config.elastic_layout["sparsity"] > 0.2)
-        rng = np.random.default_rng(0)
-        photos = [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)) for _ in range(4)]
-        processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
-        dense = transformers.ViTForImageClassification.from_pretrained(sys.argv[1])
-        ranking = hf_snapvit.rank(dense, method="snip", data=photos, processor=processor, preset="fast")
-        print(ranking.provenance["calibration_data"]["num_gradient"])
-        from hf_snapvit.evaluation.evaluate_metrics import load_metric
-        try:
-            load_metric("top1_accuracy")
-        except ImportError as error:
-            print("ERROR:", error)
-    """), str(tmp_path / "e"))
-    lines = result.stdout.strip().splitlines()
+def test_loading_slicing_and_ranking_work_with_the_optional_dependencies_blocked(children):
+    lines = children["blocked"]
     assert lines[-3:-1] == ["True", "4"]
     assert lines[-1].startswith("ERROR: load_metric('top1_accuracy') needs evaluate")
     assert 'pip install "hf-snapvit[eval]"' in lines[-1]

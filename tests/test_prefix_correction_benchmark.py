@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from hf_snapvit.correction import prefix_sizes
 from hf_snapvit.correction.prefix import applies_at
 
 from helpers import SHARED, SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, load_benchmark, requires_shared
@@ -18,8 +19,11 @@ SWITCH = load_benchmark("prefix_correction_switch_time")
 
 @pytest.mark.slow  # two elastic checkpoints of the shared ViT-Tiny, a size check and a few evaluations
 @requires_shared(SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION)
-def test_the_benchmark_loads_corrected_sizes_exactly_where_the_check_applies_them(tmp_path):
+def test_the_benchmark_loads_corrected_sizes_exactly_where_the_check_applies_them(tmp_path, monkeypatch):
     output = tmp_path / "result.json"
+    # The size check on a 25 % grid (0.25, 0.5, 0.75, the maximum) rather than the default 5 % one: 4 sizes instead of
+    # 17, each a dense-model copy and two forwards; the loaded sizes (0.2, 0.5) fall below and on checked ones.
+    monkeypatch.setattr(prefix_sizes, "GRID_STEP", 0.25)
     ACCURACY.main(["--num-calibration", "16", "--num-val", "40", "--num-bank", "40", "--sparsities", "0.2", "0.5",
                    "--variants", "plain", "checked", "--output", str(output)])
     result = json.loads(output.read_text())
@@ -27,7 +31,8 @@ def test_the_benchmark_loads_corrected_sizes_exactly_where_the_check_applies_the
     assert set(rows) == {(v, s) for v in ("plain", "checked") for s in (0.2, 0.5)}
     assert not any(rows[("plain", s)]["corrected"] for s in (0.2, 0.5))
     record = result["records"]["checked"]
-    assert record["method"] == "prefix" and record["num_images"] == 16 and record["sizes"]
+    assert record["method"] == "prefix" and record["num_images"] == 16
+    assert [s["requested"] for s in record["sizes"]][:3] == [0.25, 0.5, 0.75] and len(record["sizes"]) == 4
     for sparsity in (0.2, 0.5):
         row, plain = rows[("checked", sparsity)], rows[("plain", sparsity)]
         if not row["corrected"]:  # the plain slice, so the same scores

@@ -22,7 +22,7 @@ def run(seed: int) -> tuple[hs.ElasticRanking, list]:
     processor = AutoImageProcessor.from_pretrained(MODEL)
     data = load_dataset("parquet", data_files={"train": str(TRAIN)}, split="train")
     config = hs.SnapViTConfig.preset(
-        "fast", seed=seed, num_gradient_images=6, num_fitness_images=8, max_generations=None, max_evaluations=3,
+        "fast", seed=seed, num_gradient_images=3, num_fitness_images=4, max_generations=None, max_evaluations=3,
         scores=ScoreConfig(definition="obd", crops=MultiCropConfig(num_local=2, local_size=96)),
         fitness_sparsities=(0.3,),
     )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import warnings
 
@@ -22,7 +21,7 @@ from hf_snapvit.data.calibration import draw_sample, sample_images
 from hf_snapvit.evaluation import load_split
 from hf_snapvit.data.sampling import StreamSource, key_order, row_keys, stream_candidates
 
-from helpers import CASES, FEW_CROPS, PROCESSOR, images
+from helpers import CASES, FEW_CROPS, PROCESSOR, images, run_at_once
 
 CASE = {c.name: c for c in CASES}
 NAMES = [f"class {c}" for c in range(40)]
@@ -90,9 +89,10 @@ def test_the_draw_is_the_same_in_every_process():
               "sorted_table(10, 6).to_iterable_dataset(num_shards=4), 9, seed=7, label_column='label'); "
               "print(hashlib.sha256(b''.join(i.tobytes() for i in images)).hexdigest(), labels.tolist())")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    outputs = {subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True,
-                              env={**os.environ, "PYTHONHASHSEED": str(h), "RANK": str(h), "WORLD_SIZE": "2"}
-                              ).stdout for h in (0, 1)}
+    # Both processes run at once, as a launcher starts them.
+    done = run_at_once([[sys.executable, "-c", script]] * 2, cwd=root,
+                       envs=[{**os.environ, "PYTHONHASHSEED": str(h), "RANK": str(h), "WORLD_SIZE": "2"} for h in (0, 1)])
+    outputs = {result.stdout for result in done}
     assert len(outputs) == 1
     images_here, labels_here = sample_images(sorted_table(10, 6).to_iterable_dataset(num_shards=4), 9, seed=7,
                                              label_column="label")
