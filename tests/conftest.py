@@ -1,4 +1,4 @@
-"""pytest set-up: offline Hub, quiet transformers, the `case` fixture over every tiny architecture,
+"""pytest set-up: offline Hub, one torch thread, quiet transformers, the `case` fixture over every tiny architecture,
 and a tiny elastic checkpoint and model card heatmaps shared by the session."""
 
 from __future__ import annotations
@@ -9,12 +9,16 @@ import sys
 # Before transformers and huggingface_hub are imported: they read these settings once, at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-# torch's default threads: on a quiet 2-vCPU machine one thread cost the heavier tests a third more time
-# (test_bench_calibration_sources, test_real_model and test_prefix_correction_benchmark: 52 s with one, 36 s with two)
-# and gained the tiny ones nothing; only a machine shared with other jobs favours one (OMP_NUM_THREADS=1).
+# One intra-op thread, here and (through the environment) in the processes tests start, unless the caller sets one: the
+# tiny models' kernels are too small for a thread pool, and on a shared 2-vCPU machine its synchronisation cost several
+# times the work (test_snapvit.py and test_slicing.py: 91 s with torch's default threads, 12 s with one).
+THREADS = int(os.environ.setdefault("OMP_NUM_THREADS", "1"))
 
 import pytest
+import torch
 from transformers.utils import logging
+
+torch.set_num_threads(THREADS)
 
 logging.set_verbosity_error()
 logging.disable_progress_bar()
