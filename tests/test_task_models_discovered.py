@@ -1,4 +1,4 @@
-"""VLMs whose vision tower no registry knows (Idefics3 / SmolVLM, InternVL): the task model is a registered task spec
+"""VLMs whose vision tower no registry knows (Idefics3, SmolVLM, InternVL): the task model is a registered task spec
 (data), its tower is discovered inside it and proven, and the proven spec travels in config.json, so a fresh process
 loads any size. The language model and connector load as they are; ``generate()`` runs on the sliced model."""
 
@@ -27,6 +27,11 @@ def _idefics3():
         vision_config=VISION, text_config=TEXT, scale_factor=2, image_token_id=IMAGE_TOKEN))
 
 
+def _smolvlm():
+    return T.SmolVLMForConditionalGeneration(T.SmolVLMConfig(
+        vision_config=VISION, text_config=TEXT, scale_factor=2, image_token_id=IMAGE_TOKEN))
+
+
 def _internvl():
     return T.InternVLForConditionalGeneration(T.InternVLConfig(
         vision_config=VISION, text_config={**TEXT, "model_type": "qwen2"}, image_token_id=IMAGE_TOKEN,
@@ -34,7 +39,8 @@ def _internvl():
 
 
 # name -> (model, pixel_values shape of one image, image tokens per image)
-CASES = {"idefics3": (_idefics3, (1, 1, 3, 32, 32), 4), "internvl": (_internvl, (1, 3, 32, 32), 4)}
+CASES = {"idefics3": (_idefics3, (1, 1, 3, 32, 32), 4), "smolvlm": (_smolvlm, (1, 1, 3, 32, 32), 4),
+         "internvl": (_internvl, (1, 3, 32, 32), 4)}
 
 
 def _inputs(name: str) -> dict:
