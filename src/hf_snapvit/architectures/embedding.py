@@ -153,7 +153,7 @@ def task_features(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | N
         return list(out.feature_maps)
     if kind == "hidden_states":
         return [out.hidden_states[index] for index in spec.task.feature_layers(config)]
-    return [out.last_hidden_state]
+    return [out.pooler_output if kind == "pooler_output" else out.last_hidden_state]
 
 
 def pooled_embedding(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | None = None,
@@ -161,18 +161,21 @@ def pooled_embedding(out: Any, spec: ArchitectureSpec, config: PretrainedConfig 
     """The ``[B, D]`` image embedding read from a backbone's output (what :func:`image_embedding` returns); a task
     model's needs its ``config`` (which features it reads); a tower with ``grid_inputs``, whose outputs hold every
     image's tokens in one sequence, the number of ``images`` (the token mean of each image's part)."""
+    if spec.grid_inputs:
+        if images <= 0:
+            raise DataError("This tower returns every image's tokens in one sequence; pooled_embedding needs the "
+                            "number of images (images=len(grid_thw)).")
+        if spec.task is not None:
+            tokens = task_features(out, spec, config)[0]
+        else:
+            tokens = getattr(out, "pooler_output", None)  # the merged tokens a language model reads
+            tokens = out.last_hidden_state if tokens is None else tokens
+        return tokens.reshape(images, -1, tokens.shape[-1]).mean(1)
     if spec.task is not None or getattr(out, "feature_maps", None) is not None:
         skip = spec.task.skip_tokens(config) if spec.task is not None else 0
         # Feature maps come as [B, C, h, w] grids or [B, N, C] token sequences (reshape_hidden_states=False).
         means = [f.mean((2, 3)) if f.ndim == 4 else f[:, skip:].mean(1) for f in task_features(out, spec, config)]
         return torch.cat(means, -1)
-    if spec.grid_inputs:
-        if images <= 0:
-            raise DataError("This tower returns every image's tokens in one sequence; pooled_embedding needs the "
-                            "number of images (images=len(grid_thw)).")
-        tokens = getattr(out, "pooler_output", None)  # the merged tokens a language model reads
-        tokens = out.last_hidden_state if tokens is None else tokens
-        return tokens.reshape(images, -1, tokens.shape[-1]).mean(1)
     if spec.embedding == "pooled":
         pooled = getattr(out, "pooler_output", None)
         if pooled is not None:

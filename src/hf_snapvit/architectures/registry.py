@@ -121,7 +121,7 @@ class ArchitectureSpec:
     task: TaskModelSpec | None = None
 
 
-FeatureKind = Literal["feature_maps", "hidden_states", "last_hidden_state"]
+FeatureKind = Literal["feature_maps", "hidden_states", "last_hidden_state", "pooler_output"]
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class TaskModelSpec:
             ``"backbone_config"``); its ``model_type`` must be a registered architecture.
         features: What the task reads from the vision model's output: ``"feature_maps"`` (a transformers backbone's
             ``out_features``), ``"hidden_states"`` (the hidden states at :attr:`feature_layers`, as LLaVA's
-            ``vision_feature_layer``) or ``"last_hidden_state"``.
+            ``vision_feature_layer``), ``"last_hidden_state"`` or ``"pooler_output"`` (Qwen2-VL's merged tokens).
         feature_layers: Given the task model's config, the indices into ``hidden_states`` the task reads (``0`` is the
             embeddings' output, ``l`` the output of block ``l``). Blocks after the last of them are never used: they
             keep only the ranking's floors at any sparsity above 0 and cost the budget nothing.

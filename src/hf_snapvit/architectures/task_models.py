@@ -57,5 +57,9 @@ for _task in (
     TaskModelSpec("idefics3", **_IDEFICS3),  # Idefics3 (SmolVLM 1): the connector reads the post-layernormed tokens
     TaskModelSpec("smolvlm", **_IDEFICS3),
     TaskModelSpec("internvl", **{**_LLAVA, "unused": ()}),  # InternVL: vision_feature_layer -1, CLS dropped
+    # Qwen2-VL: a tower of every image's patches in one sequence (grid_inputs); the language model reads the merger's
+    # tokens (pooler_output).
+    TaskModelSpec("qwen2_vl", encoder="model.visual", encoder_config="vision_config", features="pooler_output",
+                  feature_layers=_last_layer),
 ):
     register_task_model(_task)

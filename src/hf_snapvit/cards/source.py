@@ -111,7 +111,7 @@ def pruned_part(config: Mapping[str, Any]) -> str | None:
 
 
 _REST = {"feature_maps": "neck and head", "hidden_states": "projector and language model",
-         "last_hidden_state": "projector and language model"}
+         "last_hidden_state": "projector and language model", "pooler_output": "language model"}
 
 
 def pipeline_tag_for(architectures: Sequence[str], has_task_head: bool = False) -> str:
