@@ -209,3 +209,30 @@ def test_snapvit_ranks_qwen2_vl_from_images_through_its_own_processor():
     ranking = hs.rank(model, method="snapvit", data=images, processor=_qwen2_vl_processor(), config=config,
                       show_progress=False)
     assert ranking.provenance["method"] == "snapvit" and ranking.keep_counts(0.2).sparsity > 0.15
+
+
+def test_blip2_whole_ranks_on_what_its_qformer_reads_keeps_every_head_and_generates(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.Blip2Config(
+        vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=32, patch_size=8),
+        qformer_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
+                            encoder_hidden_size=32),
+        text_config=dict(model_type="opt", hidden_size=32, num_hidden_layers=1, num_attention_heads=4, ffn_dim=37,
+                         vocab_size=128, word_embed_proj_dim=32, max_position_embeddings=64),
+        num_query_tokens=4, image_token_index=100)
+    model = _perturbed(transformers.Blip2ForConditionalGeneration(config))
+    ids = torch.cat([torch.full((1, 4), 100), torch.tensor([[2, 5, 6, 7]])], 1)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+              "pixel_values": torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))}
+    ranking = hs.rank(model, method="magnitude", show_progress=False)
+    stored = hs.save_elastic(model, ranking, tmp_path, model_card=False)
+    counts = stored.keep_counts(0.15)
+    assert counts.heads == [4, 4] and sum(counts.neurons) < 2 * 48
+    sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.15)
+    assert isinstance(sliced, transformers.Blip2ForConditionalGeneration)
+    with torch.no_grad():
+        expected = sliced(**inputs).logits
+        masked = masked_copy(model, ranking.keep_indices(counts))(**inputs).logits
+        torch.testing.assert_close(expected, masked, rtol=1e-4, atol=1e-5)
+        assert sliced.generate(**inputs, max_new_tokens=2, do_sample=False).shape[1] == ids.shape[1] + 2

@@ -54,6 +54,9 @@ for _task in (
     TaskModelSpec("vipllava", **{**_LLAVA, "skip_tokens": lambda config: 1}),  # always drops CLS, several layers
     TaskModelSpec("paligemma", **_LAST),
     TaskModelSpec("gemma3", **_LAST),
+    # BLIP-2: the Q-Former reads the tower's last hidden state (its tower keeps every head, see its spec).
+    TaskModelSpec("blip-2", encoder="vision_model", encoder_config="vision_config", features="last_hidden_state",
+                  feature_layers=_last_layer),
     TaskModelSpec("idefics3", **_IDEFICS3),  # Idefics3 (SmolVLM 1): the connector reads the post-layernormed tokens
     TaskModelSpec("smolvlm", **_IDEFICS3),
     TaskModelSpec("internvl", **{**_LLAVA, "unused": ()}),  # InternVL: vision_feature_layer -1, CLS dropped
