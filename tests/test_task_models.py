@@ -319,8 +319,9 @@ def test_dpt_with_its_own_vit_encoder_gets_one_clear_error():
 
 
 def test_an_unregistered_task_model_gets_the_list_of_what_is_supported():
-    config = T.Blip2Config()
-    with pytest.raises(hs.UnsupportedArchitectureError, match=r"blip-2.*Supported:.*depth_anything.*llava.*paligemma"):
+    config = T.InstructBlipConfig()
+    with pytest.raises(hs.UnsupportedArchitectureError,
+                       match=r"instructblip.*Supported:.*blip-2.*depth_anything.*llava.*paligemma"):
         get_spec(config)
 
 
