@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
