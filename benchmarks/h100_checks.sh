@@ -5,12 +5,13 @@
 # the shared train parquet as .gpu/train.parquet (parquet_rows.py); STEPS picks and orders the steps, T<n> caps step n
 # in seconds. On a CPU, `DEV=cpu B=tiny S=tiny OUT=/tmp/out` runs the same steps on a tiny model (a dry run; for steps
 # 19-22 add `BACKEND=aot_eager SCALE_SHAPES="tiny small" SCALE_IMAGES=4 GRID_SPARSITIES="0.1 0.5"`: no inductor C++
-# builds, and sizes the tiny model has).
+# builds, and sizes the tiny model has; for step 23 `RSTEPS=2 NB=40 NV=40 RCAL=64`).
 #
 # Still to run (issue 56): STEPS="22 18 13" (ViT-S compiled grid; the default preset's 3 -> 20 generation check on
 # the shared ViT-Tiny, seeds 0-2, with the model as .acc/vit and train/validation rows as .acc/data; the default
 # preset without its search), then STEPS="21" again (the default preset now runs a gradient step that does not fit
-# in parts) and STEPS="3" for the ranking time as it ships.
+# in parts), STEPS="3" for the ranking time as it ships, and STEPS="23" (elastic recovery against per-size recovery,
+# about 6 minutes on its own: .acc/ as for step 18, 3000 train and 2000 validation rows).
 # Steps that ran and whose results are recorded in docs/results.md left with their scripts: 1 and 4-7
 # (bench_gpu_latency.py, the precision, mode and width-multiple grid) are in commit 96763dc, and 9-12, 14 and 15 in
 # the same commit's version of this file; step 11 (profile_ranking.py) is in commit 1336aae.
@@ -38,9 +39,27 @@ accuracy() {
     || return 1
   done
 }
+# recovery CAP: issue 56's elastic recovery on the shared ViT-Tiny (.acc/vit, .acc/data): the slice unrecovered at
+# every size, per-size recovery of $RSTEPS steps at 10/30/50/60 %, then one elastic recovery over 0-60 % at each of
+# $RMULT times those steps; one stored ranking (the default SnapViT one), the same images throughout, every call
+# capped at CAP and packed as it ends.
+recovery() {
+  local cap=$1 n=${RSTEPS:-250} m
+  rec() {
+    timeout "$cap" python3 benchmarks/recovery_vit_tiny.py --preset full --base .acc/vit --data .acc/data \
+      --ranking benchmarks/results/defaults_vit_tiny/rankings/obd-global-sigma0.5-g3.json --num-bank "${NB:-1000}" \
+      --num-calibration "${RCAL:-2000}" --num-val "${NV:-2000}" --output "$R/recovery_gpu.json" "$@"
+    local rc=$?; save 23 $rc; return $rc
+  }
+  rec --variants none --sparsities 0.1 0.2 0.3 0.4 0.5 0.6 \
+    && rec --variants recovery --sparsities 0.1 0.3 0.5 0.6 --steps "$n" || return 1
+  for m in ${RMULT:-2 4}; do
+    rec --variants elastic --sparsities 0.1 0.2 0.3 0.4 0.5 0.6 --elastic-steps $((m * n)) --tag "${m}x" || return 1
+  done
+}
 DEFAULT=obd:global:3:sigma=0.5:order=output:solution=mean:preset=default  # the default preset, as defaults_vit_tiny names it
 SERVING=(python3 benchmarks/serving_paths.py --device "$DEV" --backend "${BACKEND:-inductor}")
-for step in ${STEPS:-22 18 13 21 3}; do case $step in
+for step in ${STEPS:-22 18 13 21 3 23}; do case $step in
 2) timeout "${T2:-90}" python3 benchmarks/profile_latency.py --device "$DEV" --shapes "$B" --precision bf16 \
      --batch-sizes 1 32 256 --sparsities 0.5 --output "$R/profile_latency.json" ;;
 3) timeout "${T3:-120}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default fast \
@@ -66,6 +85,7 @@ for step in ${STEPS:-22 18 13 21 3}; do case $step in
      --sparsities ${GRID_SPARSITIES:-0.1 0.3 0.5 0.6} --repeats 10 --output "$R/serving_paths_grid_small.json" ;;
 21) timeout "${T21:-120}" python3 benchmarks/scale.py --device "$DEV" --shapes ${SCALE_SHAPES:-vit-b16 vit-l16 so400m \
      vit-g14} --images "${SCALE_IMAGES:-64}" --output "$R/scale.json" ;;
+23) recovery "${T23:-300}" ;;
 22) timeout "${T22:-170}" "${SERVING[@]}" --shapes "$S" --paths eager compile-unpadded graphs-unpadded \
      --path-batch-sizes compile-unpadded=32,256 graphs-unpadded=1,32 --batch-sizes 1 32 256 \
      --sparsities ${GRID_SPARSITIES:-0.1 0.3 0.5 0.6} --repeats 10 --output "$R/serving_paths_grid_small_compiled.json" ;;
