@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -198,7 +199,7 @@ def test_a_wrong_guess_fails_its_proof_and_the_next_guess_is_taken():
     spec = get_spec(model)
     # A wrong guess: the key projection named as the output projection. Slicing then cuts the wrong matrix.
     wrong = hs.ArchitectureSpec(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__}, "o_proj": "to_k"})
-    registry._DISCOVERED[spec.model_type] = wrong
+    registry.adopt_discovered(wrong, model)
     with pytest.raises(hs.UnsupportedArchitectureError) as info:
         proof.prove_spec(model, wrong)
     assert "'o_proj': 'to_k'" in str(info.value) and "register_architecture" in str(info.value)
@@ -212,7 +213,7 @@ def test_a_model_no_guess_can_slice_is_refused_naming_the_modules_and_forgotten(
         hs.save_elastic(model, None, tmp_path / "out")
     message = str(info.value)
     assert "'attention': 'mixer'" in message and "'o_proj': 'proj'" in message and "register_architecture" in message
-    assert not (tmp_path / "out").exists() and model.config.model_type not in registry._DISCOVERED
+    assert not (tmp_path / "out").exists() and registry.discovered_spec(model) is None
 
 
 @pytest.mark.parametrize("bad, named", [("not a dict", "JSON object"), ({"format": 9}, "format 9"),
@@ -259,6 +260,26 @@ FAMILIES = {  # transformers families without a registered spec, each ranked, sa
         mask_decoder_config=dict(hidden_size=16, num_hidden_layers=1, mlp_dim=32, num_attention_heads=2,
                                  iou_head_hidden_dim=16))),
 }
+_TIMM = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=1.5)
+
+
+def _timm(architecture: str, **model_args):
+    """A timm model through transformers (``TimmWrapper*``, model_type ``timm_wrapper``), as a timm Hub checkpoint
+    loads: its config names the timm architecture, its arguments and the input size."""
+    def build(T):
+        config = T.TimmWrapperConfig(architecture=architecture, model_args={**_TIMM, **model_args},
+                                     pretrained_cfg={"input_size": [3, 32, 32]}, num_labels=5)
+        return T.TimmWrapperForImageClassification(config)
+    return build
+
+
+FAMILIES.update({  # timm's ViTs (the SnapViT paper's DeiT-III and AugReg), one model_type for them all
+    "timm-augreg": _timm("vit_tiny_patch16_224"),
+    "timm-deit3": _timm("deit3_small_patch16_224", init_values=1e-5),  # layer scales
+    "timm-deit-distilled": _timm("deit_tiny_distilled_patch16_224"),  # class and distillation tokens
+    "timm-qknorm-registers": _timm("vit_tiny_patch16_224", qk_norm=True, reg_tokens=4, global_pool="avg",
+                                   fc_norm=True),
+})
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -294,7 +315,37 @@ def test_data_driven_methods_rank_a_discovered_model_from_pixels(method):
     assert ranking.provenance["method"] == method and sum(counts.heads) < 8 and sum(counts.neurons) < 96
 
 
-def test_a_video_model_is_told_that_image_calibration_does_not_apply():
+def test_snapvit_ranks_a_video_model_on_clips_its_own_processor_makes():
+    from hf_snapvit.data.views import MultiCropConfig
+    from hf_snapvit.pruning.scoring import ScoreConfig
+
     model = FAMILIES["videomae"](transformers).eval()
-    with pytest.raises(hs.ConfigError, match=r"video clips.*\[1, 4, 3, 32, 32\].*method='magnitude'"):
+    processor = transformers.VideoMAEImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    rng = np.random.default_rng(0)
+    videos = [[rng.integers(0, 256, (40, 48, 3), dtype=np.uint8) for _ in range(4)] for _ in range(12)]
+    clips = processor(videos, return_tensors="pt")["pixel_values"]
+    assert clips.shape == (12, 4, 3, 32, 32)
+    config = hs.SnapViTConfig.preset("fast", num_gradient_images=3, num_fitness_images=6, max_generations=1,
+                                     scores=ScoreConfig(crops=MultiCropConfig(num_local=2)))
+    for method in ("snapvit", "snip"):
+        ranking = hs.rank(model, method=method, data=clips, config=config, show_progress=False)
+        assert ranking.provenance["method"] == method and 0.2 < ranking.keep_counts(0.3).sparsity < 0.4
+
+
+def test_a_video_model_given_images_is_told_to_give_clips():
+    model = FAMILIES["videomae"](transformers).eval()
+    with pytest.raises(hs.ConfigError, match=r"video clips.*\[1, 4, 3, 32, 32\].*\[N, T, C, H, W\] tensor of clips"):
         hs.rank(model, method="snapvit", data=torch.randn(12, 3, 32, 32), show_progress=False)
+
+
+def test_the_crops_of_a_clip_share_one_box_across_its_frames():
+    from hf_snapvit.data.views import MultiCropConfig, multi_crops
+
+    frame = torch.rand(1, 3, 40, 48)
+    clip = frame + torch.arange(4.0).view(4, 1, 1, 1)  # frame t is frame 0 plus t: equal boxes keep the offsets
+    global_views, local_views = multi_crops([clip], MultiCropConfig(num_global=2, num_local=3), None, 32,
+                                            np.random.default_rng(0))
+    assert global_views.shape == (1, 2, 4, 3, 32, 32) and local_views.shape == (1, 3, 4, 3, 32, 32)
+    for views in (global_views, local_views):
+        offsets = views - views[:, :, :1]
+        torch.testing.assert_close(offsets, torch.arange(4.0).view(1, 1, 4, 1, 1, 1).expand_as(offsets))

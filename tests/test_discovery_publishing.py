@@ -61,7 +61,8 @@ def test_a_discovered_family_publishes_loads_stock_switches_and_loads_with_remot
 
     sliced.save_pretrained(tmp_path / "sliced")
     discovery._DISCOVERED.clear()
-    remote = transformers.AutoModel.from_pretrained(tmp_path / "sliced", trust_remote_code=True).eval()
+    auto = next(iter(json.loads((tmp_path / "sliced" / "config.json").read_text())["auto_map"]))  # as load_with says
+    remote = getattr(transformers, auto).from_pretrained(tmp_path / "sliced", trust_remote_code=True).eval()
     torch.testing.assert_close(_output(remote, inputs), _output(sliced, inputs), rtol=0, atol=0)
 
 

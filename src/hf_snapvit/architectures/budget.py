@@ -20,6 +20,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from . import (get_attention, get_backbone, get_layers, get_mlp, get_projection, get_spec, head_dim,
                             head_tables, model_class, num_heads, used_layers, vision_config)
 from ..errors import BudgetError, RankingFormatError
+from .inputs import patch_side
 from .limits import MAX_UNITS, check_config_sizes, out_of_range
 
 
@@ -305,7 +306,7 @@ def model_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[int
         fixed_params=backbone_parameters(model) - prunable,
         num_tokens=num_patches + spec.extra_tokens(config),
         num_patches=num_patches,
-        patch_size=int(vision.patch_size[0] if isinstance(vision.patch_size, (list, tuple)) else vision.patch_size),
+        patch_size=patch_side(model),
         num_channels=int(getattr(vision, "num_channels", 3)),
         ffn_matrices=len(variant.in_proj) + 1,
         head_flops=head_flops,

@@ -1,7 +1,8 @@
 """Discovery: the :class:`ArchitectureSpec` of a vision transformer no registry knows, read from its module tree and
 one forward pass, and its data form for ``config.json``.
 
-The stack of blocks is the ``nn.ModuleList`` of same-class modules holding the most parameters. In its first block,
+The stack of blocks is the ``nn.ModuleList`` (or ``nn.Sequential``: timm's) of same-class modules holding the most
+parameters. In its first block,
 the order in which one forward calls the ``nn.Linear`` layers names them: three projections from the hidden width to
 one attention width (query, key, value), or one fused projection to three times that width (its rows the query, key
 and value blocks), one back (the output projection), then the FFN: one or two projections out of the hidden width (a
@@ -13,6 +14,8 @@ checkpoint's ``config.json`` (``elastic_spec``), so loading needs no registratio
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 from typing import Any
 
@@ -21,27 +24,35 @@ import torch.nn as nn
 from transformers import PretrainedConfig
 
 from ..errors import UnsupportedArchitectureError
-from .inputs import blank_inputs, pixel_shape, takes_grid
+from .inputs import blank_inputs, patch_side, pixel_shape, takes_grid
 from .registry import (SPEC_KEY, ArchitectureSpec, MlpSpec, on_unregistered, supported_model_types,
                        vision_config)
 
-# Specs of unregistered model types: read from a checkpoint's config.json or discovered in a model.
-_DISCOVERED: dict[str, ArchitectureSpec] = {}
+# Specs of unregistered models, by model type and structure (_structure_key): read from a checkpoint's config.json or
+# discovered in a model. One model type can hold many structures (every timm model is a "timm_wrapper").
+_DISCOVERED: dict[tuple[str, str], ArchitectureSpec] = {}
+_STORED: dict[str, ArchitectureSpec] = {}  # parsed config.json specs, by their JSON: one object per stored spec
+# Config entries that do not shape the modules discovery reads (hf_snapvit's own entries start with "elastic_").
+_NOT_STRUCTURE = frozenset({"_name_or_path", "architectures", "transformers_version", "dtype", "torch_dtype",
+                            "id2label", "label2id", "num_labels", "problem_type", "label_names", "num_classes"})
 SPEC_FORMAT = 1
 _PATH_FIELDS = ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "mlp", "head_width")
 
 
-def _block_stack(root: nn.Module) -> tuple[str, nn.ModuleList]:
-    """The dotted path and the ``nn.ModuleList`` of same-class blocks holding the most parameters."""
-    best: tuple[int, str, nn.ModuleList] | None = None
+def _block_stack(root: nn.Module) -> tuple[str, nn.Module]:
+    """The dotted path and the ``nn.ModuleList`` or ``nn.Sequential`` of same-class blocks holding the most
+    parameters."""
+    best: tuple[int, str, nn.Module] | None = None
     for name, module in root.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) > 0 and len({type(m) for m in module}) == 1:
+        if (isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > 0
+                and len({type(m) for m in module}) == 1):
             size = sum(p.numel() for p in module.parameters())
             if size and (best is None or size > best[0]):
                 best = (size, name, module)
     if best is None:
         raise UnsupportedArchitectureError(
-            f"{type(root).__name__} has no stack of repeated blocks (an nn.ModuleList of same-class modules), so "
+            f"{type(root).__name__} has no stack of repeated blocks (an nn.ModuleList or nn.Sequential of same-class "
+            "modules), so "
             "hf_snapvit cannot find its transformer blocks. Describe them with hf_snapvit.ArchitectureSpec and call "
             "hf_snapvit.register_architecture(spec).")
     return best[1], best[2]
@@ -162,6 +173,9 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> Architect
     """
     config = vision_config(model.config)
     base = getattr(model, "base_model", model)
+    # Embedding calls the backbone with pixel_values; timm's model inside TimmWrapper* takes x: use the wrapper.
+    whole = base is not model and "pixel_values" not in inspect.signature(base.forward).parameters
+    base = model if whole else base
     layers_path, layers = _block_stack(base)
     calls, tokens = _trace_block(model, layers[0])
     problem = "hf_snapvit could not match"
@@ -188,20 +202,20 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> Architect
             f"{problem} an output projection ({width} -> {hidden}) and an FFN ({hidden} -> n -> {hidden}) in block 0 "
             f"of {layers_path}; its nn.Linear calls after q/k/v: {[(n, m.in_features, m.out_features) for n, m in rest]}"
             ". Register an ArchitectureSpec naming them.")
-    heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "num_heads", 0) or 0)
+    attention = _parent([q[0], k[0], v[0], o[0]])
+    block = layers[0]
+    heads = _head_count(config, block.get_submodule(attention) if attention else block)
     if heads <= 0 or width % heads:
         raise UnsupportedArchitectureError(
             f"{problem} the head count: config.num_attention_heads is {heads or 'missing'} for an attention width of "
-            f"{width}. Set it on the config, or register an ArchitectureSpec.")
-    attention = _parent([q[0], k[0], v[0], o[0]])
+            f"{width}, and the attention module keeps no num_heads. Set it on the config, or register an "
+            "ArchitectureSpec.")
     ups = ups[:2] if len(ups) > 1 and ups[1][1].out_features == ups[0][1].out_features else ups[:1]
     mlp = _parent([*(n for n, _ in ups), downs[0][0]])
-    block = layers[0]
     counts, sizes, head_width = _head_attributes(block.get_submodule(attention) if attention else block, heads,
                                                  width // heads, any_size_name)
-    image, patch = getattr(config, "image_size", None), getattr(config, "patch_size", None)
-    image, patch = (v[0] if isinstance(v, (list, tuple)) else v for v in (image, patch))
-    patches = (image // patch) ** 2 if isinstance(image, int) and isinstance(patch, int) and patch else tokens
+    side, patch = pixel_shape(model.config, 1)[-1], patch_side(model)
+    patches = (side // patch) ** 2 if not takes_grid(model) else tokens
     frames, tubelet = getattr(config, "num_frames", None), getattr(config, "tubelet_size", None)
     if isinstance(frames, int) and isinstance(tubelet, int) and tubelet > 0:
         patches *= frames // tubelet
@@ -213,7 +227,18 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> Architect
         mlp_variants=(MlpSpec(tuple(_relative(n, mlp) for n, _ in ups), _relative(downs[0][0], mlp)),),
         embedding="pooled", extra_tokens=lambda c, e=extra: e, num_patches=lambda c, n=patches: n,
         head_count_attrs=counts, head_size_attrs=sizes, head_width=head_width, token_subsets=False,
-        qkv_blocks=(0, 1, 2) if fused else (0, 0, 0), grid_inputs=takes_grid(model))
+        qkv_blocks=(0, 1, 2) if fused else (0, 0, 0), grid_inputs=takes_grid(model), backbone="" if whole else None)
+
+
+def _head_count(config: PretrainedConfig, attention: nn.Module) -> int:
+    """The head count the config names, else the attention module's own ``num_heads`` (a timm model's config keeps
+    only the timm architecture's name)."""
+    for owner, name in ((config, "num_attention_heads"), (config, "num_heads"), (attention, "num_heads"),
+                        (attention, "num_attention_heads")):
+        value = getattr(owner, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
 
 
 def _is_fused(calls: list[tuple[str, nn.Linear]]) -> bool:
@@ -239,7 +264,7 @@ def spec_to_dict(spec: ArchitectureSpec, config: PretrainedConfig) -> dict[str, 
             "mlp_in": list(variant.in_proj), "mlp_out": variant.out_proj, "embedding": spec.embedding,
             "head_count_attrs": list(spec.head_count_attrs), "head_size_attrs": list(spec.head_size_attrs),
             "extra_tokens": int(spec.extra_tokens(config)), "num_patches": int(spec.num_patches(config)),
-            "qkv_blocks": list(spec.qkv_blocks), "grid_inputs": spec.grid_inputs}
+            "qkv_blocks": list(spec.qkv_blocks), "grid_inputs": spec.grid_inputs, "backbone": spec.backbone}
 
 
 def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None = None) -> ArchitectureSpec:
@@ -273,6 +298,9 @@ def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None 
         raise fail("has qkv_blocks [0, 1, 2] (one fused qkv) but names different q_proj, k_proj and v_proj")
     if not isinstance(data.get("grid_inputs", False), bool):
         raise fail(f"needs a boolean 'grid_inputs', got {data.get('grid_inputs')!r}")
+    if data.get("backbone") not in (None, ""):
+        raise fail(f"has backbone {data.get('backbone')!r}; expected null (the model's base model) or \"\" (the "
+                   "model itself)")
     if data["embedding"] not in ("cls", "pooled", "cls_dist_mean"):
         raise fail(f"has embedding {data['embedding']!r}; expected 'cls', 'pooled' or 'cls_dist_mean'")
     return ArchitectureSpec(
@@ -280,20 +308,39 @@ def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None 
         mlp_variants=(MlpSpec(tuple(data["mlp_in"]), data["mlp_out"]),), embedding=data["embedding"],
         head_count_attrs=tuple(data["head_count_attrs"]), head_size_attrs=tuple(data["head_size_attrs"]),
         extra_tokens=lambda c, e=data["extra_tokens"]: e, num_patches=lambda c, n=data["num_patches"]: n,
-        token_subsets=False, qkv_blocks=tuple(blocks), grid_inputs=data.get("grid_inputs", False))
+        token_subsets=False, qkv_blocks=tuple(blocks), grid_inputs=data.get("grid_inputs", False),
+        backbone=data.get("backbone"))
+
+
+def _structure_key(model_or_config: object, model_type: str | None) -> tuple[str, str]:
+    """The model type and the config entries that shape its modules: models of one key have one spec."""
+    config = getattr(model_or_config, "config", model_or_config)
+    if not isinstance(config, PretrainedConfig):
+        return str(model_type), ""
+    # vars, not to_dict: to_dict would copy a dense checkpoint's whole ranking on every spec lookup.
+    kept = {k: v for k, v in vars(config).items() if k not in _NOT_STRUCTURE and not k.startswith(("elastic_", "_"))}
+    return str(model_type), json.dumps(kept, sort_keys=True, default=str)
 
 
 def unregistered_spec(model_or_config: object, config: PretrainedConfig | None,
                        model_type: str | None) -> ArchitectureSpec:
-    """The spec of a model type no registry holds: stored in its config (``elastic_spec``), else discovered in the
-    model itself; the first one found for a model type is kept for the process."""
-    if model_type in _DISCOVERED:
-        return _DISCOVERED[model_type]
+    """The spec of a model no registry holds: stored in its config (``elastic_spec``), else discovered in the model
+    itself; kept for the process by model type and structure."""
+    key = _structure_key(model_or_config, model_type)
     stored = getattr(config, SPEC_KEY, None) if config is not None else None
-    if stored is not None:
-        spec = spec_from_dict(str(model_type), stored)
-    elif isinstance(model_or_config, nn.Module) and model_type:
+    if stored is not None:  # proven when it was saved, and what the checkpoint's weights were sliced with
+        text = json.dumps(stored, sort_keys=True, default=str)
+        if text not in _STORED:
+            _STORED[text] = spec_from_dict(str(model_type), stored)
+        _DISCOVERED[key] = _STORED[text]
+        return _STORED[text]
+    if key in _DISCOVERED:
+        return _DISCOVERED[key]
+    same_type = [spec for (kind, _), spec in _DISCOVERED.items() if kind == key[0]]
+    if isinstance(model_or_config, nn.Module) and model_type:
         spec = discover_spec(model_or_config)
+    elif len(same_type) == 1:  # a config alone, edited after discovery (labels, dtype): the one structure known
+        return same_type[0]
     else:
         raise UnsupportedArchitectureError(
             f"model_type={model_type!r} is not supported by hf_snapvit. Supported: {', '.join(supported_model_types())}"
@@ -302,23 +349,31 @@ def unregistered_spec(model_or_config: object, config: PretrainedConfig | None,
             "hf_snapvit.register_architecture(spec); for a task model built on a supported backbone, describe where "
             "its encoder lives with hf_snapvit.TaskModelSpec and call hf_snapvit.register_task_model(spec)."
         )
-    _DISCOVERED[model_type] = spec
+    _DISCOVERED[key] = spec
     return spec
 
 
 def is_discovered(spec: ArchitectureSpec) -> bool:
     """Whether ``spec`` was discovered or read from a checkpoint rather than registered."""
-    return _DISCOVERED.get(spec.model_type) is spec
+    return any(known is spec for known in _DISCOVERED.values())
 
 
-def adopt_discovered(spec: ArchitectureSpec) -> None:
-    """Keep ``spec`` (a proven discovery) as its model type's spec for the process."""
-    _DISCOVERED[spec.model_type] = spec
+def discovered_spec(model: nn.Module) -> ArchitectureSpec | None:
+    """The spec kept for ``model``'s type and structure, if any."""
+    return _DISCOVERED.get(_structure_key(model, model.config.model_type))
 
 
-def forget_discovered(model_type: str) -> None:
-    """Drop the spec kept for ``model_type`` (one whose proof failed)."""
-    _DISCOVERED.pop(model_type, None)
+def adopt_discovered(spec: ArchitectureSpec, model: nn.Module) -> None:
+    """Keep ``spec`` (a proven guess) as the spec of ``model``'s type and structure for the process."""
+    _DISCOVERED[_structure_key(model, spec.model_type)] = spec
+
+
+def forget_discovered(model_type: str, model: nn.Module | None = None) -> None:
+    """Drop the spec kept for ``model``'s structure (one whose proof failed), or every one of ``model_type`` (a spec
+    was registered for it)."""
+    for key in [k for k in _DISCOVERED if k[0] == model_type]:
+        if model is None or key == _structure_key(model, model_type):
+            del _DISCOVERED[key]
 
 
 on_unregistered(unregistered_spec, forget_discovered)

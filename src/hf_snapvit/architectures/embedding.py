@@ -102,7 +102,7 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
     backbone = get_backbone(model, spec)
     kwargs = forward_inputs(model, inputs, spec)
     pixels = inputs.get("pixel_values")
-    if pixels is not None and pixels.ndim == 5:
+    if pixels is not None and pixels.ndim == 5 and len(pixel_shape(model.config, 1)) != 5:  # not a video model's
         raise DataError(f"pixel_values of shape {list(pixels.shape)} hold several tiles per image (an anyres "
                         "processor's [B, tiles, C, H, W]); embed one [B, C, H, W] view per image, e.g. "
                         "pixel_values[:, 0] (the resized whole image).")

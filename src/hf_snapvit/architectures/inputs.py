@@ -19,12 +19,15 @@ DEFAULT_SIDE = 224  # pixels, for a tower whose config names no image size
 
 def pixel_shape(config: PretrainedConfig, batch_size: int) -> tuple[int, ...]:
     """The shape of ``pixel_values`` the model was configured for: ``[B, C, H, W]``, or ``[B, T, C, H, W]`` for a
-    video model (its config has ``num_frames``: VideoMAE's tubelet input); :data:`DEFAULT_SIDE` px where the config
-    names no size."""
+    video model (its config has ``num_frames``: VideoMAE's tubelet input); a timm model's ``pretrained_cfg`` input
+    size; :data:`DEFAULT_SIDE` px where the config names no size."""
     vision = vision_config(config)
     size = getattr(vision, "image_size", None)
     if size is None and getattr(vision, "num_patches", None) is not None:
         size = math.isqrt(int(vision.num_patches)) * int(vision.patch_size)
+    pretrained = getattr(vision, "pretrained_cfg", None)
+    if size is None and isinstance(pretrained, dict) and isinstance(pretrained.get("input_size"), (list, tuple)):
+        size = pretrained["input_size"][-1]  # a timm model's (C, H, W)
     if size is None:  # a tower of any resolution (Qwen2-VL): 224 px, in whole merge windows of patches
         step = int(vision.patch_size) * int(getattr(vision, "spatial_merge_size", 1))
         size = max(step, DEFAULT_SIDE // step * step)
@@ -34,6 +37,20 @@ def pixel_shape(config: PretrainedConfig, batch_size: int) -> tuple[int, ...]:
     if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0:
         return (batch_size, frames, channels, side, side)
     return (batch_size, channels, side, side)
+
+
+def patch_side(model: nn.Module) -> int:
+    """One patch's side in pixels: the config's ``patch_size``, else the kernel of the model's first convolution
+    whose stride equals its kernel (the patch embedding of a model whose config names no patch size: timm's)."""
+    size = getattr(vision_config(model.config), "patch_size", None)
+    if size is None:
+        conv = next((m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))
+                     and tuple(m.stride) == tuple(m.kernel_size)), None)
+        size = conv.kernel_size[-1] if conv is not None else None
+    if size is None:
+        raise DataError(f"{type(model).__name__} names no patch_size in its config and has no patch-embedding "
+                        "convolution (stride equal to its kernel); set config.patch_size.")
+    return int(size[0] if isinstance(size, (tuple, list)) else size)
 
 
 def takes_grid(model: nn.Module) -> bool:

@@ -21,6 +21,7 @@ from PIL import Image
 from .coverage import (Coverage, check_coverage, class_names, coverage_column, label_coverage, neighbour_gap,
                        recorded_draw)
 from .images import ImageSource, find_image_column, read_valid_rows, to_rgb
+from ..architectures.inputs import pixel_shape
 from ..errors import DataError
 from .sampling import draw_valid, key_order, unwrap
 from .streams import Decoder, from_sequence
@@ -74,9 +75,11 @@ def draw_sample(
     _refuse_unsupported(data)
     datasets = loaded_datasets()
     if isinstance(data, torch.Tensor):
-        if data.ndim != 4 or data.shape[0] == 0:
+        clips = model is not None and len(pixel_shape(model.config, 1)) == 5  # a video model's [N, T, C, H, W]
+        if data.ndim != (5 if clips else 4) or data.shape[0] == 0:
             raise DataError(
-                f"A tensor of calibration pixel values must have shape [N, C, H, W] with N >= 1, got {tuple(data.shape)}."
+                f"A tensor of calibration pixel values must have shape {'[N, T, C, H, W]' if clips else '[N, C, H, W]'}"
+                f" with N >= 1, got {tuple(data.shape)}."
             )
         data = check_pixel_values(data, model=model)
         chosen = data[torch.as_tensor(key_order(data.shape[0], seed)[:num_samples])]

@@ -31,14 +31,16 @@ class Normalizer:
     """The rescale and normalisation steps of a transformers image processor, applied to float tensors."""
 
     def __init__(self, processor: Any) -> None:
-        self.rescale = float(processor.rescale_factor) if getattr(processor, "do_rescale", True) else 1.0
+        timm = getattr(processor, "data_config", None) or {}  # a timm processor's statistics; it scales by 1/255
+        factor = getattr(processor, "rescale_factor", None) or (1 / 255 if timm else None)
+        self.rescale = float(factor) if getattr(processor, "do_rescale", True) and factor is not None else 1.0
         self.normalize = bool(getattr(processor, "do_normalize", True))
-        mean = getattr(processor, "image_mean", None)
-        std = getattr(processor, "image_std", None)
+        mean = getattr(processor, "image_mean", None) or timm.get("mean")
+        std = getattr(processor, "image_std", None) or timm.get("std")
         if self.normalize and (mean is None or std is None):
             raise DataError(f"{type(processor).__name__} has no image_mean/image_std to normalise with.")
-        self.mean = torch.tensor(mean or [0.0, 0.0, 0.0]).view(1, -1, 1, 1)
-        self.std = torch.tensor(std or [1.0, 1.0, 1.0]).view(1, -1, 1, 1)
+        self.mean = torch.tensor(list(mean or [0.0, 0.0, 0.0])).view(1, -1, 1, 1)
+        self.std = torch.tensor(list(std or [1.0, 1.0, 1.0])).view(1, -1, 1, 1)
 
     def __call__(self, uint8: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W]`` 0-255 values (uint8, or floats of resized crops) → model-ready float32, on their device."""
@@ -198,7 +200,8 @@ def multi_crops(
     rng: np.random.Generator,
     device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Crops of every image: ``(global [B, G, C, S, S], local [B, L, C, s, s] or None)``, model-ready.
+    """Crops of every image: ``(global [B, G, C, S, S], local [B, L, C, s, s] or None)``, model-ready; of every
+    clip (``[T, C, H, W]`` tensors, a video model's), one box for all its frames: ``[B, G, T, C, S, S]``.
 
     With a ``device`` (callers give one for an accelerator), PIL images are sent there as uint8 and cropped, resized
     (bilinear, antialiased) and normalised there: on a GPU the crops of a gradient step cost far more CPU time than
@@ -219,10 +222,13 @@ def multi_crops(
             crops = []
             for _ in range(count):
                 if isinstance(image, torch.Tensor):  # pixels (preprocessed, or raw uint8 on a device): resize
+                    # A clip's [T, C, H, W] frames share one box, as a video model's tubelets need.
                     left, top, right, bottom = _crop_box(image.shape[-1], image.shape[-2], scale, rng)
-                    crop = image[None, :, top:bottom, left:right].float()
-                    crops.append(torch.nn.functional.interpolate(
-                        crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0])
+                    crop = image[..., top:bottom, left:right].float()
+                    frames = crop if crop.dim() == 4 else crop[None]
+                    resized = torch.nn.functional.interpolate(
+                        frames, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+                    crops.append(resized if crop.dim() == 4 else resized[0])
                 else:
                     box = _crop_box(image.width, image.height, scale, rng)
                     resized = image.resize((size, size), Image.BILINEAR, box=box)

@@ -135,14 +135,14 @@ def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
     except UnsupportedArchitectureError as first:
         # Only a failed first guess pays for discovering the others (one traced forward each).
         for guess in (g for g in discovery_guesses(model) if g != spec):
-            adopt_discovered(guess)  # slicing reads the model's spec from the registry
+            adopt_discovered(guess, model)  # slicing reads the model's spec from the registry
             try:
                 prove_spec(model, guess)
             except UnsupportedArchitectureError:
                 continue
             _PROVEN.add(id(guess))
             return guess
-        forget_discovered(spec.model_type)
+        forget_discovered(spec.model_type, model)
         raise first
     _PROVEN.add(id(spec))
     return spec

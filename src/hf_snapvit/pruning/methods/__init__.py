@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
+import torch
 from transformers import PreTrainedModel
 
 from ...architectures.inputs import pixel_shape
@@ -116,7 +117,7 @@ def rank(
         if data is None:
             raise DataError(f"method={method!r} needs calibration images: pass data=... (images, a dataset or a "
                             "tensor).")
-        _check_takes_images(model, method)
+        _check_takes_images(model, method, data)
         config = _config(config, preset, mode if method == "snapvit" else None, seed, floors, method, precision,
                          max_generations)
     if not spec.prune_heads:  # the stock forward cannot run with fewer heads: every block keeps all of them
@@ -130,13 +131,15 @@ def rank(
     return _timed(ranking, start, {})
 
 
-def _check_takes_images(model: PreTrainedModel, method: str) -> None:
+def _check_takes_images(model: PreTrainedModel, method: str, data: Any) -> None:
+    """A video model calibrates on clips: anything but a ``[N, T, C, H, W]`` tensor is refused here, by name."""
     clip = pixel_shape(model.config, 1)
-    if len(clip) == 5:
+    if len(clip) == 5 and not (isinstance(data, torch.Tensor) and data.ndim == 5):
         raise ConfigError(
             f"This {model.config.model_type} model takes video clips (pixel_values of shape [B, T, C, H, W] = "
-            f"{list(clip)}), and method={method!r} calibrates on images: ranking on clips is not supported yet. "
-            "Rank it with a data-free method (method='magnitude', 'lamp' or 'random').")
+            f"{list(clip)}), and method={method!r} calibrates on what the model takes: give data=... as a "
+            "[N, T, C, H, W] tensor of clips, e.g. VideoMAEImageProcessor()(videos, return_tensors='pt')"
+            "['pixel_values'], or rank with a data-free method (method='magnitude', 'lamp' or 'random').")
 
 
 def _baseline(model: PreTrainedModel, method: str, data: Any, config: SnapViTConfig | None, processor: Any,

@@ -1,0 +1,102 @@
+"""timm models loaded through transformers (``TimmWrapper*``, model_type ``timm_wrapper``): ranked with SnapViT
+through their own image processor, every timm architecture of one process keeping its own discovered spec, and a
+timm model whose structure slicing cannot follow (EVA-02) refused before anything is written.
+
+The families' shared checks (sliced equals masked, the card, the Hub payload, stock loading, sparsity 0, switchable,
+remote code) run in ``test_discovery.py`` and ``test_discovery_publishing.py`` (``FAMILIES["timm-*"]``)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from PIL import Image
+
+import hf_snapvit as hs
+from hf_snapvit.architectures import discovery, get_spec
+from hf_snapvit.architectures.embedding import dummy_inputs
+from hf_snapvit.surgery import proof
+from hf_snapvit.surgery.proof import _output
+from helpers import masked_copy
+from test_discovery import _TIMM, FAMILIES
+
+pytest.importorskip("timm", reason="timm is part of the [test] extra")
+_PRETRAINED = {"input_size": [3, 32, 32], "interpolation": "bicubic", "crop_pct": 1.0, "crop_mode": "center",
+               "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
+
+
+@pytest.fixture(autouse=True)
+def fresh_discoveries(monkeypatch):
+    monkeypatch.setattr(discovery, "_DISCOVERED", {})
+    monkeypatch.setattr(discovery, "_STORED", {})
+    monkeypatch.setattr(proof, "_PROVEN", set())
+
+
+def _classifier(architecture: str = "vit_tiny_patch16_224", **model_args) -> transformers.PreTrainedModel:
+    torch.manual_seed(0)
+    config = transformers.TimmWrapperConfig(architecture=architecture, model_args={**_TIMM, **model_args},
+                                            pretrained_cfg=_PRETRAINED, num_labels=5)
+    return transformers.TimmWrapperForImageClassification(config).eval()
+
+
+def test_snapvit_ranks_a_timm_model_through_its_own_processor_and_the_checkpoint_keeps_it(tmp_path):
+    from hf_snapvit.data.views import MultiCropConfig
+    from hf_snapvit.pruning.scoring import ScoreConfig
+
+    model = _classifier()
+    processor = transformers.TimmWrapperImageProcessor(pretrained_cfg=_PRETRAINED)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (48, 40, 3), dtype=np.uint8)) for _ in range(12)]
+    config = hs.SnapViTConfig.preset("fast", num_gradient_images=3, num_fitness_images=6, max_generations=1,
+                                     scores=ScoreConfig(crops=MultiCropConfig(num_local=2)))
+    ranking = hs.rank(model, method="snapvit", data=images, processor=processor, config=config, show_progress=False)
+    assert ranking.provenance["method"] == "snapvit" and 0.2 < ranking.keep_counts(0.3).sparsity < 0.4
+    hs.save_elastic(model, ranking, tmp_path, image_processor=processor, model_card=False)
+    # A timm processor lives in config.json (pretrained_cfg): the checkpoint reloads it, and the sliced model runs
+    # on what it makes of an image.
+    reloaded = transformers.AutoImageProcessor.from_pretrained(tmp_path)
+    assert isinstance(reloaded, transformers.TimmWrapperImageProcessor)
+    pixels = reloaded(images[:2], return_tensors="pt")["pixel_values"]
+    sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3)
+    assert isinstance(sliced, transformers.TimmWrapperForImageClassification)
+    with torch.no_grad():
+        assert sliced(pixel_values=pixels).logits.shape == (2, 5)
+
+
+def test_every_timm_architecture_of_one_process_keeps_its_own_spec(tmp_path):
+    # One model_type for every timm model: a class token or none changes the token count the budget reads, and the
+    # spec found for one architecture must not be reused for the next, nor for a checkpoint of the first.
+    with_cls, without = _classifier(), _classifier("vit_base_patch16_siglip_224", class_token=False,
+                                                   global_pool="avg")
+    rankings = {}
+    for name, model in (("cls", with_cls), ("no-cls", without)):
+        rankings[name] = hs.rank(model, method="magnitude", show_progress=False)
+        hs.save_elastic(model, rankings[name], tmp_path / name, model_card=False)
+    assert get_spec(with_cls).extra_tokens(with_cls.config) == 1
+    assert get_spec(without).extra_tokens(without.config) == 0
+    for name, model in (("cls", with_cls), ("no-cls", without)):
+        stored = json.loads((tmp_path / name / "config.json").read_text())["elastic_spec"]
+        assert stored["extra_tokens"] == (1 if name == "cls" else 0)
+        sliced = hs.ElasticViTModel.from_pretrained(tmp_path / name, sparsity=0.3)
+        counts = hs.ElasticRanking.from_dict(sliced.config.elastic_ranking).keep_counts(0.3)
+        inputs = dummy_inputs(model, 2, seed=3)
+        masked = masked_copy(model, rankings[name].keep_indices(counts))
+        torch.testing.assert_close(_output(sliced, inputs), _output(masked, inputs), rtol=1e-4, atol=1e-5)
+
+
+def test_a_timm_model_whose_attention_slicing_cannot_follow_is_refused_naming_its_modules(tmp_path):
+    # EVA-02 applies its fused qkv through F.linear with separate q/v biases, so no projection call shows.
+    model = _classifier("eva02_tiny_patch14_224")
+    with pytest.raises(hs.UnsupportedArchitectureError) as info:
+        hs.save_elastic(model, None, tmp_path / "out")
+    message = str(info.value)
+    assert "timm_model.blocks" in message and "attn.proj" in message and "ArchitectureSpec" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_timm_families_are_in_the_shared_family_checks():
+    assert {name for name in FAMILIES if name.startswith("timm-")} == {
+        "timm-augreg", "timm-deit3", "timm-deit-distilled", "timm-qknorm-registers"}
