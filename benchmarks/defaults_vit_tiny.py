@@ -41,24 +41,20 @@ import dataclasses
 import json
 import re
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
-import transformers
-from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit
 from hf_snapvit.benchmark import hardware_info
-from hf_snapvit.architectures.budget import model_shape
 from hf_snapvit.evaluation import load_split, run_sweep
 from hf_snapvit.files import write_text_atomic
 from hf_snapvit.pruning.xnes.rules import generations_without_improvement
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import RESULTS, load_classifier, parser, ranking_from_stored, timed, write_json  # noqa: E402
+
 # The committed grid (benchmarks/results/defaults_vit_tiny) ran on the fast preset of its time, sigma 1; a spec without
 # a sigma option keeps that, so its name still names its rows and a re-run reproduces them.
 BASE_SIGMA = 1.0
@@ -100,32 +96,29 @@ NEWER_SETTINGS = {"early_stopping_patience": None, "early_stopping_threshold": 0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("rank", "eval"))
-    parser.add_argument("--model", default=str(SHARED / "models" / "vit-tiny-tinyimagenet"))
-    parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200"))
-    parser.add_argument("--configs", nargs="+", default=["obd:global:6", "obd:paired:6"])
-    parser.add_argument("--budgets", type=int, nargs="+", default=[0, 3, 6], help="generations to evaluate")
-    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.3, 0.5])
-    parser.add_argument("--num-val", type=int, default=1000)
-    parser.add_argument("--num-bank", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--width-multiple", type=int, default=None,
+    result = parser(__doc__)
+    result.add_argument("stage", choices=("rank", "eval"))
+    result.add_argument("--configs", nargs="+", default=["obd:global:6", "obd:paired:6"])
+    result.add_argument("--budgets", type=int, nargs="+", default=[0, 3, 6], help="generations to evaluate")
+    result.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.3, 0.5])
+    result.add_argument("--num-val", type=int, default=1000)
+    result.add_argument("--num-bank", type=int, default=1000)
+    result.add_argument("--seed", type=int, default=0)
+    result.add_argument("--width-multiple", type=int, default=None,
                         help="round kept FFN widths to multiples of this (default: the library's, 64 here; 1: exact "
                              "widths, as the stored results were measured)")
-    parser.add_argument("--early-stopping", nargs="*", default=[], metavar="PATIENCE:THRESHOLD",
+    result.add_argument("--early-stopping", nargs="*", default=[], metavar="PATIENCE:THRESHOLD",
                         help="also save the ranking each of these early-stopping rules would end the search at "
                              "(read off the run's history), e.g. 2:0 3:0.002")
-    parser.add_argument("--reuse-search", action="store_true",
+    result.add_argument("--reuse-search", action="store_true",
                         help="take the search history of a fit already recorded in OUTPUT_DIR/rankings (same "
                              "settings) instead of searching again; only the gradient scores are recomputed")
-    parser.add_argument("--also-mean", action="store_true",
+    result.add_argument("--also-mean", action="store_true",
                         help="also save the rankings of the search's mean (NAME-mean-gG.json) beside its best "
                              "sample's: the solution picks from the search, so one fit gives both")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    parser.add_argument("--device", default="cpu", help="where the model ranks and is evaluated (cpu, cuda, ...)")
-    parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results" / "defaults_vit_tiny")
-    return parser.parse_args(argv)
+    result.add_argument("--device", default="cpu", help="where the model ranks and is evaluated (cpu, cuda, ...)")
+    result.add_argument("--output-dir", type=Path, default=RESULTS / "defaults_vit_tiny")
+    return result.parse_args(argv)
 
 
 def parse_config(spec: str, seed: int) -> tuple[str, hf_snapvit.SnapViTConfig]:
@@ -174,15 +167,13 @@ def fitted(spec: str, config: hf_snapvit.SnapViTConfig, fit_path: Path, reuse: b
     scores are recomputed (no search) and its recorded search history is taken instead of searching again."""
     recorded = json.loads(fit_path.read_text()) if reuse and fit_path.is_file() else None
     pruner = hf_snapvit.SnapViTPruner(dataclasses.replace(config, max_generations=0) if recorded else config)
-    start = time.perf_counter()
-    ranking = pruner.fit(model, calibration, processor=processor)
-    wall = time.perf_counter() - start
+    ranking, wall = timed(lambda: pruner.fit(model, calibration, processor=processor))
     settings = json.loads(json.dumps(ranking.provenance["settings"], default=str))
     if recorded is None:
         fit = {"spec": spec, "settings": settings,  # what ran (the search batch resolved)
                "wall_seconds": wall, "timings": pruner.timings_, "history": pruner.history_,
                "hardware": hardware_info(device=next(model.parameters()).device)}
-        write_text_atomic(fit_path, json.dumps(fit, indent=1, default=str))
+        write_json(fit_path, fit)
         return pruner, fit
     # The solution picks from the history and does not change the search: a fit recorded with either serves both.
     expected = {**NEWER_SETTINGS, **recorded["settings"], "max_generations": 0, "solution": config.solution}
@@ -195,8 +186,7 @@ def fitted(spec: str, config: hf_snapvit.SnapViTConfig, fit_path: Path, reuse: b
 def rank_stage(args: argparse.Namespace) -> None:
     folder = args.output_dir / "rankings"
     folder.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForImageClassification.from_pretrained(args.model).eval().to(args.device)
-    processor = AutoImageProcessor.from_pretrained(args.model)
+    model, processor = load_classifier(args.model, args.device)
     calibration = load_split(args.data, "train")
     for spec in args.configs:
         name, config = parse_config(spec, args.seed)
@@ -212,7 +202,7 @@ def rank_stage(args: argparse.Namespace) -> None:
             stops[rule] = early_stop(fit["history"], int(patience), float(threshold))
         if stops:
             print(f"{spec}: early stopping ends the search at generation {stops}", flush=True)
-            write_text_atomic(folder / f"{name}.stops.json", json.dumps(stops, indent=1))
+            write_json(folder / f"{name}.stops.json", stops)
         for g in sorted({*budgets, *stops.values()}):
             write_ranking(folder / f"{name}-g{g}.json", spec, g, pruner, fit)
             if args.also_mean and g and pruner.config.solution == "best":
@@ -250,26 +240,17 @@ def read_ranking(path: Path, model: torch.nn.Module) -> hf_snapvit.ElasticRankin
     return ranking_from_stored(json.loads(Path(path).read_text()), model)
 
 
-def ranking_from_stored(stored: dict[str, Any], model: torch.nn.Module) -> hf_snapvit.ElasticRanking:
-    """:func:`read_ranking` of a file already parsed (``stored`` is not changed)."""
-    stored = dict(stored)
-    info = stored.pop("info", {})
-    return hf_snapvit.ElasticRanking(
-        head_scores=np.array(stored.pop("head_scores")), neuron_scores=np.array(stored.pop("neuron_scores")),
-        shape=model_shape(model), provenance={"method": "snapvit", "defaults_sweep": info}, **stored)
-
-
 def eval_stage(args: argparse.Namespace) -> None:
     files = sorted(f for f in (args.output_dir / "rankings").glob("*.json") if re.search(r"-g\d+\.json$", f.name))
     if not files:
         raise SystemExit(f"no rankings in {args.output_dir / 'rankings'}; run the 'rank' stage first")
-    model = AutoModelForImageClassification.from_pretrained(args.model).eval().to(args.device)
+    model, processor = load_classifier(args.model, args.device)
     rankings = {f.stem: read_ranking(f, model) for f in files}
     info = {name: ranking.provenance["defaults_sweep"] for name, ranking in rankings.items()}
     eval_data = load_split(args.data, "validation", num_samples=args.num_val, seed=args.seed)
     bank_data = load_split(args.data, "train", num_samples=args.num_bank, seed=args.seed + 1)
     result = run_sweep(model, rankings, args.sparsities, eval_data, bank_data=bank_data,
-                       processor=AutoImageProcessor.from_pretrained(args.model), output_dir=args.output_dir,
+                       processor=processor, output_dir=args.output_dir,
                        metrics=("top1", "knn"), latency=False, ranking_info=info, width_multiple=args.width_multiple)
     summary = {"dense": result.dense, "sparsities": args.sparsities,
                "num_val": args.num_val, "num_bank": args.num_bank,
@@ -282,7 +263,7 @@ def eval_stage(args: argparse.Namespace) -> None:
             "mean_knn_top1": float(np.mean([r["knn_top1"] for r in rows])),
             "top1": [r["top1"] for r in rows], "knn_top1": [r["knn_top1"] for r in rows],
         }
-    write_text_atomic(args.output_dir / "summary.json", json.dumps(summary, indent=1, default=str))
+    write_json(args.output_dir / "summary.json", summary)
     print(f"{'ranking':32s} {'evals':>5s} {'rank s':>7s}  mean top-1  mean k-NN   top-1 @ {args.sparsities}")
     for name, s in sorted(summary["rankings"].items(), key=lambda kv: -kv[1]["mean_top1"]):
         print(f"{name:32s} {s['evaluations']:5d} {s['ranking_seconds_estimate']:7.0f}  {s['mean_top1']:10.3f}"
@@ -291,9 +272,6 @@ def eval_stage(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    transformers.utils.logging.set_verbosity_error()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     (rank_stage if args.stage == "rank" else eval_stage)(args)
     return 0
 
