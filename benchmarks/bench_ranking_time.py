@@ -13,22 +13,15 @@ Data: the first rows of a Tiny-ImageNet-style parquet (``--data``, an ``image`` 
 streamed batch by batch with pyarrow, else random 64x64 RGB images; both are PIL images preprocessed by the pruner as
 a user's images would be.
 
-    # on one GPU (ViT-S/16 and ViT-B/16, every preset, fp32 = TF32 matmuls and bf16 autocast):
-    python benchmarks/bench_ranking_time.py --device cuda --data train.parquet
+    python benchmarks/bench_ranking_time.py --device cuda --shapes vit-b16 --presets default fast --precisions bf16 \
+        --data train.parquet
+    # side by side: fitness images, images per gradient step, each fitness sparsity on its own share of the fitness
+    # images, and the share of each fitness image's tokens the search forwards (the floor stays the full-token one)
+    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
+        --fitness-images 1000 256 --gradient-batch-sizes 16 64 --split-fitness-images 0 1 \
+        --fitness-token-fractions 1 0.5
     # on a CPU with a tiny model (what the test runs):
     python benchmarks/bench_ranking_time.py --device cpu --shapes tiny --presets fast --images 8 --generations 1
-    # the default preset with its 1000 fitness images and with 256, side by side:
-    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
-        --fitness-images 1000 256
-    # and with 16 and 64 images per gradient step (the per-image scores differ only by float rounding):
-    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
-        --fitness-images 256 --gradient-batch-sizes 16 64
-    # every fitness sparsity on every fitness image (0) and on its own share of them (1):
-    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
-        --split-fitness-images 0 1
-    # the search on every token and on half of each fitness image's patch tokens (the floor stays the full-token one):
-    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
-        --fitness-token-fractions 1 0.5
 
 A count listed twice runs twice: the first ranking of a process also pays the device's one-time start-up.
 """
@@ -38,11 +31,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -52,17 +43,15 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from PIL import Image  # noqa: E402
 
-import _latency_modes as modes  # noqa: E402
 import hf_snapvit  # noqa: E402
+from _harness import SHAPES as STANDARD, build, command, output_path, write_json  # noqa: E402
 from hf_snapvit.architectures.embedding import image_embedding  # noqa: E402
-from hf_snapvit.benchmark import device_slug, hardware_info  # noqa: E402
+from hf_snapvit.benchmark import hardware_info  # noqa: E402
 from hf_snapvit.distributed import autocast, resolve_precision, tf32_matmuls  # noqa: E402
-from hf_snapvit.files import write_text_atomic  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-# The standard ViT shapes of the latency scripts (vit-ti16 is the shared ViT-Tiny's: a CPU's ranking times without
-# the shared checkpoint), and a tiny one for tests, small enough for a CPU.
-SHAPES = {**{name: modes.SHAPES[name] for name in ("vit-b16", "vit-s16", "vit-ti16")},
+# The standard ViT shapes (vit-ti16 is the shared ViT-Tiny's: a CPU's ranking times without the shared checkpoint),
+# and a tiny one for tests, small enough for a CPU.
+SHAPES = {**{name: STANDARD[name] for name in ("vit-b16", "vit-s16", "vit-ti16")},
           "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
                        patch_size=8)}
 
@@ -100,12 +89,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", default=None,
                         help="JSON file (default: benchmarks/results/ranking_time_<device name>.json)")
     return parser.parse_args(argv)
-
-
-def build(shape: str, seed: int, device: str) -> transformers.ViTModel:
-    torch.manual_seed(seed)
-    config = transformers.ViTConfig(**{"image_size": 224, "patch_size": 16, **SHAPES[shape]})
-    return transformers.ViTModel(config, add_pooling_layer=False).eval().to(device)
 
 
 def load_images(path: str | None, count: int, seed: int) -> list[Image.Image]:
@@ -221,15 +204,13 @@ def main(argv: list[str] | None = None) -> int:
                  for c in presets for n in args.fitness_images)
     images = load_images(args.data, needed, args.seed)
     hardware = hardware_info(device=args.device)
-    name = device_slug(hardware)
-    output = Path(args.output) if args.output else ROOT / "benchmarks" / "results" / f"ranking_time_{name}.json"
+    output = output_path(args.output, "ranking_time", hardware)
     report: dict[str, Any] = {
-        "command": " ".join(["python", "benchmarks/bench_ranking_time.py", *(argv if argv is not None
-                                                                            else sys.argv[1:])]),
+        "command": command("bench_ranking_time.py", argv),
         "hardware": hardware, "data": args.data or "random 64x64 images",
         "settings": {k: v for k, v in vars(args).items() if k != "output"}, "runs": []}
     for shape in args.shapes:
-        model = build(shape, args.seed, args.device)
+        model = build(shape, args.seed, args.device, SHAPES)
         for preset, precision, fitness, batch, split, tokens in itertools.product(
                 args.presets, args.precisions, args.fitness_images, args.gradient_batch_sizes,
                 args.split_fitness_images, args.fitness_token_fractions):
@@ -239,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             report["runs"].append(row)
             print(summary_line(shape, row), file=sys.stderr, flush=True)
             # Written after every run: a long GPU session that is cut off keeps what it measured.
-            write_text_atomic(output, json.dumps(report, indent=1) + "\n")
+            write_json(output, report)
         del model
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
