@@ -15,7 +15,6 @@ time and a re-run replaces only its own rows.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from transformers import AutoImageProcessor
@@ -24,7 +23,6 @@ import hf_snapvit
 from hf_snapvit.benchmark import hardware_info
 from hf_snapvit.correction import CorrectionConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import RESULTS, disjoint_draw, parser, pixels, scores, timed, write_json  # noqa: E402
 
 K, SEED = 20, 0

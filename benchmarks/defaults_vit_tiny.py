@@ -52,7 +52,6 @@ from hf_snapvit.evaluation import load_split, run_sweep
 from hf_snapvit.files import write_text_atomic
 from hf_snapvit.pruning.xnes.rules import generations_without_improvement
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import RESULTS, load_classifier, parser, ranking_from_stored, timed, write_json  # noqa: E402
 
 # The committed grid (benchmarks/results/defaults_vit_tiny) ran on the fast preset of its time, sigma 1; a spec without

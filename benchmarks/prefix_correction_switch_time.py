@@ -14,7 +14,6 @@ weights file and of the factors file.
 from __future__ import annotations
 
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from hf_snapvit.benchmark import hardware_info
 from hf_snapvit.correction import CorrectionConfig
 from hf_snapvit.correction.prefix_file import PREFIX_FILE
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import timed, write_json, zero_training_arguments, zero_training_setup  # noqa: E402
 
 

@@ -14,7 +14,6 @@ Top-1 with the model's head and k-NN top-1 (k = 20, train-split bank) on the val
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
@@ -22,7 +21,6 @@ import hf_snapvit as hs
 from hf_snapvit import ElasticViTModel
 from hf_snapvit.correction import CorrectionConfig
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import run_record, scores, timed, write_json, zero_training_arguments, zero_training_setup  # noqa: E402
 
 #: variant -> the add_prefix_correction guard setting (None: no correction, the plain slice)

@@ -15,9 +15,9 @@ L2-normalised final-norm CLS features (``hf_snapvit.evaluation``).
         --steps 300 --lr 3e-4 --batch-size 128 --hidden-weight 1 --logits-weight 0 --tag lr3e-4-nologits
 
 ``--model ELASTIC`` uses an existing elastic checkpoint; otherwise the shared ViT-Tiny is ranked with the preset's
-method (or ``--ranking`` is read). Results merge into ``--output`` (JSON, written atomically after every row; a re-run replaces
-only its own rows, so ``--tag`` keeps the rows of a settings sweep apart), and a plot of top-1 against sparsity is
-written next to it. Every row names the device and its wall times.
+method (or ``--ranking`` is read). Results merge into ``--output`` (JSON, written atomically after every row; a re-run
+replaces only its own rows, so ``--tag`` keeps the rows of a settings sweep apart), and a plot of top-1 against
+sparsity is written next to it. Every row names the device and its wall times.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import torch
 
 import hf_snapvit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (  # noqa: E402  (benchmarks/ is not a package)
     RESULTS, SHARED_MODEL, disjoint_draw, load_classifier, parser, pixels, scores, stored_ranking, timed, write_json)
 

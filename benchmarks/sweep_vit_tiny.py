@@ -28,17 +28,18 @@ from hf_snapvit.evaluation import sweep_from_paths  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     options = parser(__doc__)
-    options.add_argument("--methods", nargs="+", default=["snapvit", "snip", "taylor-ce", "lamp", "magnitude", "random"],
-                      help="methods to rank with (hf_snapvit.available_methods())")
+    options.add_argument("--methods", nargs="+",
+                         default=["snapvit", "snip", "taylor-ce", "lamp", "magnitude", "random"],
+                         help="methods to rank with (hf_snapvit.available_methods())")
     options.add_argument("--width-multiple", type=int, default=None,
-                      help="round kept FFN widths to multiples of this (default: the library's, 64 here; 1: exact "
-                           "widths, as the stored results were measured)")
+                         help="round kept FFN widths to multiples of this (default: the library's, 64 here; 1: exact "
+                              "widths, as the stored results were measured)")
     options.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     options.add_argument("--num-val", type=int, default=1000, help="validation images evaluated on (seeded subset)")
     options.add_argument("--num-bank", type=int, default=2000, help="train images in the k-NN / probe bank")
     options.add_argument("--latency-repeats", type=int, default=5)
     options.add_argument("--threads", type=int, default=1,
-                      help="torch threads (default 1: multi-threaded timings on small shared VMs are bimodal)")
+                         help="torch threads (default 1: multi-threaded timings on small shared VMs are bimodal)")
     options.add_argument("--output-dir", default=str(RESULTS / "sweep_vit_tiny"))
     args = options.parse_args(argv)
     transformers.utils.logging.set_verbosity_error()
