@@ -59,6 +59,35 @@ def build(shape: str, seed: int, device: str = "cpu", shapes: dict[str, dict] = 
         return transformers.ViTModel(transformers.ViTConfig(**shapes[shape]), add_pooling_layer=False).eval()
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def latency_arguments(doc: str, batch_sizes: list[int]) -> argparse.ArgumentParser:
+    """The options the GPU latency scripts share; parse with :func:`parse_latency_arguments`."""
+    result = parser(doc, shared=False)
+    result.add_argument("--shapes", nargs="+", default=["vit-b16"], choices=sorted(SHAPES))
+    result.add_argument("--sparsities", type=float, nargs="+", default=[0.5],
+                        help="sliced sizes timed next to the dense model (fractions of parameters removed)")
+    result.add_argument("--batch-sizes", type=int, nargs="+", default=batch_sizes)
+    result.add_argument("--precision", choices=sorted(DTYPES), default=None,
+                        help="weights and inputs cast to this (default: bf16 on cuda, fp32 elsewhere)")
+    result.add_argument("--width-multiple", type=int, default=64,
+                        help="kept FFN widths are multiples of this (64: the fastest on the H100)")
+    result.add_argument("--repeats", type=int, default=20,
+                        help="timed forwards per model and batch size (median reported)")
+    result.add_argument("--warmup", type=int, default=3, help="untimed forwards per model and batch size")
+    result.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    result.add_argument("--seed", type=int, default=0)
+    result.add_argument("--output", default=None, help="JSON file (default: results/<script>_<device name>.json)")
+    return result
+
+
+def parse_latency_arguments(options: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    args = options.parse_args(argv)
+    args.precision = args.precision or ("bf16" if torch.device(args.device).type == "cuda" else "fp32")
+    return args
+
+
 def timed(call: Callable[[], Any]) -> tuple[Any, float]:
     """``call()`` and its wall seconds."""
     start = time.perf_counter()

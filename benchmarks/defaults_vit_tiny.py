@@ -1,37 +1,26 @@
 """Choose SnapViT's defaults from evidence: score definition x ranking mode x search budget on the shared ViT-Tiny.
 
-Every configuration is the ``fast`` preset at sigma 1, in the scores' own unit order, with the best candidate as the
-result and the fitness at 10 / 30 / 50 / 60 % (``BASE_SIGMA``, ``BASE_ORDER``, ``BASE_SOLUTION``, ``BASE_SPARSITIES``:
-the grid was measured before the preset's sigma became 0.5, which is what this sweep chose, and before unit orders, the
-mean as the result and the preset's own fitness sparsities existed) with some settings changed,
-written ``DEFINITION:MODE:GENERATIONS`` plus optional ``:key=value`` changes (``covariance=cka``, ``sigma=0.5``,
-``head_rows=qkv``, ``init=1.0,1.0``, ``fitness=256``: the number of fitness images, ``measure=cka``: the fitness
-measure, ``order=obs``: the unit order within blocks, ``solution=mean``: the search's mean rather than its best sample,
-``preset=default``: another preset's images and crops, ``sparsities=0.1,0.3,0.5``: the fitness sparsities, ``split=1``:
-each fitness sparsity on its own share of the fitness images, ``rotate=1``: one fitness sparsity per search
-generation, in turn, ``size=128``: the side the search forwards the
-fitness images at, ``tokens=0.5``: the share of each fitness image's patch tokens it forwards, ``batch=16``: images
-per search forward (speed only), ``local_size=96`` and ``num_local=4``: the gradient crops). One fit per
-configuration runs the largest search budget; the rankings at the smaller budgets of ``--budgets`` come from its history
-(the best factors, or the mean, after g generations; g = 0 is the starting factors, i.e. no search), which is exactly
-what a fit with that budget returns, because the first g generations do not depend on the budget.
+A configuration is written ``DEFINITION:MODE:GENERATIONS`` plus ``:key=value`` changes to a base: the ``fast`` preset
+at sigma 1, in the scores' own unit order, with the best candidate as the result and the fitness at 10 / 30 / 50 / 60 %
+(``BASE_*``: the grid ran before this sweep chose sigma 0.5 and before unit orders, the mean as the result and the
+preset's own fitness sparsities existed). The keys (:data:`SEARCH_OPTIONS`, :data:`FIELD_NAMES`) are the search's
+(``covariance``, ``sigma``, ``init``, ``fitness`` images, ``measure``, unit ``order``, ``solution=mean``, fitness
+``sparsities``, ``split=1`` / ``rotate=1``, the forwarded ``size`` and ``tokens`` share, ``batch``), the scores'
+``head_rows``, the gradient crops' ``local_size`` / ``num_local``, and ``preset=default`` (its images and crops).
+One fit per configuration runs the largest budget; the rankings at the smaller budgets of ``--budgets`` are read off
+its history (the best factors or the mean after g generations; g = 0: no search), which is exactly what a fit with
+that budget returns, since the first g generations do not depend on the budget.
 
-Two stages, so a long grid can be run in pieces:
-
-    python benchmarks/defaults_vit_tiny.py rank --configs obd:global:6 obd:paired:6 fisher:global:6 \\
-        fisher:paired:0 accumulated:global:0 accumulated:paired:0 obd:global:3:covariance=cka \\
-        obd:global:3:sigma=0.5 obd:global:0:head_rows=qkv --budgets 0 3 6
+    python benchmarks/defaults_vit_tiny.py rank --configs obd:global:6 obd:paired:6 obd:global:3:sigma=0.5 \\
+        --budgets 0 3 6
     python benchmarks/defaults_vit_tiny.py eval --num-val 1000 --num-bank 1000 --sparsities 0.1 0.3 0.5
 
-``rank`` saves every ranking as JSON under ``OUTPUT_DIR/rankings`` (with the fit's phase times and search history
-in ``*.fit.json``) and skips configurations already there. ``--early-stopping 2:0 3:0.002`` also saves the rankings
-that early stopping (``SnapViTConfig.early_stopping_patience`` / ``_threshold``) would end the search at, read off the
-history; ``--reuse-search`` takes the history of a fit already recorded there instead of searching again (only the
-gradient scores, seconds, are recomputed), e.g. to read more budgets off a committed run. ``eval`` runs
-:func:`hf_snapvit.evaluation.run_sweep` (top-1 with the model's head, and k-NN top-1 with k = 20 on a train-split
-bank; no latency) over every saved ranking, and
-writes ``summary.json``: each ranking's mean top-1 and k-NN over the sparsities, its search evaluations and fit time.
-Calibration images come from the train split (labels ignored); accuracy from the validation split.
+``rank`` saves every ranking under ``OUTPUT_DIR/rankings`` (the fit's phase times and history in ``*.fit.json``) and
+skips configurations already there; ``--early-stopping 2:0`` also saves where early stopping would end the search;
+``--reuse-search`` takes the history of a fit recorded there instead of searching again (only the gradient scores
+are recomputed). ``eval`` runs :func:`hf_snapvit.evaluation.run_sweep` (top-1 and k-NN top-1, k = 20, train-split
+bank; validation images) over every saved ranking and writes ``summary.json``: each ranking's mean top-1 and k-NN over
+the sparsities, its search evaluations and fit time.
 """
 
 from __future__ import annotations

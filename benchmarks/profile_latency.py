@@ -38,7 +38,8 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import hf_snapvit  # noqa: E402
-from _harness import SHAPES, build, command, output_path, write_json  # noqa: E402
+from _harness import (  # noqa: E402
+    DTYPES, build, command, latency_arguments, output_path, parse_latency_arguments, write_json)
 from hf_snapvit.benchmark import dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
 from hf_snapvit.benchmark.latency import compiled_graph_room  # noqa: E402
 from hf_snapvit.loading.latency_table import synchronize  # noqa: E402
@@ -69,7 +70,6 @@ def skip_reason(mode: str, device: str) -> str | None:
 
 
 KINDS = ("gemm", "attention", "norm", "elementwise", "copies", "other")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # First match wins, so the order matters: fused attention kernels carry "cutlass" or "gemm" in their names, layer
 # norm kernels "vectorized", dtype casts run in "elementwise_kernel<... direct_copy ...>", and aten::transpose is a
 # view while a kernel named "transpose" really moves data.
@@ -116,35 +116,16 @@ def attributed_kind(name: str, ancestors: list[str]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line; ``--precision`` defaults to bf16 on CUDA and fp32 elsewhere."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["vit-b16"], choices=sorted(SHAPES))
-    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.5],
-                        help="sliced sizes profiled next to the dense model (fractions of parameters removed)")
-    parser.add_argument("--width-multiple", type=int, default=64,
-                        help="kept FFN widths are multiples of this (64: the fastest on the H100, gpu_latency JSON)")
-    parser.add_argument("--precision", choices=sorted(DTYPES), default=None,
-                        help="weights and inputs cast to this (default: bf16 on cuda, fp32 on cpu)")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32, 256])
-    parser.add_argument("--mode", choices=MODES, default="eager",
-                        help="how every model runs, dense included: eager, torch.compile (inductor) or torch.compile "
-                             "with CUDA graphs (mode='reduce-overhead'; CUDA only)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed forwards per model and batch size (compiled: "
-                                                              "at least 1, or 3 with CUDA graphs)")
-    parser.add_argument("--steps", type=int, default=10, help="profiled forwards per model and batch size")
-    parser.add_argument("--repeats", type=int, default=20,
-                        help="timed forwards per model and batch size, outside the profiler (median reported)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", default=None,
-                        help="JSON file (default: benchmarks/results/profile_latency_<device name>.json)")
-    args = parser.parse_args(argv)
-    if args.precision is None:
-        args.precision = "bf16" if torch.device(args.device).type == "cuda" else "fp32"
+    options = latency_arguments(__doc__, [1, 32, 256])
+    options.add_argument("--mode", choices=MODES, default="eager",
+                         help="how every model runs, dense included: eager, torch.compile (inductor) or torch.compile "
+                              "with CUDA graphs (mode='reduce-overhead'; CUDA only); compiled, at least 1 warm-up "
+                              "(3 with CUDA graphs)")
+    options.add_argument("--steps", type=int, default=10, help="profiled forwards per model and batch size")
+    args = parse_latency_arguments(options, argv)
     reason = skip_reason(args.mode, args.device)
     if reason is not None:
-        parser.error(f"--mode {args.mode}: {reason}")
+        options.error(f"--mode {args.mode}: {reason}")
     args.warmup = max(args.warmup, MIN_WARMUP[args.mode])
     return args
 

@@ -42,7 +42,8 @@ import torch.nn as nn  # noqa: E402
 
 import profile_latency  # noqa: E402
 import hf_snapvit  # noqa: E402
-from _harness import SHAPES, build, command, output_path, write_json  # noqa: E402
+from _harness import (  # noqa: E402
+    DTYPES, build, command, latency_arguments, output_path, parse_latency_arguments, write_json)
 from hf_snapvit.benchmark import dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
 from hf_snapvit.architectures.attention import UNPADDED_SDPA  # noqa: E402
 from hf_snapvit.benchmark.latency import compiled_graph_room  # noqa: E402
@@ -80,37 +81,21 @@ ANCHOR = "eager-dense"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["vit-b16"], choices=sorted(SHAPES))
-    parser.add_argument("--paths", nargs="+", default=["eager", "compile", "compile-unpadded", "graphs-unpadded"],
-                        choices=list(PATHS))
-    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.5])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256])
-    parser.add_argument("--path-batch-sizes", nargs="*", default=[], metavar="PATH=B1,B2",
-                        help="batch sizes of one path (e.g. graphs=1,32: CUDA graphs pay off at small batches)")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
-                        help="weights and inputs cast to this (default: bf16 on cuda, fp32 elsewhere)")
-    parser.add_argument("--width-multiple", type=int, default=64)
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: CPU tests)")
-    parser.add_argument("--switchable", action="store_true",
-                        help="also time the switchable model at every size on the eager path")
-    parser.add_argument("--profile", action="store_true", help="record each path's kernels at the largest batch")
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", default=None,
-                        help="JSON file (default: benchmarks/results/serving_paths_<device name>.json)")
-    args = parser.parse_args(argv)
-    if args.precision is None:
-        args.precision = "bf16" if torch.device(args.device).type == "cuda" else "fp32"
+    options = latency_arguments(__doc__, [32, 256])
+    options.add_argument("--paths", nargs="+", default=["eager", "compile", "compile-unpadded", "graphs-unpadded"],
+                         choices=list(PATHS))
+    options.add_argument("--path-batch-sizes", nargs="*", default=[], metavar="PATH=B1,B2",
+                         help="batch sizes of one path (e.g. graphs=1,32: CUDA graphs pay off at small batches)")
+    options.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: CPU tests)")
+    options.add_argument("--switchable", action="store_true",
+                         help="also time the switchable model at every size on the eager path")
+    options.add_argument("--profile", action="store_true", help="record each path's kernels at the largest batch")
+    args = parse_latency_arguments(options, argv)
     args.batches_of = {path: list(args.batch_sizes) for path in args.paths}
     for item in args.path_batch_sizes:
         path, _, sizes = item.partition("=")
         if path not in args.batches_of or not sizes:
-            parser.error(f"--path-batch-sizes {item!r}: expected PATH=B1,B2 with PATH one of --paths {args.paths}")
+            options.error(f"--path-batch-sizes {item!r}: expected PATH=B1,B2 with PATH one of --paths {args.paths}")
         args.batches_of[path] = [int(size) for size in sizes.split(",")]
     return args
 
@@ -297,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     output = output_path(args.output, "serving_paths", hardware)
     report: dict[str, Any] = {"command": command("serving_paths.py", argv), "hardware": hardware,
                               "settings": {k: v for k, v in vars(args).items() if k != "output"}, "runs": []}
-    dtype = profile_latency.DTYPES[args.precision]
+    dtype = DTYPES[args.precision]
     for shape in args.shapes:
         model = build(shape, args.seed)
         ranking = hf_snapvit.rank(model, method="magnitude", seed=args.seed, show_progress=False)
