@@ -44,7 +44,7 @@ import transformers  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import hf_snapvit  # noqa: E402
-from _harness import SHAPES as STANDARD, build, command, output_path, write_json  # noqa: E402
+from _harness import SHAPES as STANDARD, build, command, output_path, parser, write_json  # noqa: E402
 from hf_snapvit.architectures.embedding import image_embedding  # noqa: E402
 from hf_snapvit.benchmark import hardware_info  # noqa: E402
 from hf_snapvit.distributed import autocast, resolve_precision, tf32_matmuls  # noqa: E402
@@ -57,38 +57,28 @@ SHAPES = {**{name: STANDARD[name] for name in ("vit-b16", "vit-s16", "vit-ti16")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["vit-s16", "vit-b16"], choices=sorted(SHAPES))
-    parser.add_argument("--presets", nargs="+", default=["default", "fast", "paper"],
-                        choices=["default", "fast", "paper"])
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--data", default=None, help="parquet file with an 'image' column (default: random images)")
-    parser.add_argument("--images", type=int, default=None,
-                        help="gradient and fitness images each (default: the preset's)")
-    parser.add_argument("--fitness-images", type=int, nargs="+", default=[None],
-                        help="fitness images; each count runs every preset once, side by side (default: the "
-                             "preset's, or --images)")
-    parser.add_argument("--gradient-batch-sizes", type=int, nargs="+", default=[None],
-                        help="images per gradient step; each runs every preset once, side by side (default: the "
-                             "preset's)")
-    parser.add_argument("--split-fitness-images", type=int, nargs="+", default=[None], choices=[0, 1],
-                        help="1: each fitness sparsity on its own share of the fitness images "
-                             "(SnapViTConfig.split_fitness_images); each value runs every preset once, side by side "
-                             "(default: the preset's)")
-    parser.add_argument("--fitness-token-fractions", type=float, nargs="+", default=[None],
-                        help="share of each fitness image's patch tokens the search forwards "
-                             "(SnapViTConfig.fitness_token_fraction); each value runs every preset once, side by side "
-                             "(default: the preset's, every token)")
-    parser.add_argument("--generations", type=int, default=None, help="cap on xNES generations (default: preset's)")
-    parser.add_argument("--fitness-batch-size", type=int, default=None,
-                        help="images per search forward (default: 256 on an accelerator, 64 on a CPU)")
-    parser.add_argument("--floor-repeats", type=int, default=5, help="timed dense forwards for the throughput")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", default=None,
-                        help="JSON file (default: benchmarks/results/ranking_time_<device name>.json)")
-    return parser.parse_args(argv)
+    # Each value of a list option below runs every preset once, side by side; None keeps the preset's value.
+    options = parser(__doc__, shared=False)
+    options.add_argument("--shapes", nargs="+", default=["vit-s16", "vit-b16"], choices=sorted(SHAPES))
+    options.add_argument("--presets", nargs="+", default=["default", "fast", "paper"],
+                         choices=["default", "fast", "paper"])
+    options.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    options.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    options.add_argument("--data", default=None, help="parquet file with an 'image' column (default: random images)")
+    options.add_argument("--images", type=int, default=None, help="gradient and fitness images each")
+    options.add_argument("--fitness-images", type=int, nargs="+", default=[None], help="fitness images")
+    options.add_argument("--gradient-batch-sizes", type=int, nargs="+", default=[None], help="images per gradient step")
+    options.add_argument("--split-fitness-images", type=int, nargs="+", default=[None], choices=[0, 1],
+                         help="1: each fitness sparsity on its own share (SnapViTConfig.split_fitness_images)")
+    options.add_argument("--fitness-token-fractions", type=float, nargs="+", default=[None],
+                         help="share of each fitness image's tokens forwarded (SnapViTConfig.fitness_token_fraction)")
+    options.add_argument("--generations", type=int, default=None, help="cap on xNES generations")
+    options.add_argument("--fitness-batch-size", type=int, default=None,
+                         help="images per search forward (default: 256 on an accelerator, 64 on a CPU)")
+    options.add_argument("--floor-repeats", type=int, default=5, help="timed dense forwards for the throughput")
+    options.add_argument("--seed", type=int, default=0)
+    options.add_argument("--output", default=None, help="JSON file (default: results/ranking_time_<device>.json)")
+    return options.parse_args(argv)
 
 
 def load_images(path: str | None, count: int, seed: int) -> list[Image.Image]:

@@ -7,13 +7,10 @@
 # 19-22 add `BACKEND=aot_eager SCALE_SHAPES="tiny small" SCALE_IMAGES=4 GRID_SPARSITIES="0.1 0.5"`: no inductor C++
 # builds, and sizes the tiny model has).
 #
-# Still to run (issue 56): STEPS="22 18 13" (ViT-S compiled grid; the default preset's 3 -> 20 generation check on
-# the shared ViT-Tiny, seeds 0-2, with the model as .acc/vit and train/validation rows as .acc/data; the default
-# preset without its search), then STEPS="21" again (the default preset now runs a gradient step that does not fit
-# in parts) and STEPS="3" for the ranking time as it ships.
-# Steps that ran and whose results are recorded in docs/results.md left with their scripts: 1 and 4-7
-# (bench_gpu_latency.py, the precision, mode and width-multiple grid) are in commit 96763dc, and 9-12, 14 and 15 in
-# the same commit's version of this file; step 11 (profile_ranking.py) is in commit 1336aae.
+# Still to run (issue 56): STEPS="22 18 13" (18: the default preset's 3 -> 20 generations on the shared ViT-Tiny,
+# seeds 0-2, model in .acc/vit, train/validation rows in .acc/data), then STEPS="21 3" as the default preset ships.
+# Steps recorded in docs/results.md left with their scripts: 1, 4-7 (bench_gpu_latency.py), 9-12, 14 and 15 are in
+# commit 96763dc, step 11 (profile_ranking.py) in 1336aae.
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 DEV=${DEV:-cuda}; B=${B:-vit-b16}; S=${S:-vit-s16}; OUT=${OUT:-/tmp/out}; R=${R:-/tmp/r}

@@ -56,24 +56,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _peak_reset(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _peak(device: torch.device) -> int | None:
-    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-
-
 def load_sliced(model: transformers.ViTModel, ranking: hf_snapvit.ElasticRanking,
                 args: argparse.Namespace) -> dict[str, Any]:
     """Write the elastic checkpoint, then time its sliced load onto the device in bf16, with the peak memory."""
     device = torch.device(args.device)
     with tempfile.TemporaryDirectory(prefix="scale-") as folder:
         saved = timed(lambda: hf_snapvit.save_elastic(model, ranking, folder, model_card=False))[1]
-        _peak_reset(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
 
         def load() -> torch.nn.Module:
             with warnings.catch_warnings():
@@ -86,7 +78,7 @@ def load_sliced(model: transformers.ViTModel, ranking: hf_snapvit.ElasticRanking
             return sliced
 
         sliced, loaded = timed(load)
-        peak = _peak(device)
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         params = sum(p.numel() for p in sliced.parameters())
         del sliced
     return {"save_seconds": saved, "load_seconds": loaded, "load_peak_memory_bytes": peak,
