@@ -105,6 +105,17 @@ def output_path(given: str | Path | None, prefix: str, hardware: dict[str, Any])
     return Path(given) if given else RESULTS / f"{prefix}_{device_slug(hardware)}.json"
 
 
+def device_report(script: str, argv: list[str] | None, args: argparse.Namespace, prefix: str | None = None,
+                  **fields: Any) -> tuple[Path, dict[str, Any]]:
+    """Where a device run's JSON goes (``--output``, else ``results/<prefix>_<device name>.json``, the prefix the
+    script's name by default) and what it starts with: the command, the machine, every option but ``--output``,
+    then ``fields``."""
+    hardware = hardware_info(device=args.device)
+    return output_path(args.output, prefix or Path(script).stem, hardware), {
+        "command": command(script, argv), "hardware": hardware,
+        "settings": {k: v for k, v in vars(args).items() if k != "output"}, **fields}
+
+
 def write_json(path: str | Path, data: Any, indent: int = 1) -> None:
     """Written atomically: a run cut off mid-write keeps the previous file."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -44,9 +44,8 @@ import transformers  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import hf_snapvit  # noqa: E402
-from _harness import SHAPES as STANDARD, build, command, output_path, parser, write_json  # noqa: E402
+from _harness import SHAPES as STANDARD, build, device_report, parser, write_json  # noqa: E402
 from hf_snapvit.architectures.embedding import image_embedding  # noqa: E402
-from hf_snapvit.benchmark import hardware_info  # noqa: E402
 from hf_snapvit.distributed import autocast, resolve_precision, tf32_matmuls  # noqa: E402
 
 # The standard ViT shapes (vit-ti16 is the shared ViT-Tiny's: a CPU's ranking times without the shared checkpoint),
@@ -193,12 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     needed = max((args.images or c.num_gradient_images) + (n or args.images or c.num_fitness_images)
                  for c in presets for n in args.fitness_images)
     images = load_images(args.data, needed, args.seed)
-    hardware = hardware_info(device=args.device)
-    output = output_path(args.output, "ranking_time", hardware)
-    report: dict[str, Any] = {
-        "command": command("bench_ranking_time.py", argv),
-        "hardware": hardware, "data": args.data or "random 64x64 images",
-        "settings": {k: v for k, v in vars(args).items() if k != "output"}, "runs": []}
+    output, report = device_report("bench_ranking_time.py", argv, args, "ranking_time",
+                                   data=args.data or "random 64x64 images", runs=[])
     for shape in args.shapes:
         model = build(shape, args.seed, args.device, SHAPES)
         for preset, precision, fitness, batch, split, tokens in itertools.product(

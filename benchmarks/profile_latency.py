@@ -39,8 +39,8 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import hf_snapvit  # noqa: E402
 from _harness import (  # noqa: E402
-    DTYPES, build, command, latency_arguments, output_path, parse_latency_arguments, write_json)
-from hf_snapvit.benchmark import dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
+    DTYPES, build, device_report, latency_arguments, parse_latency_arguments, write_json)
+from hf_snapvit.benchmark import dummy_inputs, measure_latency, sliced_copy  # noqa: E402
 from hf_snapvit.benchmark.latency import compiled_graph_room  # noqa: E402
 from hf_snapvit.loading.latency_table import synchronize  # noqa: E402
 
@@ -295,15 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         shape_rows, skipped[shape] = profile_shape(shape, args)
         rows += shape_rows
     add_shares_and_ratios(rows)
-    hardware = hardware_info(device=args.device)
-    output = output_path(args.output, "profile_latency", hardware)
-    on_gpu = torch.device(args.device).type == "cuda"
-    report = {
-        "command": command("profile_latency.py", argv),
-        "hardware": hardware, "settings": {k: v for k, v in vars(args).items() if k != "output"},
-        "timing": timing_notes(on_gpu),
-        "skipped_sparsities": skipped, "rows": rows,
-    }
+    output, report = device_report("profile_latency.py", argv, args,
+                                   timing=timing_notes(torch.device(args.device).type == "cuda"),
+                                   skipped_sparsities=skipped, rows=rows)
     write_json(output, report)
     print(f"ms per forward ({report['timing']['kinds']}; gaps = {report['timing']['gaps_ms']}); "
           "(x.xx) = sliced/dense")

@@ -29,8 +29,7 @@ import transformers  # noqa: E402
 
 import bench_ranking_time  # noqa: E402
 import hf_snapvit  # noqa: E402
-from _harness import SHAPES as STANDARD, build, command, output_path, timed, write_json  # noqa: E402
-from hf_snapvit.benchmark import hardware_info  # noqa: E402
+from _harness import SHAPES as STANDARD, build, device_report, timed, write_json  # noqa: E402
 
 SHAPES = {**{name: STANDARD[name] for name in ("vit-b16", "vit-l16", "so400m", "vit-g14")},
           # For tests.
@@ -112,11 +111,7 @@ def growth(rows: list[dict[str, Any]], presets: list[str]) -> dict[str, float | 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    hardware = hardware_info(device=args.device)
-    output = output_path(args.output, "scale", hardware)
-    report: dict[str, Any] = {
-        "command": command("scale.py", argv),
-        "hardware": hardware, "settings": {k: v for k, v in vars(args).items() if k != "output"}, "rows": []}
+    output, report = device_report("scale.py", argv, args, rows=[])
     # run_one reads these from its own command line's namespace.
     options = argparse.Namespace(images=args.images, generations=args.generations, seed=args.seed,
                                  fitness_batch_size=None, floor_repeats=args.floor_repeats)

@@ -43,8 +43,8 @@ import torch.nn as nn  # noqa: E402
 import profile_latency  # noqa: E402
 import hf_snapvit  # noqa: E402
 from _harness import (  # noqa: E402
-    DTYPES, build, command, latency_arguments, output_path, parse_latency_arguments, write_json)
-from hf_snapvit.benchmark import dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
+    DTYPES, build, device_report, latency_arguments, parse_latency_arguments, write_json)
+from hf_snapvit.benchmark import dummy_inputs, measure_latency, sliced_copy  # noqa: E402
 from hf_snapvit.architectures.attention import UNPADDED_SDPA  # noqa: E402
 from hf_snapvit.benchmark.latency import compiled_graph_room  # noqa: E402
 
@@ -278,10 +278,7 @@ def summary_lines(runs: list[dict[str, Any]], summary: dict[str, Any]) -> list[s
 def main(argv: list[str] | None = None) -> int:
     """Measure every shape and path, write the JSON (after every path: a cut-off run keeps what it measured)."""
     args = parse_args(argv)
-    hardware = hardware_info(device=args.device)
-    output = output_path(args.output, "serving_paths", hardware)
-    report: dict[str, Any] = {"command": command("serving_paths.py", argv), "hardware": hardware,
-                              "settings": {k: v for k, v in vars(args).items() if k != "output"}, "runs": []}
+    output, report = device_report("serving_paths.py", argv, args, runs=[])
     dtype = DTYPES[args.precision]
     for shape in args.shapes:
         model = build(shape, args.seed)
