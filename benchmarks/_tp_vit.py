@@ -33,14 +33,8 @@ import torch_pruning as tp
 
 @dataclass(frozen=True)
 class TorchPruningResult:
-    """What one Torch-Pruning pass did.
-
-    Args:
-        heads: Heads per block after pruning.
-        neurons: FFN neurons per block after pruning.
-        seconds: Wall time of the pass (dependency-graph tracing, importance estimation and surgery).
-        floor_blocks: Blocks whose head or neuron count ended exactly at its floor (the floor bound the ranking).
-    """
+    """What one Torch-Pruning pass did: heads and FFN neurons per block after it, its wall time (tracing, importance
+    and surgery), and how many blocks ended exactly at a floor (the floor bound the ranking)."""
 
     heads: list[int]
     neurons: list[int]
@@ -49,11 +43,9 @@ class TorchPruningResult:
 
 
 def vit_blocks(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
-    """``(attention, mlp)`` of every transformer block, in depth order.
-
-    Found by layout rather than by name: an attention module owns ``q_proj``/``k_proj``/``v_proj``/``o_proj`` and a
-    ``head_dim`` (transformers 5.x ViT, DeiT), an FFN owns ``fc1``/``fc2``.
-    """
+    """``(attention, mlp)`` of every transformer block, in depth order, found by layout rather than by name: an
+    attention module owns ``q_proj``/``k_proj``/``v_proj``/``o_proj`` and a ``head_dim`` (transformers 5.x ViT, DeiT),
+    an FFN owns ``fc1``/``fc2``."""
     attentions = [m for m in model.modules()
                   if all(isinstance(getattr(m, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
                   and hasattr(m, "head_dim")]
@@ -77,12 +69,8 @@ def widths(model: nn.Module) -> tuple[list[int], list[int]]:
 
 
 def sync_head_counts_(model: nn.Module) -> None:
-    """Make every attention module's head-count attributes agree with its (pruned) projections.
-
-    transformers 5.x ``ViTAttention.forward`` reshapes with ``-1`` heads of ``head_dim`` each, so it already runs after
-    whole heads are removed; ``num_attention_heads`` (and ``all_head_size`` on older layouts) is what other code reads,
-    e.g. the attention interfaces and FLOP counters, so it must not keep the dense value.
-    """
+    """Make every attention module's head-count attributes agree with its pruned projections: the forward reshapes
+    with ``-1`` heads and runs anyway, but the attention interfaces and FLOP counters read ``num_attention_heads``."""
     for attention, _ in vit_blocks(model):
         heads = attention.q_proj.out_features // attention.head_dim
         for name in ("num_attention_heads", "num_heads"):
@@ -95,13 +83,8 @@ def sync_head_counts_(model: nn.Module) -> None:
 class KeepFloor:
     """Importance wrapper that ranks each block's best ``min_heads`` heads and ``min_neurons`` neurons first.
 
-    Args:
-        importance: A Torch-Pruning importance (``GroupMagnitudeImportance``, ``GroupTaylorImportance``, ...).
-        heads: ``o_proj`` module -> ``(num_heads, head_dim)``: the root of each attention group once Torch-Pruning
-            re-roots it on the output projection's input channels.
-        fc1s: The FFN input layers, the roots of the FFN groups.
-        min_heads: Heads every block keeps.
-        min_neurons: Neurons every block keeps.
+    ``heads`` maps each ``o_proj`` to ``(num_heads, head_dim)``: Torch-Pruning roots each attention group on the output
+    projection's input channels; ``fc1s`` are the FFN input layers, the roots of the FFN groups.
     """
 
     def __init__(self, importance: Callable, heads: dict[nn.Module, tuple[int, int]], fc1s: set[nn.Module],
@@ -142,24 +125,13 @@ def prune_vit_(
     min_heads: int = 1,
     min_neurons: int = 1,
 ) -> TorchPruningResult:
-    """Remove ``remove_heads`` attention heads and ``remove_neurons`` FFN neurons from a HF ViT with Torch-Pruning.
+    """Remove ``remove_heads`` attention heads and ``remove_neurons`` FFN neurons from a HF ViT or DeiT in eval mode,
+    in place, with Torch-Pruning.
 
-    Both kinds are ranked globally across blocks by ``importance`` (Torch-Pruning's group importance, normalised
-    per group as it ships), never below ``min_heads``/``min_neurons`` per block. Gradient-based importances need
-    ``.grad`` on the weights before this call. The model is changed in place and its head-count attributes are
-    synchronised, so its forward pass is correct.
-
-    Args:
-        model: A transformers ViT/DeiT (``*Model`` or ``*ForImageClassification``), in eval mode.
-        importance: A Torch-Pruning importance object.
-        example_inputs: Keyword inputs for tracing, e.g. ``{"pixel_values": tensor}``.
-        remove_heads: Heads to remove in all.
-        remove_neurons: FFN neurons to remove in all.
-        min_heads: Heads every block keeps.
-        min_neurons: FFN neurons every block keeps.
-
-    Returns:
-        The widths after pruning, the wall time and how many blocks ended at a floor.
+    Both kinds are ranked globally across blocks by ``importance`` (Torch-Pruning's group importance, normalised per
+    group as it ships), never below ``min_heads``/``min_neurons`` per block; gradient-based importances need ``.grad``
+    on the weights. ``example_inputs`` are keyword inputs for tracing. The head-count attributes are synchronised
+    afterwards, so the forward pass is correct.
     """
     blocks = vit_blocks(model)
     heads_before, neurons_before = widths(model)
@@ -178,7 +150,8 @@ def prune_vit_(
             num_heads[getattr(attention, name)] = attention.q_proj.out_features // attention.head_dim
     fc1s = {mlp.fc1 for _, mlp in blocks}
     ignored = [m for m in model.modules() if isinstance(m, nn.Conv2d)]  # the patch embedding fixes the hidden width
-    ignored += [m for name, m in model.named_children() if name in ("classifier", "cls_classifier", "distillation_classifier")]
+    ignored += [m for name, m in model.named_children()
+                if name in ("classifier", "cls_classifier", "distillation_classifier")]
     unwrapped = [(p, p.dim() - 1) for name, p in model.named_parameters()
                  if name.endswith(("cls_token", "position_embeddings", "distillation_token", "mask_token"))]
     floor = KeepFloor(importance, {a.o_proj: (h, a.head_dim) for (a, _), h in zip(blocks, heads_before)}, fc1s,

@@ -13,22 +13,15 @@ Data: the first rows of a Tiny-ImageNet-style parquet (``--data``, an ``image`` 
 streamed batch by batch with pyarrow, else random 64x64 RGB images; both are PIL images preprocessed by the pruner as
 a user's images would be.
 
-    # on one GPU (ViT-S/16 and ViT-B/16, every preset, fp32 = TF32 matmuls and bf16 autocast):
-    python benchmarks/bench_ranking_time.py --device cuda --data train.parquet
+    python benchmarks/bench_ranking_time.py --device cuda --shapes vit-b16 --presets default fast --precisions bf16 \
+        --data train.parquet
+    # side by side: fitness images, images per gradient step, each fitness sparsity on its own share of the fitness
+    # images, and the share of each fitness image's tokens the search forwards (the floor stays the full-token one)
+    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
+        --fitness-images 1000 256 --gradient-batch-sizes 16 64 --split-fitness-images 0 1 \
+        --fitness-token-fractions 1 0.5
     # on a CPU with a tiny model (what the test runs):
     python benchmarks/bench_ranking_time.py --device cpu --shapes tiny --presets fast --images 8 --generations 1
-    # the default preset with its 1000 fitness images and with 256, side by side:
-    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
-        --fitness-images 1000 256
-    # and with 16 and 64 images per gradient step (the per-image scores differ only by float rounding):
-    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
-        --fitness-images 256 --gradient-batch-sizes 16 64
-    # every fitness sparsity on every fitness image (0) and on its own share of them (1):
-    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
-        --split-fitness-images 0 1
-    # the search on every token and on half of each fitness image's patch tokens (the floor stays the full-token one):
-    python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
-        --fitness-token-fractions 1 0.5
 
 A count listed twice runs twice: the first ranking of a process also pays the device's one-time start-up.
 """
@@ -38,11 +31,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -52,60 +43,41 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from PIL import Image  # noqa: E402
 
-import _latency_modes as modes  # noqa: E402
 import hf_snapvit  # noqa: E402
+from _harness import SHAPES as STANDARD, build, device_report, parser, write_json  # noqa: E402
 from hf_snapvit.architectures.embedding import image_embedding  # noqa: E402
-from hf_snapvit.benchmark import device_slug, hardware_info  # noqa: E402
 from hf_snapvit.distributed import autocast, resolve_precision, tf32_matmuls  # noqa: E402
-from hf_snapvit.files import write_text_atomic  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-# The standard ViT shapes of the latency scripts (vit-ti16 is the shared ViT-Tiny's: a CPU's ranking times without
-# the shared checkpoint), and a tiny one for tests, small enough for a CPU.
-SHAPES = {**{name: modes.SHAPES[name] for name in ("vit-b16", "vit-s16", "vit-ti16")},
+# The standard ViT shapes (vit-ti16 is the shared ViT-Tiny's: a CPU's ranking times without the shared checkpoint),
+# and a tiny one for tests, small enough for a CPU.
+SHAPES = {**{name: STANDARD[name] for name in ("vit-b16", "vit-s16", "vit-ti16")},
           "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
                        patch_size=8)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["vit-s16", "vit-b16"], choices=sorted(SHAPES))
-    parser.add_argument("--presets", nargs="+", default=["default", "fast", "paper"],
-                        choices=["default", "fast", "paper"])
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--data", default=None, help="parquet file with an 'image' column (default: random images)")
-    parser.add_argument("--images", type=int, default=None,
-                        help="gradient and fitness images each (default: the preset's)")
-    parser.add_argument("--fitness-images", type=int, nargs="+", default=[None],
-                        help="fitness images; each count runs every preset once, side by side (default: the "
-                             "preset's, or --images)")
-    parser.add_argument("--gradient-batch-sizes", type=int, nargs="+", default=[None],
-                        help="images per gradient step; each runs every preset once, side by side (default: the "
-                             "preset's)")
-    parser.add_argument("--split-fitness-images", type=int, nargs="+", default=[None], choices=[0, 1],
-                        help="1: each fitness sparsity on its own share of the fitness images "
-                             "(SnapViTConfig.split_fitness_images); each value runs every preset once, side by side "
-                             "(default: the preset's)")
-    parser.add_argument("--fitness-token-fractions", type=float, nargs="+", default=[None],
-                        help="share of each fitness image's patch tokens the search forwards "
-                             "(SnapViTConfig.fitness_token_fraction); each value runs every preset once, side by side "
-                             "(default: the preset's, every token)")
-    parser.add_argument("--generations", type=int, default=None, help="cap on xNES generations (default: preset's)")
-    parser.add_argument("--fitness-batch-size", type=int, default=None,
-                        help="images per search forward (default: 256 on an accelerator, 64 on a CPU)")
-    parser.add_argument("--floor-repeats", type=int, default=5, help="timed dense forwards for the throughput")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", default=None,
-                        help="JSON file (default: benchmarks/results/ranking_time_<device name>.json)")
-    return parser.parse_args(argv)
-
-
-def build(shape: str, seed: int, device: str) -> transformers.ViTModel:
-    torch.manual_seed(seed)
-    config = transformers.ViTConfig(**{"image_size": 224, "patch_size": 16, **SHAPES[shape]})
-    return transformers.ViTModel(config, add_pooling_layer=False).eval().to(device)
+    # Each value of a list option below runs every preset once, side by side; None keeps the preset's value.
+    options = parser(__doc__, shared=False)
+    options.add_argument("--shapes", nargs="+", default=["vit-s16", "vit-b16"], choices=sorted(SHAPES))
+    options.add_argument("--presets", nargs="+", default=["default", "fast", "paper"],
+                         choices=["default", "fast", "paper"])
+    options.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    options.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    options.add_argument("--data", default=None, help="parquet file with an 'image' column (default: random images)")
+    options.add_argument("--images", type=int, default=None, help="gradient and fitness images each")
+    options.add_argument("--fitness-images", type=int, nargs="+", default=[None], help="fitness images")
+    options.add_argument("--gradient-batch-sizes", type=int, nargs="+", default=[None], help="images per gradient step")
+    options.add_argument("--split-fitness-images", type=int, nargs="+", default=[None], choices=[0, 1],
+                         help="1: each fitness sparsity on its own share (SnapViTConfig.split_fitness_images)")
+    options.add_argument("--fitness-token-fractions", type=float, nargs="+", default=[None],
+                         help="share of each fitness image's tokens forwarded (SnapViTConfig.fitness_token_fraction)")
+    options.add_argument("--generations", type=int, default=None, help="cap on xNES generations")
+    options.add_argument("--fitness-batch-size", type=int, default=None,
+                         help="images per search forward (default: 256 on an accelerator, 64 on a CPU)")
+    options.add_argument("--floor-repeats", type=int, default=5, help="timed dense forwards for the throughput")
+    options.add_argument("--seed", type=int, default=0)
+    options.add_argument("--output", default=None, help="JSON file (default: results/ranking_time_<device>.json)")
+    return options.parse_args(argv)
 
 
 def load_images(path: str | None, count: int, seed: int) -> list[Image.Image]:
@@ -220,16 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     needed = max((args.images or c.num_gradient_images) + (n or args.images or c.num_fitness_images)
                  for c in presets for n in args.fitness_images)
     images = load_images(args.data, needed, args.seed)
-    hardware = hardware_info(device=args.device)
-    name = device_slug(hardware)
-    output = Path(args.output) if args.output else ROOT / "benchmarks" / "results" / f"ranking_time_{name}.json"
-    report: dict[str, Any] = {
-        "command": " ".join(["python", "benchmarks/bench_ranking_time.py", *(argv if argv is not None
-                                                                            else sys.argv[1:])]),
-        "hardware": hardware, "data": args.data or "random 64x64 images",
-        "settings": {k: v for k, v in vars(args).items() if k != "output"}, "runs": []}
+    output, report = device_report("bench_ranking_time.py", argv, args, "ranking_time",
+                                   data=args.data or "random 64x64 images", runs=[])
     for shape in args.shapes:
-        model = build(shape, args.seed, args.device)
+        model = build(shape, args.seed, args.device, SHAPES)
         for preset, precision, fitness, batch, split, tokens in itertools.product(
                 args.presets, args.precisions, args.fitness_images, args.gradient_batch_sizes,
                 args.split_fitness_images, args.fitness_token_fractions):
@@ -239,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             report["runs"].append(row)
             print(summary_line(shape, row), file=sys.stderr, flush=True)
             # Written after every run: a long GPU session that is cut off keeps what it measured.
-            write_text_atomic(output, json.dumps(report, indent=1) + "\n")
+            write_json(output, report)
         del model
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()

@@ -18,12 +18,9 @@ In one run, side by side:
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +28,13 @@ import torch
 import transformers
 
 import hf_snapvit
+from _harness import RESULTS, command, parser, timed, write_json
 from hf_snapvit import ElasticViTModel
 from hf_snapvit.benchmark.environment import hardware_info, read_status, reset_peak_rss
-from hf_snapvit.files import write_text_atomic
 from hf_snapvit.loading.latency_table import synchronize
 from hf_snapvit.plotting import plot_latency_table
 
 SEQUENCE = (0.3, 0.0, 0.5, 0.1, 0.5, 0.3)
-RESULTS = Path(__file__).resolve().parent / "results"
 CONFIGS = {
     "vit-b": dict(),  # transformers.ViTConfig's defaults: ViT-B/16 at 224 px
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, image_size=32,
@@ -46,17 +42,17 @@ CONFIGS = {
 }
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="vit-b")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 1])
-    parser.add_argument("--repeats", type=int, default=10, help="interleaved rounds per batch size")
-    parser.add_argument("--switches", type=int, default=1000, help="timed switches")
-    parser.add_argument("--table-repeats", type=int, default=5, help="rounds of the latency table")
-    parser.add_argument("--output", type=Path, default=RESULTS / "switching_vit_b_cpu.json")
-    return parser.parse_args(argv)
+def parse_args(argv: list[str] | None = None) -> Any:
+    options = parser(__doc__, shared=False)
+    options.add_argument("--config", choices=sorted(CONFIGS), default="vit-b")
+    options.add_argument("--device", default="cpu")
+    options.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    options.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 1])
+    options.add_argument("--repeats", type=int, default=10, help="interleaved rounds per batch size")
+    options.add_argument("--switches", type=int, default=1000, help="timed switches")
+    options.add_argument("--table-repeats", type=int, default=5, help="rounds of the latency table")
+    options.add_argument("--output", type=Path, default=RESULTS / "switching_vit_b_cpu.json")
+    return options.parse_args(argv)
 
 
 def _elastic_checkpoint(config: dict[str, Any], folder: Path) -> int:
@@ -70,18 +66,9 @@ def _switch_times(model: Any, count: int) -> dict[str, Any]:
     """Seconds per ``set_budget`` call: budgets never asked before (cold: resolved from the ranking) and the
     sequence's budgets asked again and again (steady: remembered)."""
     top = model.max_sparsity()
-    cold = []
-    for sparsity in (0.05, 0.15, 0.25, 0.35, 0.45, 0.55):
-        sparsity = min(sparsity, top * 0.99)
-        start = time.perf_counter()
-        model.set_budget(sparsity=sparsity)
-        cold.append(time.perf_counter() - start)
-    steady = []
-    for i in range(count):
-        start = time.perf_counter()
-        model.set_budget(sparsity=SEQUENCE[i % len(SEQUENCE)])
-        steady.append(time.perf_counter() - start)
-    steady.sort()
+    cold = [timed(lambda: model.set_budget(sparsity=min(s, top * 0.99)))[1]
+            for s in (0.05, 0.15, 0.25, 0.35, 0.45, 0.55)]
+    steady = sorted(timed(lambda: model.set_budget(sparsity=SEQUENCE[i % len(SEQUENCE)]))[1] for i in range(count))
     return {"cold_ms": [t * 1e3 for t in cold], "median_ms": statistics.median(steady) * 1e3,
             "p90_ms": steady[int(0.9 * (len(steady) - 1))] * 1e3, "count": count}
 
@@ -98,15 +85,12 @@ def _interleaved(models: dict[str, Any], inputs: dict[str, torch.Tensor], repeat
                 if name == "switchable":
                     models[name].set_budget(sparsity=0.5)  # a switch right before every timed pass
                 synchronize(device)
-                start = time.perf_counter()
-                models[name](**inputs)
-                synchronize(device)
-                runs[name].append((time.perf_counter() - start) * 1e3)
+                runs[name].append(timed(lambda: (models[name](**inputs), synchronize(device)))[1] * 1e3)
     medians = {name: statistics.median(times) for name, times in runs.items()}
     return {"median_ms": medians, "runs_ms": runs, "ratio": medians["switchable"] / medians["sliced"]}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: Any) -> dict[str, Any]:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     with tempfile.TemporaryDirectory() as tmp:
         dense_bytes = _elastic_checkpoint(CONFIGS[args.config], Path(tmp))
@@ -139,7 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     memory["smallest_weight_bytes"] = smallest_weight
     unchanged = storage == [(p.data_ptr(), p.nbytes) for p in model.parameters()]
     return {
-        "benchmark": "bench_switching", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "benchmark": "bench_switching", "command": command("bench_switching.py", None),
         "config": args.config, "dtype": args.dtype, "hardware": hardware_info(device=device),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "switch": switches, "latency_at_0.5": latency, "latency_table": table.to_dict(),
@@ -161,8 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     result = run(args)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(args.output, json.dumps(result, indent=2) + "\n")
+    write_json(args.output, result, indent=2)
     plot_latency_table([hf_snapvit.LatencyTable.from_dict(result["latency_table"])], args.output.with_suffix(".png"))
     print(json.dumps({k: result[k] for k in ("switch", "criteria")}, indent=2))
     for batch, row in result["latency_at_0.5"].items():

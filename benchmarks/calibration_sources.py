@@ -22,44 +22,38 @@ and whether its keep orders equal the ``map`` source's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
 import datasets
 import numpy as np
-import transformers
-from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit
+from _harness import load_classifier, parser, timed, write_json
 from hf_snapvit.benchmark import hardware_info
 from hf_snapvit.evaluation import Evaluator, load_split
-from hf_snapvit.files import write_text_atomic
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 SOURCES = ("map", "stream", "cli", "sorted-generator", "sorted-stream")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(SHARED / "models" / "vit-tiny-tinyimagenet"))
-    parser.add_argument("--train", default=str(SHARED / "data" / "tiny-imagenet-200" / "train.parquet"))
-    parser.add_argument("--validation", default=str(SHARED / "data" / "tiny-imagenet-200" / "validation.parquet"))
-    parser.add_argument("--sources", nargs="+", choices=SOURCES, default=list(SOURCES))
-    parser.add_argument("--preset", default="fast")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.3])
-    parser.add_argument("--num-val", type=int, default=None, help="validation images (default: all)")
-    parser.add_argument("--num-bank", type=int, default=0, help="train images in the k-NN bank (0: no k-NN)")
-    parser.add_argument("--repeats", type=int, default=10, help="times each image appears in the sorted sources")
-    parser.add_argument("--config", default=None, help="JSON of SnapViTConfig fields, replacing --preset (tests)")
-    parser.add_argument("--output", type=Path, required=True)
-    return parser.parse_args(argv)
+def parse_args(argv: list[str] | None = None) -> Any:
+    options = parser(__doc__)
+    options.add_argument("--sources", nargs="+", choices=SOURCES, default=list(SOURCES))
+    options.add_argument("--preset", default="fast")
+    options.add_argument("--seed", type=int, default=0)
+    options.add_argument("--sparsities", type=float, nargs="+", default=[0.3])
+    options.add_argument("--num-val", type=int, default=None, help="validation images (default: all)")
+    options.add_argument("--num-bank", type=int, default=0, help="train images in the k-NN bank (0: no k-NN)")
+    options.add_argument("--repeats", type=int, default=10, help="times each image appears in the sorted sources")
+    options.add_argument("--config", default=None, help="JSON of SnapViTConfig fields, replacing --preset (tests)")
+    options.add_argument("--output", type=Path, required=True)
+    args = options.parse_args(argv)
+    args.train = str(Path(args.data) / "train.parquet")
+    return args
 
 
 def sorted_rows(train: str, repeats: int) -> tuple[list[dict[str, Any]], datasets.ClassLabel]:
@@ -75,7 +69,7 @@ def sorted_rows(train: str, repeats: int) -> tuple[list[dict[str, Any]], dataset
     return rows, feature
 
 
-def open_source(name: str, args: argparse.Namespace, num_images: int) -> Any:
+def open_source(name: str, args: Any, num_images: int) -> Any:
     """The calibration data as a user of that kind would pass it."""
     files = {"train": args.train}
     if name == "map":
@@ -103,14 +97,12 @@ def score(result: Any) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    transformers.utils.logging.set_verbosity_error()
     datasets.disable_progress_bars()
-    model = AutoModelForImageClassification.from_pretrained(args.model).eval()
-    processor = AutoImageProcessor.from_pretrained(args.model)
+    model, processor = load_classifier(args.model)
     config = (hf_snapvit.SnapViTConfig(seed=args.seed, **json.loads(args.config)) if args.config else
               hf_snapvit.SnapViTConfig.preset(args.preset, seed=args.seed))
     num_images = config.num_gradient_images + config.num_fitness_images
-    validation = load_split(args.validation, "validation", num_samples=args.num_val, seed=0)
+    validation = load_split(args.data, "validation", num_samples=args.num_val, seed=0)
     bank = load_split(args.train, "train", num_samples=args.num_bank, seed=1) if args.num_bank else None
     metrics = ["top1", "knn"] if bank is not None else ["top1"]
     evaluator = Evaluator(validation, bank_data=bank, processor=processor, metrics=metrics, show_progress=False)
@@ -119,12 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     reference = None
     for name in args.sources:
         data = open_source(name, args, num_images)
-        start = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            ranking = hf_snapvit.rank(model, method="snapvit", data=data, config=config, processor=processor,
-                                      show_progress=False)
-        seconds = time.perf_counter() - start
+            ranking, seconds = timed(lambda: hf_snapvit.rank(model, method="snapvit", data=data, config=config,
+                                                             processor=processor, show_progress=False))
         orders = [[np.asarray(part).tolist() for part in block] for block in ranking.orders()]
         reference = orders if reference is None and name == "map" else reference
         entry: dict[str, Any] = {
@@ -149,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         "num_val": len(validation), "num_bank": args.num_bank, "dense": dense, "repeats": args.repeats,
         "sources": results,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(args.output, json.dumps(record, indent=2) + "\n")
+    write_json(args.output, record, indent=2)
     return 0
 
 

@@ -1,37 +1,26 @@
 """Choose SnapViT's defaults from evidence: score definition x ranking mode x search budget on the shared ViT-Tiny.
 
-Every configuration is the ``fast`` preset at sigma 1, in the scores' own unit order, with the best candidate as the
-result and the fitness at 10 / 30 / 50 / 60 % (``BASE_SIGMA``, ``BASE_ORDER``, ``BASE_SOLUTION``, ``BASE_SPARSITIES``:
-the grid was measured before the preset's sigma became 0.5, which is what this sweep chose, and before unit orders, the
-mean as the result and the preset's own fitness sparsities existed) with some settings changed,
-written ``DEFINITION:MODE:GENERATIONS`` plus optional ``:key=value`` changes (``covariance=cka``, ``sigma=0.5``,
-``head_rows=qkv``, ``init=1.0,1.0``, ``fitness=256``: the number of fitness images, ``measure=cka``: the fitness
-measure, ``order=obs``: the unit order within blocks, ``solution=mean``: the search's mean rather than its best sample,
-``preset=default``: another preset's images and crops, ``sparsities=0.1,0.3,0.5``: the fitness sparsities, ``split=1``:
-each fitness sparsity on its own share of the fitness images, ``rotate=1``: one fitness sparsity per search
-generation, in turn, ``size=128``: the side the search forwards the
-fitness images at, ``tokens=0.5``: the share of each fitness image's patch tokens it forwards, ``batch=16``: images
-per search forward (speed only), ``local_size=96`` and ``num_local=4``: the gradient crops). One fit per
-configuration runs the largest search budget; the rankings at the smaller budgets of ``--budgets`` come from its history
-(the best factors, or the mean, after g generations; g = 0 is the starting factors, i.e. no search), which is exactly
-what a fit with that budget returns, because the first g generations do not depend on the budget.
+A configuration is written ``DEFINITION:MODE:GENERATIONS`` plus ``:key=value`` changes to a base: the ``fast`` preset
+at sigma 1, in the scores' own unit order, with the best candidate as the result and the fitness at 10 / 30 / 50 / 60 %
+(``BASE_*``: the grid ran before this sweep chose sigma 0.5 and before unit orders, the mean as the result and the
+preset's own fitness sparsities existed). The keys (:data:`SEARCH_OPTIONS`, :data:`FIELD_NAMES`) are the search's
+(``covariance``, ``sigma``, ``init``, ``fitness`` images, ``measure``, unit ``order``, ``solution=mean``, fitness
+``sparsities``, ``split=1`` / ``rotate=1``, the forwarded ``size`` and ``tokens`` share, ``batch``), the scores'
+``head_rows``, the gradient crops' ``local_size`` / ``num_local``, and ``preset=default`` (its images and crops).
+One fit per configuration runs the largest budget; the rankings at the smaller budgets of ``--budgets`` are read off
+its history (the best factors or the mean after g generations; g = 0: no search), which is exactly what a fit with
+that budget returns, since the first g generations do not depend on the budget.
 
-Two stages, so a long grid can be run in pieces:
-
-    python benchmarks/defaults_vit_tiny.py rank --configs obd:global:6 obd:paired:6 fisher:global:6 \\
-        fisher:paired:0 accumulated:global:0 accumulated:paired:0 obd:global:3:covariance=cka \\
-        obd:global:3:sigma=0.5 obd:global:0:head_rows=qkv --budgets 0 3 6
+    python benchmarks/defaults_vit_tiny.py rank --configs obd:global:6 obd:paired:6 obd:global:3:sigma=0.5 \\
+        --budgets 0 3 6
     python benchmarks/defaults_vit_tiny.py eval --num-val 1000 --num-bank 1000 --sparsities 0.1 0.3 0.5
 
-``rank`` saves every ranking as JSON under ``OUTPUT_DIR/rankings`` (with the fit's phase times and search history
-in ``*.fit.json``) and skips configurations already there. ``--early-stopping 2:0 3:0.002`` also saves the rankings
-that early stopping (``SnapViTConfig.early_stopping_patience`` / ``_threshold``) would end the search at, read off the
-history; ``--reuse-search`` takes the history of a fit already recorded there instead of searching again (only the
-gradient scores, seconds, are recomputed), e.g. to read more budgets off a committed run. ``eval`` runs
-:func:`hf_snapvit.evaluation.run_sweep` (top-1 with the model's head, and k-NN top-1 with k = 20 on a train-split
-bank; no latency) over every saved ranking, and
-writes ``summary.json``: each ranking's mean top-1 and k-NN over the sparsities, its search evaluations and fit time.
-Calibration images come from the train split (labels ignored); accuracy from the validation split.
+``rank`` saves every ranking under ``OUTPUT_DIR/rankings`` (the fit's phase times and history in ``*.fit.json``) and
+skips configurations already there; ``--early-stopping 2:0`` also saves where early stopping would end the search;
+``--reuse-search`` takes the history of a fit recorded there instead of searching again (only the gradient scores
+are recomputed). ``eval`` runs :func:`hf_snapvit.evaluation.run_sweep` (top-1 and k-NN top-1, k = 20, train-split
+bank; validation images) over every saved ranking and writes ``summary.json``: each ranking's mean top-1 and k-NN over
+the sparsities, its search evaluations and fit time.
 """
 
 from __future__ import annotations
@@ -41,24 +30,19 @@ import dataclasses
 import json
 import re
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
-import transformers
-from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit
 from hf_snapvit.benchmark import hardware_info
-from hf_snapvit.architectures.budget import model_shape
 from hf_snapvit.evaluation import load_split, run_sweep
 from hf_snapvit.files import write_text_atomic
 from hf_snapvit.pruning.xnes.rules import generations_without_improvement
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+from _harness import RESULTS, load_classifier, parser, ranking_from_stored, timed, write_json  # noqa: E402
+
 # The committed grid (benchmarks/results/defaults_vit_tiny) ran on the fast preset of its time, sigma 1; a spec without
 # a sigma option keeps that, so its name still names its rows and a re-run reproduces them.
 BASE_SIGMA = 1.0
@@ -100,32 +84,29 @@ NEWER_SETTINGS = {"early_stopping_patience": None, "early_stopping_threshold": 0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("rank", "eval"))
-    parser.add_argument("--model", default=str(SHARED / "models" / "vit-tiny-tinyimagenet"))
-    parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200"))
-    parser.add_argument("--configs", nargs="+", default=["obd:global:6", "obd:paired:6"])
-    parser.add_argument("--budgets", type=int, nargs="+", default=[0, 3, 6], help="generations to evaluate")
-    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.3, 0.5])
-    parser.add_argument("--num-val", type=int, default=1000)
-    parser.add_argument("--num-bank", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--width-multiple", type=int, default=None,
+    result = parser(__doc__)
+    result.add_argument("stage", choices=("rank", "eval"))
+    result.add_argument("--configs", nargs="+", default=["obd:global:6", "obd:paired:6"])
+    result.add_argument("--budgets", type=int, nargs="+", default=[0, 3, 6], help="generations to evaluate")
+    result.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.3, 0.5])
+    result.add_argument("--num-val", type=int, default=1000)
+    result.add_argument("--num-bank", type=int, default=1000)
+    result.add_argument("--seed", type=int, default=0)
+    result.add_argument("--width-multiple", type=int, default=None,
                         help="round kept FFN widths to multiples of this (default: the library's, 64 here; 1: exact "
                              "widths, as the stored results were measured)")
-    parser.add_argument("--early-stopping", nargs="*", default=[], metavar="PATIENCE:THRESHOLD",
+    result.add_argument("--early-stopping", nargs="*", default=[], metavar="PATIENCE:THRESHOLD",
                         help="also save the ranking each of these early-stopping rules would end the search at "
                              "(read off the run's history), e.g. 2:0 3:0.002")
-    parser.add_argument("--reuse-search", action="store_true",
+    result.add_argument("--reuse-search", action="store_true",
                         help="take the search history of a fit already recorded in OUTPUT_DIR/rankings (same "
                              "settings) instead of searching again; only the gradient scores are recomputed")
-    parser.add_argument("--also-mean", action="store_true",
+    result.add_argument("--also-mean", action="store_true",
                         help="also save the rankings of the search's mean (NAME-mean-gG.json) beside its best "
                              "sample's: the solution picks from the search, so one fit gives both")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    parser.add_argument("--device", default="cpu", help="where the model ranks and is evaluated (cpu, cuda, ...)")
-    parser.add_argument("--output-dir", type=Path, default=ROOT / "benchmarks" / "results" / "defaults_vit_tiny")
-    return parser.parse_args(argv)
+    result.add_argument("--device", default="cpu", help="where the model ranks and is evaluated (cpu, cuda, ...)")
+    result.add_argument("--output-dir", type=Path, default=RESULTS / "defaults_vit_tiny")
+    return result.parse_args(argv)
 
 
 def parse_config(spec: str, seed: int) -> tuple[str, hf_snapvit.SnapViTConfig]:
@@ -174,15 +155,13 @@ def fitted(spec: str, config: hf_snapvit.SnapViTConfig, fit_path: Path, reuse: b
     scores are recomputed (no search) and its recorded search history is taken instead of searching again."""
     recorded = json.loads(fit_path.read_text()) if reuse and fit_path.is_file() else None
     pruner = hf_snapvit.SnapViTPruner(dataclasses.replace(config, max_generations=0) if recorded else config)
-    start = time.perf_counter()
-    ranking = pruner.fit(model, calibration, processor=processor)
-    wall = time.perf_counter() - start
+    ranking, wall = timed(lambda: pruner.fit(model, calibration, processor=processor))
     settings = json.loads(json.dumps(ranking.provenance["settings"], default=str))
     if recorded is None:
         fit = {"spec": spec, "settings": settings,  # what ran (the search batch resolved)
                "wall_seconds": wall, "timings": pruner.timings_, "history": pruner.history_,
                "hardware": hardware_info(device=next(model.parameters()).device)}
-        write_text_atomic(fit_path, json.dumps(fit, indent=1, default=str))
+        write_json(fit_path, fit)
         return pruner, fit
     # The solution picks from the history and does not change the search: a fit recorded with either serves both.
     expected = {**NEWER_SETTINGS, **recorded["settings"], "max_generations": 0, "solution": config.solution}
@@ -195,8 +174,7 @@ def fitted(spec: str, config: hf_snapvit.SnapViTConfig, fit_path: Path, reuse: b
 def rank_stage(args: argparse.Namespace) -> None:
     folder = args.output_dir / "rankings"
     folder.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForImageClassification.from_pretrained(args.model).eval().to(args.device)
-    processor = AutoImageProcessor.from_pretrained(args.model)
+    model, processor = load_classifier(args.model, args.device)
     calibration = load_split(args.data, "train")
     for spec in args.configs:
         name, config = parse_config(spec, args.seed)
@@ -212,7 +190,7 @@ def rank_stage(args: argparse.Namespace) -> None:
             stops[rule] = early_stop(fit["history"], int(patience), float(threshold))
         if stops:
             print(f"{spec}: early stopping ends the search at generation {stops}", flush=True)
-            write_text_atomic(folder / f"{name}.stops.json", json.dumps(stops, indent=1))
+            write_json(folder / f"{name}.stops.json", stops)
         for g in sorted({*budgets, *stops.values()}):
             write_ranking(folder / f"{name}-g{g}.json", spec, g, pruner, fit)
             if args.also_mean and g and pruner.config.solution == "best":
@@ -250,26 +228,17 @@ def read_ranking(path: Path, model: torch.nn.Module) -> hf_snapvit.ElasticRankin
     return ranking_from_stored(json.loads(Path(path).read_text()), model)
 
 
-def ranking_from_stored(stored: dict[str, Any], model: torch.nn.Module) -> hf_snapvit.ElasticRanking:
-    """:func:`read_ranking` of a file already parsed (``stored`` is not changed)."""
-    stored = dict(stored)
-    info = stored.pop("info", {})
-    return hf_snapvit.ElasticRanking(
-        head_scores=np.array(stored.pop("head_scores")), neuron_scores=np.array(stored.pop("neuron_scores")),
-        shape=model_shape(model), provenance={"method": "snapvit", "defaults_sweep": info}, **stored)
-
-
 def eval_stage(args: argparse.Namespace) -> None:
     files = sorted(f for f in (args.output_dir / "rankings").glob("*.json") if re.search(r"-g\d+\.json$", f.name))
     if not files:
         raise SystemExit(f"no rankings in {args.output_dir / 'rankings'}; run the 'rank' stage first")
-    model = AutoModelForImageClassification.from_pretrained(args.model).eval().to(args.device)
+    model, processor = load_classifier(args.model, args.device)
     rankings = {f.stem: read_ranking(f, model) for f in files}
     info = {name: ranking.provenance["defaults_sweep"] for name, ranking in rankings.items()}
     eval_data = load_split(args.data, "validation", num_samples=args.num_val, seed=args.seed)
     bank_data = load_split(args.data, "train", num_samples=args.num_bank, seed=args.seed + 1)
     result = run_sweep(model, rankings, args.sparsities, eval_data, bank_data=bank_data,
-                       processor=AutoImageProcessor.from_pretrained(args.model), output_dir=args.output_dir,
+                       processor=processor, output_dir=args.output_dir,
                        metrics=("top1", "knn"), latency=False, ranking_info=info, width_multiple=args.width_multiple)
     summary = {"dense": result.dense, "sparsities": args.sparsities,
                "num_val": args.num_val, "num_bank": args.num_bank,
@@ -282,7 +251,7 @@ def eval_stage(args: argparse.Namespace) -> None:
             "mean_knn_top1": float(np.mean([r["knn_top1"] for r in rows])),
             "top1": [r["top1"] for r in rows], "knn_top1": [r["knn_top1"] for r in rows],
         }
-    write_text_atomic(args.output_dir / "summary.json", json.dumps(summary, indent=1, default=str))
+    write_json(args.output_dir / "summary.json", summary)
     print(f"{'ranking':32s} {'evals':>5s} {'rank s':>7s}  mean top-1  mean k-NN   top-1 @ {args.sparsities}")
     for name, s in sorted(summary["rankings"].items(), key=lambda kv: -kv[1]["mean_top1"]):
         print(f"{name:32s} {s['evaluations']:5d} {s['ranking_seconds_estimate']:7.0f}  {s['mean_top1']:10.3f}"
@@ -291,9 +260,6 @@ def eval_stage(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    transformers.utils.logging.set_verbosity_error()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     (rank_stage if args.stage == "rank" else eval_stage)(args)
     return 0
 

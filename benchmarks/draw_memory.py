@@ -1,7 +1,7 @@
 """Peak memory of a stream draw against the rows read and the size of each image: bounded by the sample.
 
-A stream draw (:func:`hf_snapvit.data.sampling.stream_candidates`, what every ``data=`` stream goes through) reads up to
-its prefix and keeps only the candidates of smallest key. This reads generators of ``rows`` fresh byte strings of
+A stream draw (:func:`hf_snapvit.data.sampling.stream_candidates`, what every ``data=`` stream goes through) reads up
+to its prefix and keeps only the candidates of smallest key. This reads generators of ``rows`` fresh byte strings of
 ``size`` bytes each (as undecoded images are) and measures the draw's peak Python allocation with ``tracemalloc``,
 beside the bytes the kept candidates hold and the bytes a shuffle buffer of the rows read would hold:
 
@@ -11,7 +11,6 @@ beside the bytes the kept candidates hold and the bytes a shuffle buffer of the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -19,18 +18,9 @@ import tracemalloc
 from pathlib import Path
 from typing import Iterator
 
+from _harness import parser, write_json
 from hf_snapvit.benchmark import hardware_info
-from hf_snapvit.files import write_text_atomic
 from hf_snapvit.data.sampling import spare, stream_candidates
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000, 300_000])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[2_000, 20_000, 200_000], help="bytes per image")
-    parser.add_argument("--count", type=int, default=256, help="images drawn")
-    parser.add_argument("--output", type=Path, required=True)
-    return parser.parse_args(argv)
 
 
 def payloads(rows: int, size: int) -> Iterator[bytes]:
@@ -53,16 +43,19 @@ def measure(rows: int, size: int, count: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    options = parser(__doc__, shared=False)
+    options.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000, 300_000])
+    options.add_argument("--sizes", type=int, nargs="+", default=[2_000, 20_000, 200_000], help="bytes per image")
+    options.add_argument("--count", type=int, default=256, help="images drawn")
+    options.add_argument("--output", type=Path, required=True)
+    args = options.parse_args(argv)
     results = []
     for size in args.sizes:
         for rows in args.rows:
             results.append(measure(rows, size, args.count))
             print(json.dumps(results[-1]), flush=True)
-    record = {"benchmark": "draw_memory", "command": " ".join(sys.argv), "hardware": hardware_info(),
-              "results": results}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(args.output, json.dumps(record, indent=2) + "\n")
+    write_json(args.output, {"benchmark": "draw_memory", "command": " ".join(sys.argv), "hardware": hardware_info(),
+                             "results": results}, indent=2)
     return 0
 
 

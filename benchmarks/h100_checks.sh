@@ -7,14 +7,11 @@
 # 19-22 add `BACKEND=aot_eager SCALE_SHAPES="tiny small" SCALE_IMAGES=4 GRID_SPARSITIES="0.1 0.5"`: no inductor C++
 # builds, and sizes the tiny model has; for step 23 `RSTEPS=2 NB=40 NV=40 RCAL=64`).
 #
-# Still to run (issue 56): STEPS="22 18 13" (ViT-S compiled grid; the default preset's 3 -> 20 generation check on
-# the shared ViT-Tiny, seeds 0-2, with the model as .acc/vit and train/validation rows as .acc/data; the default
-# preset without its search), then STEPS="21" again (the default preset now runs a gradient step that does not fit
-# in parts), STEPS="3" for the ranking time as it ships, and STEPS="23" (elastic recovery against per-size recovery,
-# about 6 minutes on its own: .acc/ as for step 18, 3000 train and 2000 validation rows).
-# Steps that ran and whose results are recorded in docs/results.md left with their scripts: 1 and 4-7
-# (bench_gpu_latency.py, the precision, mode and width-multiple grid) are in commit 96763dc, and 9-12, 14 and 15 in
-# the same commit's version of this file; step 11 (profile_ranking.py) is in commit 1336aae.
+# Still to run (issue 56): STEPS="22 18 13" (18: the default preset's 3 -> 20 generations on the shared ViT-Tiny,
+# seeds 0-2, model in .acc/vit, train/validation rows in .acc/data), then STEPS="21 3" as the default preset ships,
+# and STEPS="23" (elastic against per-size recovery, about 6 minutes alone; .acc/ with 3000 train, 2000 val rows).
+# Steps recorded in docs/results.md left with their scripts: 1, 4-7 (bench_gpu_latency.py), 9-12, 14 and 15 are in
+# commit 96763dc, step 11 (profile_ranking.py) in 1336aae.
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 DEV=${DEV:-cuda}; B=${B:-vit-b16}; S=${S:-vit-s16}; OUT=${OUT:-/tmp/out}; R=${R:-/tmp/r}
@@ -46,7 +43,7 @@ accuracy() {
 recovery() {
   local cap=$1 n=${RSTEPS:-250} m
   rec() {
-    timeout "$cap" python3 benchmarks/recovery_vit_tiny.py --preset full --base .acc/vit --data .acc/data \
+    timeout "$cap" python3 benchmarks/recovery_vit_tiny.py --preset full --model .acc/vit --data .acc/data \
       --ranking benchmarks/results/defaults_vit_tiny/rankings/obd-global-sigma0.5-g3.json --num-bank "${NB:-1000}" \
       --num-calibration "${RCAL:-2000}" --num-val "${NV:-2000}" --output "$R/recovery_gpu.json" "$@"
     local rc=$?; save 23 $rc; return $rc

@@ -1,41 +1,29 @@
 """Peer side by side: Torch-Pruning prunes the shared ViT-Tiny to hf_snapvit's parameter budgets, no fine-tuning.
 
-Torch-Pruning (``torch-pruning`` on PyPI, ``MetaPruner`` with global ranking) removes whole attention heads and FFN
-neurons, never the hidden width, until the backbone has the parameters that hf_snapvit's ``sparsity`` means: the
-fraction of backbone parameters removed, embeddings included, classifier excluded
-(``hf_snapvit.architectures.budget.backbone_parameters``; ``ElasticRanking.keep_counts(sparsity).num_params``). How many heads
-versus neurons go is a rule (``--head-rule``), because Torch-Pruning ranks the two kinds separately:
-``proportional`` removes the same fraction of head and of FFN parameters (one ratio for both kinds),
-``paired`` uses the SnapViT reference's head ratio = neuron ratio - 0.15. Every block keeps hf_snapvit's floors
-(20 % of heads, 5 % of neurons, at least one of each). Torch-Pruning's own HF ViT example instead shrinks head
-dimensions and the hidden width as well; that changes the structure hf_snapvit keeps fixed, so it is not compared.
+Torch-Pruning (``MetaPruner`` with global ranking, driven by ``_tp_vit.py``) removes whole attention heads and FFN
+neurons, never the hidden width, until the backbone has the parameters that hf_snapvit's ``sparsity`` means (backbone
+parameters removed, embeddings included, classifier excluded). Torch-Pruning ranks heads and neurons separately, so how
+many of each go is a rule (``--head-rule``): ``proportional`` removes the same fraction of head and of FFN parameters,
+``paired`` uses the SnapViT reference's head ratio = neuron ratio - 0.15. Every block keeps hf_snapvit's floors.
+Torch-Pruning's own HF ViT example also shrinks head dimensions and the hidden width, a structure hf_snapvit keeps
+fixed, so it is not compared.
 
-Importances (Torch-Pruning's classes, as they ship: group importance normalised by its mean):
+Importances, Torch-Pruning's classes as they ship: ``l1`` / ``l2`` (``GroupMagnitudeImportance``, data-free),
+``taylor`` (``GroupTaylorImportance`` on cross-entropy gradients of 256 labelled train images disjoint from the bank),
+``taylor-pseudo`` (the same against the dense model's own predictions), and ``snapvit``: hf_snapvit's elastic
+checkpoint (``--elastic``) loaded at the same sparsities. ``hf_snapvit.evaluation`` scores every model on the same
+images: top-1, k-NN top-1 (k = 20) and representation retention; the median CPU latency at batch 8 and 64 is timed
+beside the dense model's.
 
-* ``l1`` / ``l2``: ``GroupMagnitudeImportance(p=1 / 2)``, data-free;
-* ``taylor``: ``GroupTaylorImportance``, gradients of cross-entropy on ``--num-calib`` labelled train images;
-* ``taylor-pseudo``: the same with the dense model's own predictions as targets (label-free, uses the classifier);
-* ``snapvit``: not Torch-Pruning; hf_snapvit's elastic checkpoint (``--elastic``) loaded at the same sparsities,
-  evaluated by the same code for a same-table comparison.
+    python benchmarks/peer_torch_pruning.py --importances l1 l2 taylor taylor-pseudo snapvit \
+        --elastic vit-tiny-elastic-snapvit --num-val 500 --num-bank 1000 --threads 1
 
-Evaluation through :mod:`hf_snapvit.evaluation`, on the images ``load_split`` draws for the same
-``--num-val``/``--num-bank``/``--seed`` (as ``_zero_training.pixels_and_labels`` draws them): top-1 of the
-model's head on the validation split; k-NN top-1 with k = 20 over L2-normalised final-norm CLS features, majority
-vote, train images as the memory bank; representation retention (cosine similarity to the dense model's
-embeddings). Speed: median CPU forward latency at batch 8 and 64 of each pruned model and of the dense model,
-measured in the same run (reported as ratios), and the pruning wall time.
-
-    python benchmarks/peer_torch_pruning.py --importances l1 l2 taylor taylor-pseudo \
-        --num-val 500 --num-bank 1000 --sparsities 0.1 0.2 0.3 0.4 0.5 0.6
-
-Results of several invocations with the same evaluation settings merge into one ``--output`` JSON, row by row
-(a row's latency ratios use the dense latency of its own run), so a long comparison can be split into short runs;
-``--print-tables`` prints the markdown tables of that JSON.
+Runs with the same evaluation settings merge into one ``--output`` JSON, row by row (a row's latency ratios use the
+dense latency of its own run); ``--print-tables`` prints the markdown tables of that JSON.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -49,41 +37,27 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-import transformers
 from huggingface_hub.utils import tqdm
 
-import hf_snapvit
-from hf_snapvit.benchmark import hardware_info, measure_latency
+import _tp_vit
+from _harness import RESULTS, load_classifier, parser, preprocess, timed, write_json
 from hf_snapvit.architectures.budget import ModelShape, backbone_parameters, estimate_gflops, layer_widths, model_shape
-from hf_snapvit.data.images import to_rgb
-from hf_snapvit.errors import BudgetError
-from hf_snapvit.evaluation import (
-    extract_features,
-    knn_accuracy,
-    load_split,
-    representation_retention,
-    top1_accuracy,
-)
-from hf_snapvit.files import public_name, write_text_atomic
+from hf_snapvit.benchmark import hardware_info, measure_latency
 from hf_snapvit.elastic.ranking import ElasticRanking, Floors
+from hf_snapvit.errors import BudgetError
+from hf_snapvit.evaluation import Evaluator, load_split
+from hf_snapvit.files import public_name
+from hf_snapvit.loading.modeling import ElasticViTModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _tp_vit  # noqa: E402  (sibling helper; benchmarks/ is not a package)
-
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 HEAD_RULES = ("proportional", "paired")
+# The protocol of the stored results: runs merge into them only with the same settings.
+SEED, NUM_CALIB, EVAL_BATCH, LATENCY_BATCHES, LATENCY_REPEATS = 0, 256, 100, [8, 64], 3
 
 
 @dataclass(frozen=True)
 class ImportanceSpec:
-    """A Torch-Pruning importance and what it needs.
-
-    Args:
-        build: Makes a fresh importance object.
-        gradients: ``None`` (data-free), ``"labels"`` (cross-entropy on labelled images) or ``"pseudo"``
-            (cross-entropy on the dense model's own predictions).
-        description: How the scores are computed, for the JSON.
-    """
+    """A Torch-Pruning importance: ``build`` makes one; ``gradients`` is ``None`` (data-free), ``"labels"`` or
+    ``"pseudo"`` (cross-entropy on the labels or on the dense model's own predictions); ``description`` is recorded."""
 
     build: Callable[[], Any]
     gradients: str | None
@@ -108,7 +82,6 @@ def importances() -> dict[str, ImportanceSpec]:
     }
 
 
-# ------------------------------------------------------------------------------------------------- budgets
 def floors(shape: ModelShape) -> tuple[int, int]:
     """``(heads, neurons)`` every block keeps: hf_snapvit's default floors, so both tools face the same limits."""
     blank = ElasticRanking(head_scores=np.zeros((shape.num_layers, shape.num_heads)),
@@ -118,18 +91,9 @@ def floors(shape: ModelShape) -> tuple[int, int]:
 
 
 def plan_removals(shape: ModelShape, sparsity: float, head_rule: str = "proportional") -> tuple[int, int, float]:
-    """How many heads and FFN neurons to remove for a backbone ``sparsity``.
-
-    Args:
-        shape: The dense model's :class:`~ModelShape` (unit parameter costs).
-        sparsity: Fraction of backbone parameters to remove, hf_snapvit's definition.
-        head_rule: ``"proportional"`` (same fraction of head and of FFN parameters) or ``"paired"`` (head ratio =
-            neuron ratio - 0.15, the SnapViT reference).
-
-    Returns:
-        ``(heads to remove, neurons to remove, target backbone parameters)``; the plan lands within one neuron of the
-        target (``paired``: within one head, where its head steps jump over the target).
-    """
+    """``(heads to remove, neurons to remove, target backbone parameters)`` for a backbone ``sparsity`` (see
+    ``--head-rule``); the plan lands within one neuron of the target (``paired``: within one head, where its head steps
+    jump over it)."""
     if head_rule not in HEAD_RULES:
         raise BudgetError(f"head_rule={head_rule!r} is not one of {HEAD_RULES}.")
     min_heads, min_neurons = floors(shape)
@@ -164,21 +128,10 @@ def plan_removals(shape: ModelShape, sparsity: float, head_rule: str = "proporti
     return removed(best)[0], best, target
 
 
-# ------------------------------------------------------------------------------------------------- pruning
 def accumulate_gradients(model: torch.nn.Module, pixels: torch.Tensor, labels: torch.Tensor | None,
                          batch_size: int = 32, show_progress: bool = False) -> dict[str, torch.Tensor]:
-    """Mean cross-entropy gradient of every parameter over ``pixels``.
-
-    Args:
-        model: A ``*ForImageClassification`` model; its weights are not changed.
-        pixels: ``[N, C, H, W]`` pixel values.
-        labels: Class labels, or ``None`` to use the model's own predictions (label-free).
-        batch_size: Images per backward pass.
-        show_progress: Show a progress bar.
-
-    Returns:
-        Parameter name -> gradient, to hand to copies of the model (``copy.deepcopy`` does not copy ``.grad``).
-    """
+    """Parameter name -> mean cross-entropy gradient over ``pixels`` against ``labels`` (``None``: the model's own
+    predictions), to hand to copies of the model (``copy.deepcopy`` does not copy ``.grad``)."""
     model.zero_grad(set_to_none=True)
     for start in tqdm(range(0, len(pixels), batch_size), desc="gradients", disable=not show_progress):
         logits = model(pixel_values=pixels[start:start + batch_size]).logits
@@ -198,19 +151,9 @@ def prune_to_sparsity(
     gradients: dict[str, torch.Tensor] | None = None,
     head_rule: str = "proportional",
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """A copy of ``model`` pruned by Torch-Pruning to hf_snapvit's ``sparsity`` budget.
-
-    Args:
-        model: The dense HF ViT (not modified).
-        sparsity: Fraction of backbone parameters to remove.
-        importance: A name from :func:`importances` or a Torch-Pruning importance object.
-        example_inputs: Keyword inputs for Torch-Pruning's graph tracing.
-        gradients: Parameter name -> gradient, for gradient-based importances (:func:`accumulate_gradients`).
-        head_rule: See :func:`plan_removals`.
-
-    Returns:
-        The pruned copy and a record: target and realised parameters, GFLOPs, per-block widths, pruning seconds.
-    """
+    """A copy of ``model`` pruned by Torch-Pruning to hf_snapvit's ``sparsity`` budget with ``importance`` (a name of
+    :func:`importances` or an importance object; gradient-based ones need ``gradients``), and its record: target and
+    realised parameters, GFLOPs, per-block widths, pruning seconds."""
     shape = model_shape(model)
     remove_heads, remove_neurons, target = plan_removals(shape, sparsity, head_rule)
     if isinstance(importance, str):
@@ -247,43 +190,13 @@ def prune_to_sparsity(
     return pruned, record
 
 
-# ------------------------------------------------------------------------------------------------- evaluation
-def draw(data_dir: str, split: str, start: int, n: int, seed: int) -> tuple[list, torch.Tensor]:
-    """Images ``start:start+n`` of ``split`` shuffled with ``seed`` (``start=0``: the draw of
-    ``_zero_training.pixels_and_labels``)."""
-    ds = load_split(data_dir, split, num_samples=start + n, seed=seed)
-    ds = ds.select(range(min(start, len(ds)), len(ds)))
-    return [to_rgb(im) for im in ds["image"]], torch.tensor(ds["label"])
-
-
-def evaluate(model: torch.nn.Module, val: tuple[torch.Tensor, torch.Tensor], bank: tuple[torch.Tensor, torch.Tensor],
-             batch: int, dense_embeddings: torch.Tensor | None = None) -> tuple[dict[str, float], torch.Tensor]:
-    """Top-1 of the model's head, k-NN top-1 (k = 20) and, given the dense embeddings, representation retention.
-
-    Uses :mod:`hf_snapvit.evaluation`, the harness every hf_snapvit number goes through: one forward pass per batch
-    gives the final-norm CLS embedding and the logits; k-NN over L2-normalised embeddings, majority vote.
-
-    Returns:
-        The metrics and the validation embeddings.
-    """
-    val_features = extract_features(model, val[0], batch_size=batch, show_progress=False)
-    bank_features = extract_features(model, bank[0], batch_size=batch, logits=False, show_progress=False)
-    metrics = {"top1": top1_accuracy(val_features.logits, val[1]),
-               "knn_top1": knn_accuracy(bank_features.embeddings, bank[1], val_features.embeddings, val[1], k=20)}
-    if dense_embeddings is not None:
-        metrics["retention"] = representation_retention(val_features.embeddings, dense_embeddings)
-    return metrics, val_features.embeddings
-
-
-def latency_record(dense: torch.nn.Module, pruned: torch.nn.Module, batches: list[int], repeats: int) -> dict:
-    """Median forward ms of the pruned and the dense model, timed interleaved
-    (:func:`hf_snapvit.benchmark.measure_latency`, seeded random images), and their ratio, per batch size."""
-    if not batches:
-        return {"latency_ms": {}, "dense_latency_ms": {}, "latency_ratio": {}}
-    timed = measure_latency({"dense": dense, "pruned": pruned}, batches, repeats=repeats, warmup=1)
-    mine = {b: t["median_ms"] for b, t in timed["pruned"].items()}  # string keys, as they read back from JSON
-    reference = {b: t["median_ms"] for b, t in timed["dense"].items()}
-    return {"latency_ms": mine, "dense_latency_ms": reference,  # the dense model measured alongside, same run
+def latency_record(dense: torch.nn.Module, pruned: torch.nn.Module) -> dict:
+    """Median forward ms of the pruned and the dense model, timed interleaved on seeded random images, and their
+    ratio, per batch size (string keys, as they read back from JSON)."""
+    timed_ms = measure_latency({"dense": dense, "pruned": pruned}, LATENCY_BATCHES, repeats=LATENCY_REPEATS, warmup=1)
+    mine = {b: t["median_ms"] for b, t in timed_ms["pruned"].items()}
+    reference = {b: t["median_ms"] for b, t in timed_ms["dense"].items()}
+    return {"latency_ms": mine, "dense_latency_ms": reference,
             "latency_ratio": {b: mine[b] / reference[b] for b in mine}}
 
 
@@ -321,66 +234,40 @@ def format_tables(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------------------------------------- CLI
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(SHARED / "models" / "vit-tiny-tinyimagenet"))
-    parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200"))
-    parser.add_argument("--importances", nargs="+", default=["l1", "l2", "taylor", "taylor-pseudo"],
-                        help="Torch-Pruning importances (l1 l2 taylor taylor-pseudo) and/or snapvit (needs --elastic)")
-    parser.add_argument("--elastic", default=None, help="hf_snapvit elastic checkpoint for the 'snapvit' rows")
-    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
-    parser.add_argument("--head-rule", default="proportional", choices=HEAD_RULES,
-                        help="how many heads vs neurons Torch-Pruning removes; non-default rules get their own rows "
-                             "(e.g. 'taylor-paired')")
-    parser.add_argument("--num-val", type=int, default=1000)
-    parser.add_argument("--num-bank", type=int, default=2000, help="train images in the k-NN memory bank")
-    parser.add_argument("--num-calib", type=int, default=256,
-                        help="train images (disjoint from the bank) for the Taylor gradients")
-    parser.add_argument("--latency-batches", type=int, nargs="*", default=[8, 64])
-    parser.add_argument("--latency-repeats", type=int, default=3)
-    parser.add_argument("--eval-batch", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = all)")
-    parser.add_argument("--output", type=Path,
-                        default=Path(__file__).parent / "results" / "peer_torch_pruning.json")
-    parser.add_argument("--no-merge", action="store_true", help="overwrite --output instead of merging into it")
-    parser.add_argument("--print-tables", action="store_true", help="print the markdown tables of --output and exit")
-    args = parser.parse_args(argv)
-    known = set(importances()) | {"snapvit"}
-    unknown = [name for name in args.importances if name not in known]
-    if unknown:
-        parser.error(f"unknown importances {unknown}; choose from {sorted(known)}")
+def parse_args(argv: list[str] | None = None) -> Any:
+    options = parser(__doc__)
+    options.add_argument("--importances", nargs="+", default=["l1", "l2", "taylor", "taylor-pseudo"],
+                         choices=["l1", "l2", "taylor", "taylor-pseudo", "snapvit"],
+                         help="Torch-Pruning importances and/or snapvit (needs --elastic)")
+    options.add_argument("--elastic", default=None, help="hf_snapvit elastic checkpoint for the 'snapvit' rows")
+    options.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    options.add_argument("--head-rule", default="proportional", choices=HEAD_RULES,
+                         help="how many heads vs neurons Torch-Pruning removes; non-default rules get their own rows "
+                              "(e.g. 'taylor-paired')")
+    options.add_argument("--num-val", type=int, default=1000)
+    options.add_argument("--num-bank", type=int, default=2000, help="train images in the k-NN memory bank")
+    options.add_argument("--threads", type=int, default=0, help="torch threads (0 = all)")
+    options.add_argument("--output", type=Path, default=RESULTS / "peer_torch_pruning.json")
+    options.add_argument("--print-tables", action="store_true", help="print the markdown tables of --output and exit")
+    args = options.parse_args(argv)
     if "snapvit" in args.importances and not args.elastic:
-        parser.error("'snapvit' rows need --elastic PATH (an hf_snapvit elastic checkpoint of the same model)")
+        options.error("'snapvit' rows need --elastic PATH (an hf_snapvit elastic checkpoint of the same model)")
     return args
 
 
-def _protocol(args: argparse.Namespace) -> dict[str, Any]:
+def _protocol(args: Any) -> dict[str, Any]:
     return {"model": public_name(args.model), "data": public_name(args.data), "num_val": args.num_val,
-            "num_bank": args.num_bank,
-            "num_calib": args.num_calib, "seed": args.seed,
+            "num_bank": args.num_bank, "num_calib": NUM_CALIB, "seed": SEED,
             "knn": "k=20, L2-normalised final-norm CLS features, majority vote, train split as memory bank",
             "top1": "model's own classifier head, validation split",
-            "calibration": f"train images {args.num_bank}..{args.num_bank + args.num_calib} of the bank's shuffle "
-                           f"(seed {args.seed + 1}), disjoint from the bank; labels used only by 'taylor'",
+            "calibration": f"train images {args.num_bank}..{args.num_bank + NUM_CALIB} of the bank's shuffle "
+                           f"(seed {SEED + 1}), disjoint from the bank; labels used only by 'taylor'",
             "fine_tuning": "none"}
 
 
-def hardware() -> dict[str, Any]:
-    """:func:`hf_snapvit.benchmark.hardware_info` plus the Torch-Pruning version."""
-    import torch_pruning
-
-    return {**hardware_info(), "torch_pruning": getattr(torch_pruning, "__version__", "unknown")}
-
-
-def write_json(path: Path, data: dict) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, default=str))
-
-
-def earlier_results(args: argparse.Namespace, protocol: dict[str, Any]) -> dict[str, Any]:
+def earlier_results(args: Any, protocol: dict[str, Any]) -> dict[str, Any]:
     """``--output``'s results when they were made with the same evaluation settings (merged into), else a new one."""
-    if args.output.exists() and not args.no_merge:
+    if args.output.exists():
         previous = json.loads(args.output.read_text())
         recorded = dict(previous.get("protocol") or {})
         # Results recorded before paths were reduced to folder names hold the full paths: the same settings.
@@ -400,46 +287,45 @@ def zero_sparsity_difference(model: torch.nn.Module, pixels: torch.Tensor, head_
 
 def snapvit_record(elastic: str, sparsity: float, dense_params: int) -> tuple[torch.nn.Module, dict[str, Any]]:
     """hf_snapvit's elastic checkpoint loaded at ``sparsity``, with the same record fields as a pruned row."""
-    start = time.perf_counter()
-    pruned = hf_snapvit.ElasticViTModel.from_pretrained(elastic, sparsity=sparsity).eval()
+    pruned, seconds = timed(lambda: ElasticViTModel.from_pretrained(elastic, sparsity=sparsity).eval())
     heads, neurons = layer_widths(pruned)
     params = backbone_parameters(pruned)
     return pruned, {"target_sparsity": sparsity, "sparsity": 1.0 - params / dense_params,
                     "target_params": round((1 - sparsity) * dense_params), "params": params,
                     "params_with_head": sum(p.numel() for p in pruned.parameters()),
-                    "gflops": estimate_gflops(pruned), "heads": heads, "neurons": neurons,
-                    "load_seconds": time.perf_counter() - start}
+                    "gflops": estimate_gflops(pruned), "heads": heads, "neurons": neurons, "load_seconds": seconds}
 
 
-def method_setup(name: str, args: argparse.Namespace, model: torch.nn.Module,
-                 to_pixels: Callable) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+def method_setup(name: str, args: Any, model: torch.nn.Module,
+                 processor: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
     """The method's JSON header (description, ranking or head rule) and, for Taylor importances, its gradients."""
-    method: dict[str, Any] = {"rows": []}
     if name == "snapvit":
-        method["description"] = f"hf_snapvit ElasticViTModel.from_pretrained({args.elastic!r}, sparsity=s)"
         config = json.loads((Path(args.elastic) / "config.json").read_text())
-        method["ranking"] = {k: config.get("elastic_ranking", {}).get("provenance", {}).get(k)
-                             for k in ("method", "settings", "seed")}
-        return method, None
-    method["head_rule"] = args.head_rule
+        provenance = config.get("elastic_ranking", {}).get("provenance", {})
+        return {"rows": [], "description": f"hf_snapvit ElasticViTModel.from_pretrained({args.elastic!r}, sparsity=s)",
+                "ranking": {k: provenance.get(k) for k in ("method", "settings", "seed")}}, None
     spec = importances()[name]
-    method["description"] = spec.description
+    method = {"rows": [], "head_rule": args.head_rule, "description": spec.description}
     if not spec.gradients:
         return method, None
-    start = time.perf_counter()
-    calib_images, calib_labels = draw(args.data, "train", args.num_bank, args.num_calib, args.seed + 1)
-    gradients = accumulate_gradients(model, to_pixels(calib_images),
-                                     calib_labels if spec.gradients == "labels" else None, show_progress=True)
-    method["gradient_images"] = args.num_calib
-    method["gradient_seconds"] = time.perf_counter() - start
-    return method, gradients
+
+    def gradients() -> dict[str, torch.Tensor]:
+        # Rows num_bank.. of the bank's own shuffle: never images of the bank.
+        rows = load_split(args.data, "train", num_samples=args.num_bank + NUM_CALIB, seed=SEED + 1)
+        rows = rows.select(range(min(args.num_bank, len(rows)), len(rows)))
+        labels = torch.tensor(rows["label"]) if spec.gradients == "labels" else None
+        return accumulate_gradients(model, preprocess(processor, rows["image"]), labels, show_progress=True)
+
+    found, method["gradient_seconds"] = timed(gradients)
+    method["gradient_images"] = NUM_CALIB
+    return method, found
 
 
-def run_method(name: str, args: argparse.Namespace, model: torch.nn.Module, data: dict[str, Any],
-               results: dict[str, Any], run: dict[str, Any]) -> None:
+def run_method(name: str, args: Any, model: torch.nn.Module, data: dict[str, Any], results: dict[str, Any],
+               run: dict[str, Any]) -> None:
     """Every ``--sparsities`` row of one method, merged into ``results`` and written after each row."""
     key = name if name == "snapvit" or args.head_rule == "proportional" else f"{name}-{args.head_rule}"
-    method, gradients = method_setup(name, args, model, data["to_pixels"])
+    method, gradients = method_setup(name, args, model, data["processor"])
     # Rows of earlier runs at other sparsities stay; this run's rows replace any at the same sparsity.
     earlier = results["methods"].get(key, {})
     previous = [r for r in earlier.get("rows", []) if r["target_sparsity"] not in args.sparsities]
@@ -450,20 +336,19 @@ def run_method(name: str, args: argparse.Namespace, model: torch.nn.Module, data
         else:
             pruned, record = prune_to_sparsity(model, sparsity, name, data["example"], gradients=gradients,
                                                head_rule=args.head_rule)
-        record.update(evaluate(pruned, data["val"], data["bank"], args.eval_batch, data["dense_embeddings"])[0])
-        record.update(latency_record(model, pruned, args.latency_batches, args.latency_repeats))
-        record["run"] = run["started"]
+        found = data["evaluator"].evaluate(pruned)
+        record.update(top1=found.top1, knn_top1=found.knn_top1, retention=found.retention,
+                      **latency_record(model, pruned), run=run["started"])
         if "gradient_seconds" in method:  # paid once per run, shared by its sparsities
             record["gradient_seconds"] = method["gradient_seconds"]
         method["rows"].append(record)
         results["methods"][key] = {**method, "runs": runs,
                                    "rows": sorted(previous + method["rows"], key=lambda r: r["target_sparsity"])}
-        write_json(args.output, results)  # after every row: an interrupted run keeps what it finished
+        write_json(args.output, results, indent=2)  # after every row: an interrupted run keeps what it finished
         speed = " ".join(f"bs{b} {ratio:.2f}x" for b, ratio in record["latency_ratio"].items())
         print(f"{key:13s} s={record['sparsity']:.3f} params={record['params'] / 1e6:.3f}M "
               f"GFLOPs={record['gflops']:.3f} top-1 {record['top1']:.3f} k-NN {record['knn_top1']:.3f} "
               f"latency {speed}", flush=True)
-        del pruned
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -471,41 +356,35 @@ def main(argv: list[str] | None = None) -> None:
     if args.print_tables:
         print(format_tables(json.loads(args.output.read_text())))
         return
-    transformers.utils.logging.set_verbosity_error()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from transformers import AutoImageProcessor, AutoModelForImageClassification
+    import torch_pruning
 
-    processor = AutoImageProcessor.from_pretrained(args.model)
-    model = AutoModelForImageClassification.from_pretrained(args.model).eval()
+    model, processor = load_classifier(args.model)
     protocol = _protocol(args)
     results = earlier_results(args, protocol)
-    results["protocol"], results["hardware"] = protocol, hardware()
+    results["protocol"] = protocol
+    results["hardware"] = {**hardware_info(), "torch_pruning": getattr(torch_pruning, "__version__", "unknown")}
     run = {"started": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "argv": [public_name(a) for a in (sys.argv[1:] if argv is None else argv)],
-           "hardware": results["hardware"]}
-
-    val_images, val_labels = draw(args.data, "validation", 0, args.num_val, args.seed)
-    bank_images, bank_labels = draw(args.data, "train", 0, args.num_bank, args.seed + 1)
-    to_pixels = lambda images: processor(images=images, return_tensors="pt")["pixel_values"]  # noqa: E731
-    val, bank = (to_pixels(val_images), val_labels), (to_pixels(bank_images), bank_labels)
-
-    shape = model_shape(model)
-    dense = {"params": shape.num_params(), "params_with_head": sum(p.numel() for p in model.parameters()),
-             "gflops": estimate_gflops(model)}
-    metrics, dense_embeddings = evaluate(model, val, bank, args.eval_batch)
-    dense.update(metrics)
-    results["dense"] = dense
-    print(f"dense: {dense['params'] / 1e6:.3f} M backbone params, {dense['gflops']:.3f} GFLOPs, "
-          f"top-1 {dense['top1']:.3f}, k-NN {dense['knn_top1']:.3f}")
-    run["zero_sparsity_max_abs_logit_diff"] = diff = zero_sparsity_difference(model, val[0], args.head_rule)
+           "argv": [public_name(a) for a in (sys.argv[1:] if argv is None else argv)], "hardware": results["hardware"]}
+    val = load_split(args.data, "validation", num_samples=args.num_val, seed=SEED)
+    bank = load_split(args.data, "train", num_samples=args.num_bank, seed=SEED + 1)
+    val_pixels = preprocess(processor, val["image"])
+    evaluator = Evaluator(val_pixels, eval_labels=val["label"], bank_data=preprocess(processor, bank["image"]),
+                          bank_labels=bank["label"], dense_model=model, metrics=["top1", "knn", "retention"],
+                          batch_size=EVAL_BATCH, show_progress=False)
+    dense = evaluator.evaluate(model)
+    results["dense"] = {"params": model_shape(model).num_params(),
+                        "params_with_head": sum(p.numel() for p in model.parameters()),
+                        "gflops": estimate_gflops(model), "top1": dense.top1, "knn_top1": dense.knn_top1}
+    print(f"dense: {results['dense']['params'] / 1e6:.3f} M backbone params, {dense.gflops:.3f} GFLOPs, "
+          f"top-1 {dense.top1:.3f}, k-NN {dense.knn_top1:.3f}")
+    run["zero_sparsity_max_abs_logit_diff"] = diff = zero_sparsity_difference(model, val_pixels, args.head_rule)
     print(f"0 % pruning: max |logit difference| = {diff:.2e}")
-
-    data = {"val": val, "bank": bank, "example": {"pixel_values": val[0][:1]}, "to_pixels": to_pixels,
-            "dense_embeddings": dense_embeddings}
+    data = {"evaluator": evaluator, "example": {"pixel_values": val_pixels[:1]}, "processor": processor}
     for name in args.importances:
         run_method(name, args, model, data, results, run)
-    write_json(args.output, results)
+    write_json(args.output, results, indent=2)
     print(format_tables(results))
     print(f"wrote {args.output}")
 

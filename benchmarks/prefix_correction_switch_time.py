@@ -13,11 +13,8 @@ weights file and of the factors file.
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import hf_snapvit as hs
@@ -25,10 +22,8 @@ from hf_snapvit import ElasticViTModel
 from hf_snapvit.benchmark import hardware_info
 from hf_snapvit.correction import CorrectionConfig
 from hf_snapvit.correction.prefix_file import PREFIX_FILE
-from hf_snapvit.files import write_text_atomic
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _zero_training import zero_training_arguments, zero_training_setup  # noqa: E402
+from _harness import timed, write_json, zero_training_arguments, zero_training_setup  # noqa: E402
 
 
 def switch_seconds(model, sparsity: float, repeats: int) -> float:
@@ -36,9 +31,7 @@ def switch_seconds(model, sparsity: float, repeats: int) -> float:
     times = []
     for _ in range(repeats):
         model.set_budget(sparsity=0.0)
-        start = time.perf_counter()
-        model.set_budget(sparsity=sparsity)
-        times.append(time.perf_counter() - start)
+        times.append(timed(lambda: model.set_budget(sparsity=sparsity))[1])
     return statistics.median(times)
 
 
@@ -60,9 +53,8 @@ def main(argv: list[str] | None = None) -> None:
             rows.append({"sparsity": sparsity, "plain_seconds": switch_seconds(plain, sparsity, args.repeats),
                          "corrected_seconds": switch_seconds(corrected, sparsity, args.repeats)})
             print(rows[-1], flush=True)
-    results = {"hardware": hardware_info(), "repeats": args.repeats, "fit_seconds": record["fit_seconds"],
-               "file_bytes": sizes, "rows": rows}
-    write_text_atomic(args.output, json.dumps(results, indent=2))
+    write_json(args.output, {"hardware": hardware_info(), "repeats": args.repeats,
+                             "fit_seconds": record["fit_seconds"], "file_bytes": sizes, "rows": rows}, indent=2)
     print(f"wrote {args.output}")
 
 

@@ -14,19 +14,14 @@ Top-1 with the model's head and k-NN top-1 (k = 20, train-split bank) on the val
 
 from __future__ import annotations
 
-import json
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import hf_snapvit as hs
 from hf_snapvit import ElasticViTModel
 from hf_snapvit.correction import CorrectionConfig
-from hf_snapvit.files import write_text_atomic
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _zero_training import run_record, scores, zero_training_arguments, zero_training_setup  # noqa: E402
+from _harness import run_record, scores, timed, write_json, zero_training_arguments, zero_training_setup  # noqa: E402
 
 #: variant -> the add_prefix_correction guard setting (None: no correction, the plain slice)
 VARIANTS = {"plain": None, "checked": True, "every-size": False}
@@ -37,27 +32,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     args = parser.parse_args(argv)
     setup = zero_training_setup(args)
-    model, ranking, calibration = setup["model"], setup["ranking"], setup["calibration"]
     rows, records = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
             folder = Path(tmp) / variant
-            hs.save_elastic(model, ranking, folder, model_card=False)
+            hs.save_elastic(setup["model"], setup["ranking"], folder, model_card=False)
             if VARIANTS[variant] is not None:
-                start = time.perf_counter()
                 config = CorrectionConfig(num_samples=None, guard=VARIANTS[variant])
-                records[variant] = hs.add_prefix_correction(folder, calibration, config=config)
-                records[variant]["wall_seconds"] = time.perf_counter() - start
+                records[variant], seconds = timed(lambda: hs.add_prefix_correction(folder, setup["calibration"],
+                                                                                   config=config))
+                records[variant]["wall_seconds"] = seconds
             for sparsity in args.sparsities:
-                start = time.perf_counter()
-                sliced = ElasticViTModel.from_pretrained(folder, sparsity=sparsity)
-                seconds = time.perf_counter() - start
+                sliced, seconds = timed(lambda: ElasticViTModel.from_pretrained(folder, sparsity=sparsity))
                 rows.append({"sparsity": sparsity, "variant": variant, **scores(sliced, setup["val"], setup["bank"]),
                              "corrected": getattr(sliced.config, "elastic_correction", None) is not None,
                              "load_seconds": seconds})
                 print(rows[-1], flush=True)
-    results = {**run_record("prefix_correction_vit_tiny.py", argv, args, setup), "records": records, "rows": rows}
-    write_text_atomic(args.output, json.dumps(results, indent=2))
+    write_json(args.output, {**run_record("prefix_correction_vit_tiny.py", argv, args, setup), "records": records,
+                             "rows": rows}, indent=2)
     print(f"wrote {args.output}")
 
 

@@ -1,6 +1,6 @@
 """Where a forward pass spends its time, dense against sliced: torch.profiler time grouped by kind of work.
 
-For each shape (random weights, see ``_latency_modes.py``: only the widths matter for speed), the dense model
+For each shape (random weights, ``_harness.build``: only the widths matter for speed), the dense model
 and one sliced copy per sparsity are timed side by side (``hf_snapvit.benchmark.measure_latency``, median wall time
 per forward) and then profiled for ``--steps`` forwards. The profiled time is grouped by :func:`kind_of` into gemm,
 attention, norm, elementwise, copies and other (work done inside a gemm, attention or norm op counts as that op's:
@@ -25,30 +25,51 @@ compiled that way, so a compiled forward's time is grouped by kind as well.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-import _latency_modes as modes  # noqa: E402
 import hf_snapvit  # noqa: E402
-from hf_snapvit.benchmark import device_slug, dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
+from _harness import (  # noqa: E402
+    DTYPES, build, device_report, latency_arguments, parse_latency_arguments, write_json)
+from hf_snapvit.benchmark import dummy_inputs, measure_latency, sliced_copy  # noqa: E402
 from hf_snapvit.benchmark.latency import compiled_graph_room  # noqa: E402
-from hf_snapvit.files import write_text_atomic  # noqa: E402
 from hf_snapvit.loading.latency_table import synchronize  # noqa: E402
 
+# How every model of a run, dense included, runs: plain PyTorch, torch.compile with inductor, or inductor with CUDA
+# graphs (mode="reduce-overhead": one launch replays a whole forward, for small batches).
+MODES = ("eager", "compile", "compile-graphs")
+# The first call of a compiled model compiles it. CUDA graph trees run the compiled code once more before they record
+# a graph, and only later calls replay it, so fewer warm-up passes would time compilation or recording.
+MIN_WARMUP = {"eager": 0, "compile": 1, "compile-graphs": 3}
+
+
+def compile_options(mode: str, compile_mode: str = "default") -> dict[str, Any] | None:
+    """Keyword arguments of ``torch.compile`` for ``mode`` (``None`` for eager)."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not one of {MODES}.")
+    if mode == "eager":
+        return None
+    return {"backend": "inductor", "mode": "reduce-overhead" if mode == "compile-graphs" else compile_mode}
+
+
+def skip_reason(mode: str, device: str) -> str | None:
+    """Why ``mode`` is not measured on ``device``, or ``None`` if it is."""
+    if mode == "compile-graphs" and torch.device(device).type != "cuda":
+        return (f"CUDA graphs need a CUDA device: on {device}, torch.compile(mode='reduce-overhead') falls back to "
+                "the plain inductor code that mode 'compile' already measures")
+    return None
+
+
 KINDS = ("gemm", "attention", "norm", "elementwise", "copies", "other")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # First match wins, so the order matters: fused attention kernels carry "cutlass" or "gemm" in their names, layer
 # norm kernels "vectorized", dtype casts run in "elementwise_kernel<... direct_copy ...>", and aten::transpose is a
 # view while a kernel named "transpose" really moves data.
@@ -95,36 +116,17 @@ def attributed_kind(name: str, ancestors: list[str]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line; ``--precision`` defaults to bf16 on CUDA and fp32 elsewhere."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["vit-b16"], choices=sorted(modes.SHAPES))
-    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.5],
-                        help="sliced sizes profiled next to the dense model (fractions of parameters removed)")
-    parser.add_argument("--width-multiple", type=int, default=64,
-                        help="kept FFN widths are multiples of this (64: the fastest on the H100, gpu_latency JSON)")
-    parser.add_argument("--precision", choices=sorted(DTYPES), default=None,
-                        help="weights and inputs cast to this (default: bf16 on cuda, fp32 on cpu)")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32, 256])
-    parser.add_argument("--mode", choices=modes.MODES, default="eager",
-                        help="how every model runs, dense included: eager, torch.compile (inductor) or torch.compile "
-                             "with CUDA graphs (mode='reduce-overhead'; CUDA only)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed forwards per model and batch size (compiled: "
-                                                              "at least 1, or 3 with CUDA graphs)")
-    parser.add_argument("--steps", type=int, default=10, help="profiled forwards per model and batch size")
-    parser.add_argument("--repeats", type=int, default=20,
-                        help="timed forwards per model and batch size, outside the profiler (median reported)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", default=None,
-                        help="JSON file (default: benchmarks/results/profile_latency_<device name>.json)")
-    args = parser.parse_args(argv)
-    if args.precision is None:
-        args.precision = "bf16" if torch.device(args.device).type == "cuda" else "fp32"
-    reason = modes.skip_reason(args.mode, args.device)
+    options = latency_arguments(__doc__, [1, 32, 256])
+    options.add_argument("--mode", choices=MODES, default="eager",
+                         help="how every model runs, dense included: eager, torch.compile (inductor) or torch.compile "
+                              "with CUDA graphs (mode='reduce-overhead'; CUDA only); compiled, at least 1 warm-up "
+                              "(3 with CUDA graphs)")
+    options.add_argument("--steps", type=int, default=10, help="profiled forwards per model and batch size")
+    args = parse_latency_arguments(options, argv)
+    reason = skip_reason(args.mode, args.device)
     if reason is not None:
-        parser.error(f"--mode {args.mode}: {reason}")
-    args.warmup = max(args.warmup, modes.MIN_WARMUP[args.mode])
+        options.error(f"--mode {args.mode}: {reason}")
+    args.warmup = max(args.warmup, MIN_WARMUP[args.mode])
     return args
 
 
@@ -192,7 +194,7 @@ def group_events(events: list[Any], on_gpu: bool, steps: int) -> dict[str, Any]:
 def profile_shape(shape: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[float]]:
     """Rows (one per sparsity and batch size, dense first) for one shape, and the sparsities beyond its floors."""
     device = torch.device(args.device)
-    model = modes.build(shape, args.seed)
+    model = build(shape, args.seed)
     ranking = hf_snapvit.rank(model, method="magnitude", seed=args.seed, show_progress=False)
     limit = ranking.max_sparsity_for(args.width_multiple)
     sparsities = [0.0] + [s for s in args.sparsities if 0 < s <= limit]
@@ -203,7 +205,7 @@ def profile_shape(shape: str, args: argparse.Namespace) -> tuple[list[dict[str, 
         sliced = model if sparsity == 0 else sliced_copy(model, ranking, sparsity, width_multiple=args.width_multiple)
         models[f"{sparsity:g}"] = sliced.to(device=device, dtype=DTYPES[args.precision]).eval()
         counts[f"{sparsity:g}"] = ranking.keep_counts(sparsity, width_multiple=args.width_multiple)
-    options = modes.compile_options(args.mode)
+    options = compile_options(args.mode)
     if options is not None:
         models = {name: torch.compile(sliced, dynamic=False, **options) for name, sliced in models.items()}
     # One graph per model and batch size; fail rather than run some of them eagerly past dynamo's limit.
@@ -293,19 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         shape_rows, skipped[shape] = profile_shape(shape, args)
         rows += shape_rows
     add_shares_and_ratios(rows)
-    hardware = hardware_info(device=args.device)
-    name = device_slug(hardware)
-    output = (Path(args.output) if args.output
-              else modes.ROOT / "benchmarks" / "results" / f"profile_latency_{name}.json")
-    on_gpu = torch.device(args.device).type == "cuda"
-    command = ["python", "benchmarks/profile_latency.py", *(argv if argv is not None else sys.argv[1:])]
-    report = {
-        "command": " ".join(command),
-        "hardware": hardware, "settings": {k: v for k, v in vars(args).items() if k != "output"},
-        "timing": timing_notes(on_gpu),
-        "skipped_sparsities": skipped, "rows": rows,
-    }
-    write_text_atomic(output, json.dumps(report, indent=1) + "\n")
+    output, report = device_report("profile_latency.py", argv, args,
+                                   timing=timing_notes(torch.device(args.device).type == "cuda"),
+                                   skipped_sparsities=skipped, rows=rows)
+    write_json(output, report)
     print(f"ms per forward ({report['timing']['kinds']}; gaps = {report['timing']['gaps_ms']}); "
           "(x.xx) = sliced/dense")
     print("\n".join(table_lines(rows)))

@@ -14,16 +14,15 @@ L2-normalised final-norm CLS features (``hf_snapvit.evaluation``).
     python benchmarks/recovery_vit_tiny.py --preset full --variants recovery --sparsities 0.3 0.5 \
         --steps 300 --lr 3e-4 --batch-size 128 --hidden-weight 1 --logits-weight 0 --tag lr3e-4-nologits
 
-``--model ELASTIC`` uses an existing elastic checkpoint; otherwise ``--base`` (the shared ViT-Tiny) is ranked with
-``--method`` first. Results merge into ``--output`` (JSON, written atomically after every row; a re-run replaces
-only its own rows, so ``--tag`` keeps the rows of a settings sweep apart), and a plot of top-1 against sparsity is
-written next to it. Every row names the device and its wall times.
+``--model ELASTIC`` uses an existing elastic checkpoint; otherwise the shared ViT-Tiny is ranked with the preset's
+method (or ``--ranking`` is read). Results merge into ``--output`` (JSON, written atomically after every row; a re-run
+replaces only its own rows, so ``--tag`` keeps the rows of a settings sweep apart), and a plot of top-1 against
+sparsity is written next to it. Every row names the device and its wall times.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import tempfile
@@ -31,18 +30,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 import hf_snapvit
-from hf_snapvit.files import write_text_atomic
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-# The same top-1 and k-NN protocol as the correction benchmark (benchmarks/ is not a package).
-from correction_vit_tiny import evaluate  # noqa: E402
-from defaults_vit_tiny import ranking_from_stored  # noqa: E402
+from _harness import (  # noqa: E402  (benchmarks/ is not a package)
+    RESULTS, SHARED_MODEL, disjoint_draw, load_classifier, parser, pixels, scores, stored_ranking, timed, write_json)
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 VARIANTS = ("none", "correction", "recovery", "correction+recovery", "elastic")
 PRESETS: dict[str, dict[str, Any]] = {
     # Sized for a shared 2-vCPU machine: a few tens of steps of 16 images per size.
@@ -60,35 +54,30 @@ CONFIG_FLAGS = ("lr", "weight_decay", "warmup_steps", "hidden_weight", "embeddin
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    parser.add_argument("--model", default=None, help="elastic checkpoint (else --base is ranked with --method)")
-    parser.add_argument("--base", default=str(SHARED / "models" / "vit-tiny-tinyimagenet"))
-    parser.add_argument("--ranking", type=Path, default=None,
-                        help="a stored ranking of --base (e.g. benchmarks/results/defaults_vit_tiny/rankings/"
-                             "obd-global-sigma0.5-g3.json, the default SnapViT ranking) instead of ranking here")
-    parser.add_argument("--method", default=None, help="ranking method for --base (preset: snip / snapvit)")
-    parser.add_argument("--rank-preset", default=None, help="hf_snapvit.rank preset (preset: fast / default)")
-    parser.add_argument("--data", default=str(SHARED / "data" / "tiny-imagenet-200"))
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    parser.add_argument("--sparsities", type=float, nargs="+", default=None)
+    result = parser(__doc__)
+    result.set_defaults(model=None)  # an elastic checkpoint, or a base model to rank (default: the shared ViT-Tiny)
+    result.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    result.add_argument("--ranking", type=Path, default=None,
+                        help="a stored ranking of the shared ViT-Tiny (e.g. benchmarks/results/defaults_vit_tiny/"
+                             "rankings/obd-global-sigma0.5-g3.json, the default SnapViT ranking) instead of ranking")
+    result.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    result.add_argument("--sparsities", type=float, nargs="+", default=None)
     for name in ("num_calibration", "num_val", "num_bank", "num_correction", "steps", "elastic_steps",
                  "batch_size"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=None)
+        result.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     for name in CONFIG_FLAGS:
         kind = str if name == "mixed_precision" else int if name in ("warmup_steps", "elastic_samples") else float
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
-    parser.add_argument("--crop-scale", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"))
-    parser.add_argument("--elastic-range", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+        result.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    result.add_argument("--crop-scale", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"))
+    result.add_argument("--elastic-range", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
                         help="sparsities elastic recovery trains (default: 0 to the largest of --sparsities)")
-    parser.add_argument("--k", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tag", default="", help="suffix of the recovered rows' variant names (settings sweeps)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = all)")
-    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "recovery_vit_tiny.json")
-    args = parser.parse_args(argv)
+    result.add_argument("--k", type=int, default=20)
+    result.add_argument("--seed", type=int, default=0)
+    result.add_argument("--tag", default="", help="suffix of the recovered rows' variant names (settings sweeps)")
+    result.add_argument("--output", type=Path, default=RESULTS / "recovery_vit_tiny.json")
+    args = result.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
-        if getattr(args, key) is None:
+        if getattr(args, key, None) is None:
             setattr(args, key, value)
     return args
 
@@ -107,18 +96,12 @@ def recovery_config(args: argparse.Namespace, *, elastic: bool) -> hf_snapvit.Re
                                      **given)
 
 
-def timed(load: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
-    model = load()
-    return model, round(time.perf_counter() - start, 3)
-
-
 def run(args: argparse.Namespace, model_dir: str, calibration: Any, val: dict, bank: dict, device: str,
         record: Callable[[dict], None]) -> None:
     """Evaluate every variant at every sparsity; ``record`` receives each row as soon as it exists."""
     load = hf_snapvit.ElasticViTModel.from_pretrained
     where = {"device_map": device} if device != "cpu" else {}
-    record({"sparsity": 0.0, "variant": "dense", **evaluate(load(model_dir, **where), val, bank, args.k)})
+    record({"sparsity": 0.0, "variant": "dense", **scores(load(model_dir, **where), val, bank, args.k)})
     elastic_dir = None
     if "elastic" in args.variants:
         config = recovery_config(args, elastic=True)
@@ -127,7 +110,8 @@ def run(args: argparse.Namespace, model_dir: str, calibration: Any, val: dict, b
         elastic_dir = Path(tempfile.mkdtemp(prefix="recovery-bench-")) / "elastic"
         ranking = hf_snapvit.ElasticRanking.from_dict(trained.config.elastic_ranking)
         hf_snapvit.save_elastic(trained.to("cpu"), ranking, elastic_dir)
-        elastic_cost = {"fit_seconds": seconds, "settings": config.to_dict(), "final_loss": summary.final_loss()}
+        elastic_cost = {"fit_seconds": round(seconds, 3), "settings": config.to_dict(),
+                        "final_loss": summary.final_loss()}
     for sparsity in args.sparsities:
         for variant in args.variants:
             extra: dict[str, Any] = {}
@@ -153,8 +137,8 @@ def run(args: argparse.Namespace, model_dir: str, calibration: Any, val: dict, b
                 extra = dict(elastic_cost, fit_seconds_shared_by_all_sizes=elastic_cost["fit_seconds"])
                 extra.pop("fit_seconds")
             name = variant if variant in ("none", "correction") or not args.tag else f"{variant}-{args.tag}"
-            record({"sparsity": sparsity, "variant": name, "load_seconds": seconds,
-                    "gflops": model.config.elastic_layout["gflops"], **extra, **evaluate(model, val, bank, args.k)})
+            record({"sparsity": sparsity, "variant": name, "load_seconds": round(seconds, 3),
+                    "gflops": model.config.elastic_layout["gflops"], **extra, **scores(model, val, bank, args.k)})
 
 
 def plot(results: dict, path: Path, preset: str | None = None) -> None:
@@ -182,54 +166,26 @@ def plot(results: dict, path: Path, preset: str | None = None) -> None:
     plt.close(fig)
 
 
-def stored_ranking(path: Path, base: Any) -> hf_snapvit.ElasticRanking:
-    """A ranking of ``benchmarks/defaults_vit_tiny.py`` (scores and floors, no shape) or ``ElasticRanking.to_dict``."""
-    stored = json.loads(path.read_text())
-    if "shape" in stored:
-        return hf_snapvit.ElasticRanking.from_dict(stored)
-    ranking = ranking_from_stored(stored, base)
-    return dataclasses.replace(ranking, provenance={**ranking.provenance, "stored_ranking": path.name})
-
-
 def prepare(args: argparse.Namespace) -> tuple[str, Any, dict, dict]:
     """The elastic checkpoint, the recovery images (train, disjoint from the bank) and the evaluation sets."""
-    from transformers import AutoImageProcessor, AutoModelForImageClassification
-
-    from hf_snapvit.data.images import to_rgb
-    from hf_snapvit.evaluation import load_split
-
-    train, validation = load_split(args.data, "train"), load_split(args.data, "validation")
-    order = np.random.default_rng(args.seed).permutation(len(train))
-    bank_rows = train.select(order[:args.num_bank])
-    calibration = train.select(order[args.num_bank:args.num_bank + args.num_calibration]).remove_columns("label")
-    val_rows = validation.select(np.random.default_rng(args.seed).permutation(len(validation))[:args.num_val])
+    calibration, val_rows, bank_rows = disjoint_draw(args.data, args.seed, args.num_bank, args.num_calibration,
+                                                     args.num_val)
+    calibration = calibration.remove_columns("label")
     model_dir = args.model
-    if model_dir is None:
-        processor = AutoImageProcessor.from_pretrained(args.base)
-        base = AutoModelForImageClassification.from_pretrained(args.base).eval()
+    if model_dir is None or "elastic_ranking" not in json.loads((Path(model_dir) / "config.json").read_text()):
+        base, processor = load_classifier(model_dir or SHARED_MODEL)  # a base model: ranked (or --ranking) here
         ranking = stored_ranking(args.ranking, base) if args.ranking else hf_snapvit.rank(
             base, method=args.method, data=calibration, processor=processor, seed=args.seed, preset=args.rank_preset)
         model_dir = str(Path(tempfile.mkdtemp(prefix="recovery-bench-")) / "elastic")
         hf_snapvit.save_elastic(base, ranking, model_dir, image_processor=processor)
-    processor = AutoImageProcessor.from_pretrained(model_dir)
-
-    def prepared(rows) -> dict:
-        images = [to_rgb(image) for image in rows["image"]]
-        return {"pixels": processor(images=images, return_tensors="pt")["pixel_values"],
-                "labels": torch.tensor(rows["label"])}
-
-    return model_dir, calibration, prepared(val_rows), prepared(bank_rows)
+    processor = load_classifier(model_dir)[1]
+    return model_dir, calibration, pixels(processor, val_rows), pixels(processor, bank_rows)
 
 
 def main(argv: list[str] | None = None) -> None:
-    import transformers
-
     from hf_snapvit.benchmark import hardware_info
 
     args = parse_args(argv)
-    transformers.utils.logging.set_verbosity_error()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model_dir, calibration, val, bank = prepare(args)
     results = json.loads(args.output.read_text()) if args.output.exists() else {}
@@ -246,15 +202,14 @@ def main(argv: list[str] | None = None) -> None:
         key = (row["sparsity"], row["variant"], args.preset)
         rows[:] = [r for r in rows if (r["sparsity"], r["variant"], r["protocol"]["preset"]) != key] + [row]
         rows.sort(key=lambda r: (r["protocol"]["preset"], r["sparsity"], r["variant"]))
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(args.output, json.dumps(results, indent=2, default=str))
+        write_json(args.output, results, indent=2)
         print(f"s={row['sparsity']:.2f} {row['variant']:24s} top-1 {row['top1']:.3f}  k-NN {row['knn_top1']:.3f}",
               flush=True)
 
     start = time.perf_counter()
     run(args, model_dir, calibration, val, bank, device, record)
     results["wall_seconds"] = round(time.perf_counter() - start, 1)
-    write_text_atomic(args.output, json.dumps(results, indent=2, default=str))
+    write_json(args.output, results, indent=2)
     plot(results, args.output.with_suffix(".png"), args.preset)
 
 

@@ -19,36 +19,23 @@ import math
 import os
 import sys
 import tempfile
-import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import bench_ranking_time  # noqa: E402
 import hf_snapvit  # noqa: E402
-from hf_snapvit.benchmark import device_slug, hardware_info  # noqa: E402
-from hf_snapvit.files import write_text_atomic  # noqa: E402
+from _harness import SHAPES as STANDARD, build, device_report, timed, write_json  # noqa: E402
 
-SHAPES = {
-    "vit-b16": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-    "vit-l16": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
-    # The SigLIP so400m tower (PaliGemma, Idefics3, SmolVLM) at 384 pixels, and a ViT-g/14 (DINOv2-g's size).
-    "so400m": dict(hidden_size=1152, num_hidden_layers=27, num_attention_heads=16, intermediate_size=4304,
-                   image_size=384, patch_size=14),
-    "vit-g14": dict(hidden_size=1536, num_hidden_layers=40, num_attention_heads=24, intermediate_size=6144,
-                    patch_size=14),
-    # For tests.
-    "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
-                 patch_size=8),
-    "small": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, image_size=32,
-                  patch_size=8),
-}
+SHAPES = {**{name: STANDARD[name] for name in ("vit-b16", "vit-l16", "so400m", "vit-g14")},
+          # For tests.
+          "tiny": bench_ranking_time.SHAPES["tiny"],
+          "small": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                        image_size=32, patch_size=8)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,7 +47,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
     parser.add_argument("--images", type=int, default=64, help="gradient and fitness images of each ranking")
     parser.add_argument("--generations", type=int, default=None, help="cap on xNES generations (default: preset's)")
-    parser.add_argument("--fitness-batch-size", type=int, default=None)
     parser.add_argument("--floor-repeats", type=int, default=3)
     parser.add_argument("--load-sparsity", type=float, default=0.3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -69,44 +55,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def build(shape: str, seed: int, device: str) -> transformers.ViTModel:
-    """A random-weight ViT of ``shape``, initialised on ``device`` (a billion parameters initialise slowly on a CPU)."""
-    torch.manual_seed(seed)
-    config = transformers.ViTConfig(**{"image_size": 224, "patch_size": 16, **SHAPES[shape]})
-    with torch.device(device):
-        return transformers.ViTModel(config, add_pooling_layer=False).eval()
-
-
-def _peak_reset(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _peak(device: torch.device) -> int | None:
-    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-
-
 def load_sliced(model: transformers.ViTModel, ranking: hf_snapvit.ElasticRanking,
                 args: argparse.Namespace) -> dict[str, Any]:
     """Write the elastic checkpoint, then time its sliced load onto the device in bf16, with the peak memory."""
     device = torch.device(args.device)
     with tempfile.TemporaryDirectory(prefix="scale-") as folder:
-        start = time.perf_counter()
-        hf_snapvit.save_elastic(model, ranking, folder, model_card=False)
-        saved = time.perf_counter() - start
-        _peak_reset(device)
-        start = time.perf_counter()
-        with warnings.catch_warnings():
-            # The benchmark's models have no pooler (add_pooling_layer=False): loading warns that it is new.
-            warnings.filterwarnings("ignore", message="Some weights were not in the checkpoint")
-            sliced = hf_snapvit.ElasticViTModel.from_pretrained(folder, sparsity=args.load_sparsity,
-                                                                 dtype=torch.bfloat16, device_map=args.device)
+        saved = timed(lambda: hf_snapvit.save_elastic(model, ranking, folder, model_card=False))[1]
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        loaded = time.perf_counter() - start
-        peak = _peak(device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+
+        def load() -> torch.nn.Module:
+            with warnings.catch_warnings():
+                # The benchmark's models have no pooler (add_pooling_layer=False): loading warns that it is new.
+                warnings.filterwarnings("ignore", message="Some weights were not in the checkpoint")
+                sliced = hf_snapvit.ElasticViTModel.from_pretrained(folder, sparsity=args.load_sparsity,
+                                                                     dtype=torch.bfloat16, device_map=args.device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return sliced
+
+        sliced, loaded = timed(load)
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         params = sum(p.numel() for p in sliced.parameters())
         del sliced
     return {"save_seconds": saved, "load_seconds": loaded, "load_peak_memory_bytes": peak,
@@ -140,20 +111,14 @@ def growth(rows: list[dict[str, Any]], presets: list[str]) -> dict[str, float | 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    hardware = hardware_info(device=args.device)
-    output = (Path(args.output) if args.output
-              else bench_ranking_time.ROOT / "benchmarks" / "results" / f"scale_{device_slug(hardware)}.json")
-    report: dict[str, Any] = {
-        "command": " ".join(["python", "benchmarks/scale.py", *(argv if argv is not None else sys.argv[1:])]),
-        "hardware": hardware, "settings": {k: v for k, v in vars(args).items() if k != "output"}, "rows": []}
+    output, report = device_report("scale.py", argv, args, rows=[])
     # run_one reads these from its own command line's namespace.
     options = argparse.Namespace(images=args.images, generations=args.generations, seed=args.seed,
-                                 fitness_batch_size=args.fitness_batch_size, floor_repeats=args.floor_repeats)
+                                 fitness_batch_size=None, floor_repeats=args.floor_repeats)
     images = bench_ranking_time.load_images(None, 2 * args.images, args.seed)
     for shape in args.shapes:
-        start = time.perf_counter()
-        model = build(shape, args.seed, args.device)
-        row: dict[str, Any] = {"shape": shape, "config": SHAPES[shape], "build_seconds": time.perf_counter() - start,
+        model, seconds = timed(lambda: build(shape, args.seed, args.device, SHAPES))
+        row: dict[str, Any] = {"shape": shape, "config": SHAPES[shape], "build_seconds": seconds,
                                "parameters": sum(p.numel() for p in model.parameters()), "rankings": {}}
         report["rows"].append(row)
         ranking = None
@@ -168,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 ranking = hf_snapvit.rank(model, method="magnitude", show_progress=False)
             print(f"{row['parameters'] / 1e6:8.1f} M params: {bench_ranking_time.summary_line(shape, result)}",
                   file=sys.stderr, flush=True)
-            write_text_atomic(output, json.dumps(report, indent=1) + "\n")
+            write_json(output, report)
         if ranking is not None:
             # Loading does not depend on which units a ranking keeps; a magnitude ranking is instant.
             row["load"] = load_sliced(model, ranking, args)
@@ -176,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['load']['load_seconds']:.1f} s", file=sys.stderr, flush=True)
         del model
         report["growth_exponents"] = growth([r for r in report["rows"] if r["rankings"]], args.presets)
-        write_text_atomic(output, json.dumps(report, indent=1) + "\n")
+        write_json(output, report)
     print(json.dumps(report["growth_exponents"], indent=1))
     print(f"wrote {output}")
     return 0

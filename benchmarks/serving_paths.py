@@ -2,22 +2,21 @@
 
 A *path* is one way a user runs a model (:data:`PATHS`): eager; ``torch.compile(model)`` as users call it; compiled
 with ``attn_implementation=hf_snapvit.UNPADDED_SDPA`` (SDPA without the all-true mask that torch 2.11's compile makes
-transformers build, :mod:`hf_snapvit.architectures.attention`); compiled with the model's eager attention (inductor writes the
-softmax); with inductor's ``freezing``; ``max-autotune``; and CUDA graphs (``mode="reduce-overhead"``). For each shape
-(random weights: only the widths matter for speed) and path, the dense model and one sliced copy per sparsity (widths
-multiples of ``--width-multiple``) run round-robin in one rotation with the eager dense model as an anchor
-(``hf_snapvit.benchmark.measure_latency``), so every path's times have an eager reference measured beside them.
+transformers build); compiled with the model's eager attention (inductor writes the softmax); with inductor's
+``freezing``; ``max-autotune``; and CUDA graphs (``mode="reduce-overhead"``). For each shape (random weights: only the
+widths matter for speed) and path, the dense model and one sliced copy per sparsity (widths multiples of
+``--width-multiple``) run round-robin in one rotation with the eager dense model as an anchor, so every path's times
+have an eager reference measured beside them.
 
 The summary takes, at each batch size, the **fastest dense path** and each size's fastest path, and reports each
 size's speedup over the fastest dense model next to its GFLOP ratio (``efficiency`` = speedup / GFLOP ratio): a
 sliced model that is fast only because its dense reference was run a slow way does not count. ``--profile`` records
-each path's kernels at the largest batch (grouped as ``profile_latency.py`` groups them), which shows, for example,
-whether the compiled attention ran a fused kernel or a float32 softmax.
+each path's kernels at the largest batch (grouped as ``profile_latency.py`` groups them); ``--switchable`` also times
+the switchable model at every size on the eager path.
 
-    python benchmarks/serving_paths.py --device cuda --shapes vit-b16 --sparsities 0.5 --batch-sizes 32 256 \\
-        --paths eager compile compile-unpadded compile-eager-attention compile-freezing --profile
-    python benchmarks/serving_paths.py --device cuda --shapes vit-b16 vit-s16 --paths eager compile-unpadded \\
-        graphs-unpadded --path-batch-sizes graphs-unpadded=1,32 --batch-sizes 1 32 256 --sparsities 0.1 0.3 0.5 0.6
+    python benchmarks/serving_paths.py --device cuda --shapes vit-b16 --paths eager compile-unpadded graphs-unpadded \
+        --path-batch-sizes compile-unpadded=32,256 graphs-unpadded=1,32 --batch-sizes 1 32 256 --switchable \
+        --sparsities 0.1 0.3 0.5 0.6 --repeats 10
     # on a CPU, what the test runs (aot_eager needs no C++ compiler):
     python benchmarks/serving_paths.py --device cpu --shapes tiny --paths eager compile-unpadded --backend aot_eager
 """
@@ -28,26 +27,27 @@ import argparse
 import contextlib
 import copy
 import dataclasses
-import json
 import os
 import sys
+import tempfile
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-import _latency_modes as modes  # noqa: E402
 import profile_latency  # noqa: E402
 import hf_snapvit  # noqa: E402
-from hf_snapvit.benchmark import device_slug, dummy_inputs, hardware_info, measure_latency, sliced_copy  # noqa: E402
+from _harness import (  # noqa: E402
+    DTYPES, build, device_report, latency_arguments, parse_latency_arguments, write_json)
+from hf_snapvit.benchmark import dummy_inputs, measure_latency, sliced_copy  # noqa: E402
 from hf_snapvit.architectures.attention import UNPADDED_SDPA  # noqa: E402
 from hf_snapvit.benchmark.latency import compiled_graph_room  # noqa: E402
-from hf_snapvit.files import write_text_atomic  # noqa: E402
+
 
 @dataclasses.dataclass(frozen=True)
 class ServingPath:
@@ -67,7 +67,6 @@ class ServingPath:
 GRAPHS = {"mode": "reduce-overhead"}
 PATHS = {
     "eager": ServingPath(),
-    "eager-unpadded": ServingPath(attention=UNPADDED_SDPA),
     # torch.compile(model) as users call it.
     "compile": ServingPath(compile={}),
     "compile-unpadded": ServingPath(compile={}, attention=UNPADDED_SDPA),
@@ -82,37 +81,21 @@ ANCHOR = "eager-dense"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["vit-b16"], choices=sorted(modes.SHAPES))
-    parser.add_argument("--paths", nargs="+", default=["eager", "compile", "compile-unpadded", "graphs-unpadded"],
-                        choices=list(PATHS))
-    parser.add_argument("--sparsities", type=float, nargs="+", default=[0.5])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256])
-    parser.add_argument("--path-batch-sizes", nargs="*", default=[], metavar="PATH=B1,B2",
-                        help="batch sizes of one path (e.g. graphs=1,32: CUDA graphs pay off at small batches)")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
-                        help="weights and inputs cast to this (default: bf16 on cuda, fp32 elsewhere)")
-    parser.add_argument("--width-multiple", type=int, default=64)
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: CPU tests)")
-    parser.add_argument("--switchable", action="store_true",
-                        help="also time the switchable model at every size on the eager path")
-    parser.add_argument("--profile", action="store_true", help="record each path's kernels at the largest batch")
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", default=None,
-                        help="JSON file (default: benchmarks/results/serving_paths_<device name>.json)")
-    args = parser.parse_args(argv)
-    if args.precision is None:
-        args.precision = "bf16" if torch.device(args.device).type == "cuda" else "fp32"
+    options = latency_arguments(__doc__, [32, 256])
+    options.add_argument("--paths", nargs="+", default=["eager", "compile", "compile-unpadded", "graphs-unpadded"],
+                         choices=list(PATHS))
+    options.add_argument("--path-batch-sizes", nargs="*", default=[], metavar="PATH=B1,B2",
+                         help="batch sizes of one path (e.g. graphs=1,32: CUDA graphs pay off at small batches)")
+    options.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: CPU tests)")
+    options.add_argument("--switchable", action="store_true",
+                         help="also time the switchable model at every size on the eager path")
+    options.add_argument("--profile", action="store_true", help="record each path's kernels at the largest batch")
+    args = parse_latency_arguments(options, argv)
     args.batches_of = {path: list(args.batch_sizes) for path in args.paths}
     for item in args.path_batch_sizes:
         path, _, sizes = item.partition("=")
         if path not in args.batches_of or not sizes:
-            parser.error(f"--path-batch-sizes {item!r}: expected PATH=B1,B2 with PATH one of --paths {args.paths}")
+            options.error(f"--path-batch-sizes {item!r}: expected PATH=B1,B2 with PATH one of --paths {args.paths}")
         args.batches_of[path] = [int(size) for size in sizes.split(",")]
     return args
 
@@ -203,16 +186,37 @@ def path_profile(model: nn.Module, dense: nn.Module, batch: int, warmup: int,
     return {"batch_size": batch, "busy_ms": result["busy_ms"], "kinds": result["kinds"]}
 
 
+def load_switchable(folder: str | Path, dtype: torch.dtype, device: str) -> nn.Module:
+    """The switchable model of the elastic checkpoint in ``folder`` at full size, without the pooler that the
+    benchmark's models (``add_pooling_layer=False``) do not have either."""
+    with warnings.catch_warnings():
+        # The checkpoint holds no pooler, so loading warns that it is new; it is dropped right away.
+        warnings.filterwarnings("ignore", message="Some weights were not in the checkpoint")
+        model = hf_snapvit.ElasticViTModel.from_pretrained(folder, switchable=True, dtype=dtype)
+    model.pooler = None
+    return model.to(device).eval()
+
+
 def switchable_rows(dense: nn.Module, ranking: hf_snapvit.ElasticRanking, shape: str,
                     args: argparse.Namespace) -> dict[str, Any]:
-    """The switchable model, eager, switched to each sparsity and timed beside the eager dense model."""
-    dtype = next(dense.parameters()).dtype
-    timing = {"batch_sizes": args.batch_sizes, "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed}
-    with modes.elastic_checkpoint(dense, ranking) as folder:
-        switchable = modes.load_switchable(folder, dtype, args.device)
-        result = {"rows": [{"requested_sparsity": s} for s in args.sparsities],
-                  "dense": {"gflops": ranking.keep_counts(0.0).gflops}}
-        rows = modes.switchable_rows(switchable, dense, result, None, args.width_multiple, timing)
+    """The switchable model, eager, at each sparsity, timed beside the eager dense model. Each size gets its own
+    rotation, switched to before it: a switch between timed passes would add its own cost to them."""
+    dense_gflops, rows = ranking.keep_counts(0.0).gflops, []
+    with tempfile.TemporaryDirectory(prefix="serving-paths-") as folder:
+        hf_snapvit.save_elastic(dense, ranking, folder, model_card=False)
+        switchable = load_switchable(folder, next(dense.parameters()).dtype, args.device)
+        for requested in args.sparsities:
+            budget = switchable.set_budget(sparsity=requested, width_multiple=args.width_multiple)
+            timings = measure_latency({"dense": dense, "switchable": switchable}, args.batch_sizes,
+                                      repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+            theoretical = dense_gflops / budget.gflops
+            speedup = {batch: timings["dense"][batch]["median_ms"] / entry["median_ms"]
+                       for batch, entry in timings["switchable"].items()}
+            rows.append({"model": "switchable", "sparsity": budget.sparsity, "requested_sparsity": requested,
+                         "backbone_params": budget.num_params, "gflops": budget.gflops, "heads": list(budget.heads),
+                         "neurons": list(budget.neurons), "theoretical_speedup": theoretical,
+                         "latency": timings["switchable"], "dense_latency": timings["dense"], "speedup": speedup,
+                         "efficiency": {batch: value / theoretical for batch, value in speedup.items()}})
     return {"shape": shape, "path": "eager", "model": "switchable", "rows": rows}
 
 
@@ -274,15 +278,10 @@ def summary_lines(runs: list[dict[str, Any]], summary: dict[str, Any]) -> list[s
 def main(argv: list[str] | None = None) -> int:
     """Measure every shape and path, write the JSON (after every path: a cut-off run keeps what it measured)."""
     args = parse_args(argv)
-    hardware = hardware_info(device=args.device)
-    output = (Path(args.output) if args.output else
-              modes.ROOT / "benchmarks" / "results" / f"serving_paths_{device_slug(hardware)}.json")
-    report: dict[str, Any] = {
-        "command": " ".join(["python", "benchmarks/serving_paths.py", *(argv if argv is not None else sys.argv[1:])]),
-        "hardware": hardware, "settings": {k: v for k, v in vars(args).items() if k != "output"}, "runs": []}
-    dtype = profile_latency.DTYPES[args.precision]
+    output, report = device_report("serving_paths.py", argv, args, runs=[])
+    dtype = DTYPES[args.precision]
     for shape in args.shapes:
-        model = modes.build(shape, args.seed)
+        model = build(shape, args.seed)
         ranking = hf_snapvit.rank(model, method="magnitude", seed=args.seed, show_progress=False)
         limit = ranking.max_sparsity_for(args.width_multiple)
         if any(s > limit for s in args.sparsities):
@@ -294,13 +293,13 @@ def main(argv: list[str] | None = None) -> int:
             report["runs"].append(measure_path(name, shape, dense, ranking, counts, args))
             print(summary_lines(report["runs"][-1:], {})[1], file=sys.stderr, flush=True)
             report["summary"] = fastest(report["runs"])
-            write_text_atomic(output, json.dumps(report, indent=1) + "\n")
+            write_json(output, report)
         if args.switchable:
             report["runs"].append(switchable_rows(dense, ranking, shape, args))
-            write_text_atomic(output, json.dumps(report, indent=1) + "\n")
+            write_json(output, report)
         del model, dense
     report["summary"] = fastest(report["runs"])
-    write_text_atomic(output, json.dumps(report, indent=1) + "\n")
+    write_json(output, report)
     print("\n".join(summary_lines(report["runs"], report["summary"])))
     print(f"wrote {output}")
     return 0

@@ -1,10 +1,10 @@
 """docs/supported-models.md, produced from the registry and a discovery run rather than written by hand.
 
 For every registered backbone and every family that discovery serves, a tiny random model is built in code, its spec
-is looked up (registered) or discovered, and the spec is proven on it (``hf_snapvit.surgery.proof.prove_spec``: reordering
-every unit changes nothing, and slicing to 75 % and 40 % of the units equals masking the rest). The table says what
-the spec prunes and the proof's result. Task models are listed from the registry with the encoder and features they
-read. ``tests/test_supported_models.py`` checks that the committed page is what this script writes.
+is looked up (registered) or discovered, and the spec is proven on it (``hf_snapvit.surgery.proof.prove_spec``:
+reordering every unit changes nothing, and slicing to 75 % and 40 % of the units equals masking the rest). The table
+says what the spec prunes and the proof's result. Task models are listed from the registry with the encoder and
+features they read. ``tests/test_supported_models.py`` checks that the committed page is what this script writes.
 
     python benchmarks/supported_models.py                 # rewrites docs/supported-models.md
     python benchmarks/supported_models.py --check         # exit 1 if the page differs
@@ -125,7 +125,8 @@ def page() -> str:
         "",
         "Written by `python benchmarks/supported_models.py` from the registry and a discovery run (do not edit by",
         "hand). Each backbone row is a tiny random model of the family, built in code, whose spec (registered, or",
-        "discovered from its module tree and one forward) was proven on it: keeping every unit in another order changes",
+        "discovered from its module tree and one forward) was proven on it: keeping every unit in another order "
+        "changes",
         "nothing, and slicing to 75 % and 40 % of its heads and neurons equals masking the others",
         "([architecture.md](architecture.md#models-no-registry-knows)). A refused family names what did not match.",
         "Their `*ForImageClassification` variants and dual-tower models use the same specs.",
@@ -140,7 +141,8 @@ def page() -> str:
         "",
         "| task model | encoder | encoder config | features read |",
         "|---|---|---|---|",
-        *(f"| {t} | `{task.encoder}` | `{task.encoder_config}` | {task.features} |" for t, task in sorted(_TASKS.items())),
+        *(f"| {t} | `{task.encoder}` | `{task.encoder_config}` | {task.features} |"
+          for t, task in sorted(_TASKS.items())),
         "",
     ]
     return "\n".join(lines)

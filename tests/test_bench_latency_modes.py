@@ -1,5 +1,6 @@
-"""benchmarks/_latency_modes.py, shared by the GPU latency scripts, on a CPU with a tiny model: compiled sliced and
-switchable models give the eager outputs, modes compile the same way, compiled graphs get room."""
+"""What the GPU latency scripts build on, on a CPU with a tiny model (``_harness.build``, the modes of
+``profile_latency.py``, the switchable model of ``serving_paths.py``): compiled sliced and switchable models give the
+eager outputs, modes compile the same way, compiled graphs get room."""
 
 from __future__ import annotations
 
@@ -11,17 +12,17 @@ from helpers import load_benchmark
 
 @pytest.mark.slow
 def test_compiled_sliced_and_switchable_models_give_the_eager_outputs(tmp_path):
-    modes = load_benchmark("_latency_modes")
+    harness, serving = load_benchmark("_harness"), load_benchmark("serving_paths")
     from hf_snapvit.benchmark import sliced_copy
 
     import hf_snapvit
 
-    model = modes.build("tiny", 0)
+    model = harness.build("tiny", 0)
     ranking = hf_snapvit.rank(model, method="magnitude", seed=0, show_progress=False)
     pixels = torch.randn(2, 3, 32, 32)
     sliced = sliced_copy(model, ranking, 0.5, width_multiple=1)
-    with modes.elastic_checkpoint(model, ranking) as folder:
-        switchable = modes.load_switchable(folder, torch.float32, "cpu")
+    hf_snapvit.save_elastic(model, ranking, tmp_path, model_card=False)
+    switchable = serving.load_switchable(tmp_path, torch.float32, "cpu")
     switchable.set_budget(sparsity=0.5, width_multiple=1)
     torch._dynamo.reset()
     with torch.inference_mode():
@@ -34,7 +35,7 @@ def test_compiled_sliced_and_switchable_models_give_the_eager_outputs(tmp_path):
 
 
 def test_modes_compile_the_same_way_and_cuda_graphs_need_cuda():
-    modes = load_benchmark("_latency_modes")
+    modes = load_benchmark("profile_latency")
     assert modes.compile_options("eager") is None
     assert modes.compile_options("compile") == {"backend": "inductor", "mode": "default"}
     assert modes.compile_options("compile", "max-autotune")["mode"] == "max-autotune"

@@ -57,7 +57,7 @@ def test_the_switch_timing_compares_plain_and_corrected_switches(tmp_path):
 def test_calibration_images_are_never_images_of_the_knn_bank():
     from hf_snapvit.evaluation import load_split
 
-    zero_training = load_benchmark("_zero_training")
+    zero_training = load_benchmark("_harness")
     data = str(SHARED.joinpath(*SHARED_TRAIN).parent)
     bank = {image.tobytes() for image in load_split(data, "train", num_samples=300, seed=1)["image"]}
     rows = zero_training.calibration_rows(data, 1000, 300)
