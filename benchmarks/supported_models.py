@@ -73,6 +73,23 @@ FAMILIES = {
                         "Qwen2VLVisionConfig", dict(depth=2, embed_dim=32, hidden_size=48, num_heads=4, mlp_ratio=2,
                                                     spatial_merge_size=2, temporal_patch_size=2, **I)),
 }
+TIMM = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=1.5)
+
+
+def _timm(architecture: str, **arguments) -> tuple[str, str, dict]:
+    """A timm model through transformers: its config names the timm architecture, arguments and input size."""
+    return ("TimmWrapperForImageClassification", "TimmWrapperConfig", dict(
+        architecture=architecture, model_args={**TIMM, **arguments}, pretrained_cfg={"input_size": [3, 32, 32]},
+        num_labels=5))
+
+
+FAMILIES.update({  # one model_type (timm_wrapper) for every timm architecture: each row is discovered afresh
+    "timm_wrapper: ViT (AugReg)": _timm("vit_tiny_patch16_224"),
+    "timm_wrapper: DeiT-III (layer scales)": _timm("deit3_small_patch16_224", init_values=1e-5),
+    "timm_wrapper: DeiT distilled": _timm("deit_tiny_distilled_patch16_224"),
+    "timm_wrapper: ViT, registers, qk-norm": _timm("vit_tiny_patch16_224", qk_norm=True, reg_tokens=4),
+    "timm_wrapper: EVA-02": _timm("eva02_tiny_patch14_224"),
+})
 
 
 def build(family: str) -> transformers.PreTrainedModel | None:
@@ -96,7 +113,7 @@ def row(family: str) -> str:
     if model is None:
         return f"| {family} | (not in this transformers) | | | |"
     name = type(model).__name__
-    discovery._DISCOVERED.pop(model.config.model_type, None)
+    discovery.forget_discovered(model.config.model_type)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
