@@ -119,7 +119,8 @@ def test_packaging_metadata_declares_the_extras_and_the_license():
     extras = project["optional-dependencies"]
     assert any(d.startswith("matplotlib") for d in extras["plots"])
     assert any(d.startswith("evaluate") for d in extras["eval"])
-    assert extras["all"] == ["hf-snapvit[plots,eval]"]
+    assert any(d.startswith("timm") for d in extras["timm"])
+    assert extras["all"] == ["hf-snapvit[plots,eval,timm]"]
     assert "hf-snapvit[all]" in extras["test"]  # CI's pip install -e ".[test]" gets every optional feature
     assert set(EXTRAS.values()) == {"plots", "eval"}
     assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]

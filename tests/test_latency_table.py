@@ -4,8 +4,6 @@ latency budget on CPU."""
 from __future__ import annotations
 
 import json
-import statistics
-import time
 
 import pytest
 import torch
@@ -129,26 +127,10 @@ def test_a_latency_budget_picks_a_size_whose_measured_latency_fits(switchable_fo
     assert 0.0 < budget.sparsity <= model.max_sparsity()
     assert budget.requested == {"latency_ms": target, "batch_size": 4}
     assert budget.predicted_latency_ms <= target * 1.02  # within one width group of the interpolated size
-    pixels = torch.randn(4, 3, 64, 64)
-
-    def timed() -> float:
-        t0 = time.perf_counter()
-        model(pixel_values=pixels)
-        return (time.perf_counter() - t0) * 1e3
-
-    # The chosen size runs within the target. It is timed in turn with the dense size (as measure_latency times its
-    # sizes) and compared as a share of the dense latency, so a machine slowed by other work since the table was
-    # measured slows both alike; the noise of a shared machine is the slack.
-    chosen, dense = [], []
-    with torch.inference_mode():
-        model(pixel_values=pixels)
-        for _ in range(15):
-            chosen.append(timed())
-            with model.budget(sparsity=0.0):
-                dense.append(timed())
+    # The chosen size is one the measured table puts within the target (how fast it then runs is a benchmark's
+    # measurement, benchmarks/bench_switching.py, not a unit test's).
+    assert measured.latency_at(budget.sparsity) <= target * 1.02
     assert model.elastic_budget == budget
-    share, allowed = statistics.median(chosen) / statistics.median(dense), target / float(curve[0])
-    assert share <= allowed * 1.25, (statistics.median(chosen), statistics.median(dense), target, measured)
     with pytest.raises(BudgetError, match="out of range"):
         model.set_budget(latency_ms=float(curve[-1]) / 10)
 
