@@ -236,3 +236,53 @@ def test_blip2_whole_ranks_on_what_its_qformer_reads_keeps_every_head_and_genera
         masked = masked_copy(model, ranking.keep_indices(counts))(**inputs).logits
         torch.testing.assert_close(expected, masked, rtol=1e-4, atol=1e-5)
         assert sliced.generate(**inputs, max_new_tokens=2, do_sample=False).shape[1] == ids.shape[1] + 2
+
+
+def test_a_grid_tower_is_corrected_recovered_and_evaluated_on_images_of_any_shape(tmp_path):
+    """Qwen2-VL's tower takes every image's patches in one sequence: the correction at load, the stored prefix
+    correction, recovery and the evaluator read each image's part of it, whatever its grid."""
+    import numpy as np
+    from PIL import Image
+
+    from hf_snapvit.evaluation import Evaluator
+    from hf_snapvit.evaluation.features import extract_features
+
+    torch.manual_seed(0)
+    model = _perturbed(_qwen2_vl())
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)) for _ in range(16)]
+    processor = _qwen2_vl_processor()
+    hs.save_elastic(model, hs.rank(model, method="magnitude", show_progress=False), tmp_path, model_card=False)
+    processor.save_pretrained(tmp_path)
+    sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.2)
+    corrected = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.2, correction_data=images,
+                                                   correction=hs.CorrectionConfig(num_samples=8, guard=False))
+    moved = [not torch.equal(a, b) for a, b in zip(sliced.state_dict().values(), corrected.state_dict().values())]
+    assert any(moved)
+
+    student, summary = hs.recover(sliced, model, images, hs.RecoveryConfig(steps=2, batch_size=4, held_out_images=4),
+                                  processor=processor, show_progress=False)
+    assert len(summary.losses) == 2 and all(np.isfinite(summary.losses))
+
+    record = hs.add_prefix_correction(tmp_path, images, config=hs.CorrectionConfig(guard=False), show_progress=False)
+    assert record["num_images"] == 16
+    switchable = hs.ElasticViTModel.from_pretrained(tmp_path, switchable=True)
+    switchable.set_budget(sparsity=0.2)
+    served = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.2)
+    grid = dummy_inputs(model, 2)
+    torch.testing.assert_close(_output(switchable, grid), _output(served, grid), rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(_output(served, grid), _output(sliced, grid))  # the stored correction applies
+
+    # The processor keeps each image's aspect: three shapes, three grids in one batch, each image embedded alone.
+    wide = transformers.Qwen2VLImageProcessorPil(patch_size=8, merge_size=2, temporal_patch_size=2,
+                                                 min_pixels=16 * 16, max_pixels=48 * 48)
+    shaped = [Image.fromarray(rng.integers(0, 256, size, dtype=np.uint8))
+              for size in ((32, 64, 3), (48, 48, 3), (64, 32, 3))]
+    assert len({tuple(g) for g in wide(images=shaped, return_tensors="pt")["image_grid_thw"].tolist()}) == 3
+    together = extract_features(served, shaped, processor=wide, show_progress=False).embeddings
+    alone = torch.cat([extract_features(served, [i], processor=wide, show_progress=False).embeddings
+                       for i in shaped])
+    torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-5)
+    result = Evaluator(images[:8], bank_data=images[8:], eval_labels=[0, 1] * 4, bank_labels=[0, 1] * 4,
+                       dense_model=model, processor=processor, show_progress=False).evaluate(served)
+    assert 0.0 < result.retention <= 1.0 and result.linear_top1 is not None

@@ -72,6 +72,8 @@ def forward_inputs(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None
     if spec.grid_inputs and pixels is not None and pixels.ndim == 4:
         del kwargs["pixel_values"]
         kwargs.update(grid_patchify(pixels, model.config))
+    elif spec.grid_inputs and pixels is not None and "image_grid_thw" in kwargs:  # the tower's processor's output
+        kwargs["hidden_states"], kwargs["grid_thw"] = kwargs.pop("pixel_values"), kwargs.pop("image_grid_thw")
     if spec.task is not None and spec.task.features == "hidden_states":
         kwargs["output_hidden_states"] = True
     return kwargs
@@ -127,7 +129,7 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
         # A whole task model found by discovery (SAM with its prompt encoder and mask decoder, ViTPose) returns its
         # task's outputs, not an embedding: embed with the tokens its last block hands the task's head.
         return last[-1].flatten(1, -2).mean(1)
-    return pooled_embedding(out, spec, model.config, images=len(kwargs.get("grid_thw", ())))
+    return pooled_embedding(out, spec, model.config, kwargs.get("grid_thw"))
 
 
 @contextmanager
@@ -157,20 +159,23 @@ def task_features(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | N
 
 
 def pooled_embedding(out: Any, spec: ArchitectureSpec, config: PretrainedConfig | None = None,
-                     images: int = 0) -> torch.Tensor:
+                     grid_thw: torch.Tensor | None = None) -> torch.Tensor:
     """The ``[B, D]`` image embedding read from a backbone's output (what :func:`image_embedding` returns); a task
     model's needs its ``config`` (which features it reads); a tower with ``grid_inputs``, whose outputs hold every
-    image's tokens in one sequence, the number of ``images`` (the token mean of each image's part)."""
+    image's tokens in one sequence, the ``grid_thw`` it was given (the token mean of each image's part)."""
     if spec.grid_inputs:
-        if images <= 0:
+        if grid_thw is None or len(grid_thw) == 0:
             raise DataError("This tower returns every image's tokens in one sequence; pooled_embedding needs the "
-                            "number of images (images=len(grid_thw)).")
+                            "grid of each image (grid_thw=..., as given to the tower).")
         if spec.task is not None:
             tokens = task_features(out, spec, config)[0]
         else:
             tokens = getattr(out, "pooler_output", None)  # the merged tokens a language model reads
             tokens = out.last_hidden_state if tokens is None else tokens
-        return tokens.reshape(images, -1, tokens.shape[-1]).mean(1)
+        tokens = tokens.reshape(-1, tokens.shape[-1])
+        patches = grid_thw.prod(-1)  # each image's share of the sequence (merged tokens keep the proportions)
+        counts = (patches * len(tokens) // int(patches.sum())).tolist()
+        return torch.stack([part.mean(0) for part in tokens.split(counts)])
     if spec.task is not None or getattr(out, "feature_maps", None) is not None:
         skip = spec.task.skip_tokens(config) if spec.task is not None else 0
         # Feature maps come as [B, C, h, w] grids or [B, N, C] token sequences (reshape_hidden_states=False).

@@ -59,12 +59,14 @@ def final_outputs(model: nn.Module, spec, batches: Sequence[Any], processor: Any
         if spec.task is not None:  # a task model: its head or language model reads the encoder's features
             outputs.append(image_embedding(model, inputs, spec))
             continue
+        kwargs = forward_inputs(model, inputs, spec)
         with inference_settings(model, spec):  # ViTMAE: every patch, as the embeddings compared with are taken
-            out = model(**forward_inputs(model, inputs, spec))
+            out = model(**kwargs)
         logits = getattr(out, "logits", None)
         if logits is not None:
             measure = "logits_kl"
-        outputs.append(torch.log_softmax(logits.double(), -1) if logits is not None else pooled_embedding(out, spec))
+        outputs.append(torch.log_softmax(logits.double(), -1) if logits is not None else pooled_embedding(
+            out, spec, model.config, kwargs.get("grid_thw")))
     return outputs, measure
 
 

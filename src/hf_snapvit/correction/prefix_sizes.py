@@ -50,7 +50,8 @@ def outputs_of(model: PreTrainedModel, spec: Any, batches: Sequence[dict]) -> di
     captured: list[torch.Tensor] = []
     # A classifier's forward runs its backbone: read the embedding there rather than in a second forward pass.
     hook = get_backbone(model, spec).register_forward_hook(
-        lambda module, args, out: captured.append(pooled_embedding(out, spec, model.config)))
+        lambda module, args, kwargs, out: captured.append(pooled_embedding(
+            out, spec, model.config, kwargs.get("grid_thw"))), with_kwargs=True)
     try:
         outputs, measure = final_outputs(model, spec, batches, None)
     finally:

@@ -57,7 +57,11 @@ def forward_outputs(model: nn.Module, spec: ArchitectureSpec, pixels: torch.Tens
     finally:
         for handle in handles:
             handle.remove()
-    return Outputs(hidden, pooled_embedding(backbone_out[-1], spec, model.config), getattr(out, "logits", None))
+    grid = inputs.get("grid_thw")
+    if grid is not None:  # a grid tower's blocks see every image's tokens (equal grids here) in one sequence
+        hidden = [h.reshape(len(grid), -1, h.shape[-1]) for h in hidden]
+    embedding = pooled_embedding(backbone_out[-1], spec, model.config, grid)
+    return Outputs(hidden, embedding, getattr(out, "logits", None))
 
 
 def per_image_loss(student: Outputs, teacher: Outputs, config: Any) -> torch.Tensor:
