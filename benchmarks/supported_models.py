@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from hf_snapvit.architectures import discovery, get_layers, get_mlp, get_spec  # noqa: E402
+from hf_snapvit.architectures import discovery, ffn_inputs, get_layers, get_mlp, get_spec  # noqa: E402
 from hf_snapvit.architectures.registry import _REGISTRY, _TASKS  # noqa: E402
 from hf_snapvit.surgery.proof import ensure_proven, prove_spec  # noqa: E402
 
@@ -88,7 +88,9 @@ FAMILIES.update({  # one model_type (timm_wrapper) for every timm architecture: 
     "timm_wrapper: DeiT-III (layer scales)": _timm("deit3_small_patch16_224", init_values=1e-5),
     "timm_wrapper: DeiT distilled": _timm("deit_tiny_distilled_patch16_224"),
     "timm_wrapper: ViT, registers, qk-norm": _timm("vit_tiny_patch16_224", qk_norm=True, reg_tokens=4),
-    "timm_wrapper: EVA-02": _timm("eva02_tiny_patch14_224"),
+    "timm_wrapper: ViT, rotary": _timm("vit_small_patch16_rope_224"),
+    "timm_wrapper: EVA-02 Ti/S": _timm("eva02_tiny_patch14_224"),
+    "timm_wrapper: EVA-02 B/L (FFN norm)": _timm("eva02_base_patch14_224"),
 })
 
 
@@ -122,11 +124,15 @@ def row(family: str) -> str:
                 prove_spec(model, spec)
     except Exception as error:  # noqa: BLE001 - a refusal is this row's result
         message = str(error)  # a failed proof says what was discovered, "but" why it failed: the why matters here
-        reason = (message.split(" but ", 1)[1] if " but " in message else message).split(". ")[0].replace("|", "/")
+        reason = (message.split(" but ", 1)[1] if " but " in message else message).split(". ")[0]
+        kept = message.split("Keeping every head does not help: ", 1)  # why even the FFN alone cannot be sliced
+        reason = (f"with every head kept, {kept[1]}" if len(kept) == 2 else reason).replace("|", "/")
         return f"| {family} | `{name}` | refused | | {reason[:160]} |"
     source = "registered" if model.config.model_type in _REGISTRY else "discovered"
     _, variant = get_mlp(get_layers(model, spec)[0], spec)  # the layout this model has
-    ffn = f"{'gated ' if len(variant.in_proj) > 1 else ''}FFN " + (f"`{spec.mlp}`" if spec.mlp else "in the block")
+    packed = any(blocks > 1 for _, blocks in ffn_inputs(*get_mlp(get_layers(model, spec)[0], spec)))
+    kind = "gated " if len(variant.in_proj) > 1 else "packed gated " if packed else ""
+    ffn = f"{kind}FFN " + (f"`{spec.mlp}`" if spec.mlp else "in the block")
     tables = f", per-head tables {list(spec.head_tables)}" if spec.head_tables else ""
     fused = f" (one fused `{spec.q_proj}`)" if spec.qkv_blocks != (0, 0, 0) else ""
     heads = f"heads of `{'.'.join(filter(None, (spec.layers, '*', spec.attention)))}`{fused}"

@@ -24,11 +24,11 @@ class CustomConfig(PretrainedConfig):
     model_type = "hf_snapvit_test_custom"
 
     def __init__(self, width=32, depth=2, heads=4, ffn=48, image_size=32, patch_size=8, num_channels=3,
-                 fused=False, gated=False, head_gate=False, **kwargs):
+                 fused=False, gated=False, head_gate=False, ffn_norm=False, **kwargs):
         super().__init__(**kwargs)
         self.width, self.depth, self.num_attention_heads, self.ffn = width, depth, heads, ffn
         self.image_size, self.patch_size, self.num_channels = image_size, patch_size, num_channels
-        self.fused, self.gated, self.head_gate = fused, gated, head_gate
+        self.fused, self.gated, self.head_gate, self.ffn_norm = fused, gated, head_gate, ffn_norm
 
 
 class Mixer(nn.Module):
@@ -68,8 +68,10 @@ class Block(nn.Module):
         super().__init__()
         self.n1, self.n2 = nn.LayerNorm(config.width), nn.LayerNorm(config.width)
         self.mixer = Mixer(config)
+        # A norm over the FFN's hidden features: its statistics change when a neuron goes, so no slice equals masking.
+        norm = [nn.LayerNorm(config.ffn)] if config.ffn_norm else []
         self.ff = GatedFfn(config) if config.gated else nn.Sequential(
-            nn.Linear(config.width, config.ffn), nn.GELU(), nn.Linear(config.ffn, config.width))
+            nn.Linear(config.width, config.ffn), nn.GELU(), *norm, nn.Linear(config.ffn, config.width))
 
     def forward(self, x):
         x = x + self.mixer(self.n1(x))
@@ -207,12 +209,33 @@ def test_a_wrong_guess_fails_its_proof_and_the_next_guess_is_taken():
     assert get_spec(model).o_proj == "proj"
 
 
-def test_a_model_no_guess_can_slice_is_refused_naming_the_modules_and_forgotten(tmp_path):
+def test_a_model_whose_heads_cannot_be_sliced_keeps_them_all_and_prunes_its_ffn(tmp_path):
+    from hf_snapvit.architectures.embedding import dummy_inputs
+    from hf_snapvit.surgery.proof import _output
+
     model = _custom(head_gate=True)
+    with torch.no_grad():
+        model.trunk[0].mixer.gate.copy_(torch.tensor([0.5, 1.0, 1.5, 2.0]))  # distinct heads: a moved one shows
+    with pytest.warns(UserWarning, match="keeps every attention head and prunes FFN neurons only"):
+        ranking = hs.rank(model, method="magnitude", show_progress=False)
+    stored = hs.save_elastic(model, ranking, tmp_path, model_card=False)
+    counts = stored.keep_counts(0.2)
+    assert counts.heads == [4, 4] and sum(counts.neurons) < 96
+    assert json.loads((tmp_path / "config.json").read_text())["elastic_spec"]["prune_heads"] is False
+    registry._DISCOVERED.clear()
+    sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.2)
+    inputs = dummy_inputs(model, 2, seed=3)
+    masked = masked_copy(model, ranking.keep_indices(counts))
+    torch.testing.assert_close(_output(sliced, inputs), _output(masked, inputs), rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_no_guess_can_slice_is_refused_naming_the_modules_and_forgotten(tmp_path):
+    model = _custom(head_gate=True, ffn_norm=True)
     with pytest.raises(hs.UnsupportedArchitectureError) as info:
         hs.save_elastic(model, None, tmp_path / "out")
     message = str(info.value)
     assert "'attention': 'mixer'" in message and "'o_proj': 'proj'" in message and "register_architecture" in message
+    assert "Keeping every head does not help" in message
     assert not (tmp_path / "out").exists() and registry.discovered_spec(model) is None
 
 
@@ -279,6 +302,8 @@ FAMILIES.update({  # timm's ViTs (the SnapViT paper's DeiT-III and AugReg), one 
     "timm-deit-distilled": _timm("deit_tiny_distilled_patch16_224"),  # class and distillation tokens
     "timm-qknorm-registers": _timm("vit_tiny_patch16_224", qk_norm=True, reg_tokens=4, global_pool="avg",
                                    fc_norm=True),
+    "timm-eva02": _timm("eva02_tiny_patch14_224"),  # rotary, packed SwiGLU; every head kept
+    "timm-rope": _timm("vit_small_patch16_rope_224"),  # timm's rotary ViT
 })
 
 

@@ -147,15 +147,22 @@ def test_snapvit_ranks_from_images(saved):
         ranking.shape.num_heads + ranking.shape.intermediate_size)
 
 
-def test_blip2_by_discovery_alone_is_refused_naming_the_failure_and_nothing_is_written(monkeypatch, tmp_path):
+def test_blip2_by_discovery_alone_keeps_every_head_as_its_registered_spec_does(monkeypatch, tmp_path):
     from hf_snapvit.architectures import registry
 
     monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items()
                                                 if k != "blip_2_vision_model"})
     model = _perturbed(_blip2())
-    with pytest.raises(hs.UnsupportedArchitectureError, match=r"'qkv_blocks': \(0, 1, 2\).*slicing with it failed"):
-        hs.save_elastic(model, None, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+    with pytest.warns(UserWarning, match=r"keeps every attention head.*with fewer heads, slicing with it failed"):
+        ranking = hs.rank(model, method="magnitude", show_progress=False)
+    assert discovery.is_discovered(get_spec(model)) and not get_spec(model).prune_heads
+    stored = hs.save_elastic(model, ranking, tmp_path, model_card=False)
+    counts = stored.keep_counts(0.15)
+    assert counts.heads == [4, 4] and sum(counts.neurons) < 2 * 48
+    sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.15)
+    inputs = dummy_inputs(model, 2, seed=3)
+    masked = masked_copy(model, ranking.keep_indices(counts))
+    torch.testing.assert_close(_output(sliced, inputs), _output(masked, inputs), rtol=1e-4, atol=1e-5)
 
 
 def test_a_ranking_that_would_drop_blip2_heads_is_refused_before_writing(tmp_path):

@@ -1,6 +1,7 @@
 """timm models loaded through transformers (``TimmWrapper*``, model_type ``timm_wrapper``): ranked with SnapViT
-through their own image processor, every timm architecture of one process keeping its own discovered spec, and a
-timm model whose structure slicing cannot follow (EVA-02) refused before anything is written.
+through their own image processor, every timm architecture of one process keeping its own discovered spec, EVA-02
+small sizes (fused qkv applied through F.linear, packed SwiGLU) pruned in their FFNs with every head kept, and
+EVA-02 base sizes (an FFN norm over the hidden features) refused before anything is written.
 
 The families' shared checks (sliced equals masked, the card, the Hub payload, stock loading, sparsity 0, switchable,
 remote code) run in ``test_discovery.py`` and ``test_discovery_publishing.py`` (``FAMILIES["timm-*"]``)."""
@@ -87,16 +88,41 @@ def test_every_timm_architecture_of_one_process_keeps_its_own_spec(tmp_path):
         torch.testing.assert_close(_output(sliced, inputs), _output(masked, inputs), rtol=1e-4, atol=1e-5)
 
 
-def test_a_timm_model_whose_attention_slicing_cannot_follow_is_refused_naming_its_modules(tmp_path):
-    # EVA-02 applies its fused qkv through F.linear with separate q/v biases, so no projection call shows.
+def test_eva02_keeps_every_head_and_prunes_its_packed_swiglu_sliced_equal_to_masking(tmp_path):
+    # Its attention reshapes to the model width (no head can go) and adds query and value biases of its own; its FFN
+    # computes value and gate in one projection, so neuron j is row j of each half.
     model = _classifier("eva02_tiny_patch14_224")
+    with torch.no_grad():
+        for parameter in model.parameters():  # zero biases and a near-zero gate would hide a wrong slice
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    with pytest.warns(UserWarning, match="keeps every attention head and prunes FFN neurons only"):
+        ranking = hs.rank(model, method="snip", data=torch.randn(8, 3, 32, 32), show_progress=False)
+    assert get_spec(model).prune_heads is False
+    stored = hs.save_elastic(model, ranking, tmp_path, model_card=False)
+    counts = stored.keep_counts(0.3)
+    assert counts.heads == [4, 4] and sum(counts.neurons) < 2 * 48
+    sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3)
+    assert sum(p.numel() for p in sliced.parameters()) == counts.num_params + sum(
+        p.numel() for p in sliced.timm_model.head.parameters())
+    inputs = dummy_inputs(model, 2, seed=3)
+    masked = masked_copy(model, ranking.keep_indices(counts))
+    torch.testing.assert_close(_output(sliced, inputs), _output(masked, inputs), rtol=1e-4, atol=1e-5)
+    switchable = hs.ElasticViTModel.from_pretrained(tmp_path, switchable=True)
+    switchable.set_budget(sparsity=0.3)
+    torch.testing.assert_close(_output(switchable, inputs), _output(sliced, inputs), rtol=1e-4, atol=1e-5)
+
+
+def test_eva02_whose_ffn_norms_its_hidden_features_is_refused_saying_why(tmp_path):
+    # EVA-02 B/L: a LayerNorm over the FFN's hidden features, whose statistics change when a neuron goes.
+    model = _classifier("eva02_base_patch14_224")
     with pytest.raises(hs.UnsupportedArchitectureError) as info:
         hs.save_elastic(model, None, tmp_path / "out")
     message = str(info.value)
-    assert "timm_model.blocks" in message and "attn.proj" in message and "ArchitectureSpec" in message
+    assert "timm_model.blocks" in message and "fc1_g" in message and "ArchitectureSpec" in message
+    assert "Keeping every head does not help" in message and "normalized_shape" in message
     assert not (tmp_path / "out").exists()
 
 
 def test_the_timm_families_are_in_the_shared_family_checks():
     assert {name for name in FAMILIES if name.startswith("timm-")} == {
-        "timm-augreg", "timm-deit3", "timm-deit-distilled", "timm-qknorm-registers"}
+        "timm-augreg", "timm-deit3", "timm-deit-distilled", "timm-qknorm-registers", "timm-eva02", "timm-rope"}

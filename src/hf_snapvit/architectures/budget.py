@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch.nn as nn
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-from . import (get_attention, get_backbone, get_layers, get_mlp, get_projection, get_spec, head_dim,
+from . import (ffn_inputs, get_attention, get_backbone, get_layers, get_mlp, get_projection, get_spec, head_dim,
                             head_tables, model_class, num_heads, used_layers, vision_config)
 from ..errors import BudgetError, RankingFormatError
 from .inputs import patch_side
@@ -231,9 +231,8 @@ def _unit_costs(layer: nn.Module, spec) -> tuple[int, int, int, int, int]:
     mlp, variant = get_mlp(layer, spec)
     out_proj = get_projection(mlp, variant.out_proj)
     per_neuron = out_proj.out_features
-    for name in variant.in_proj:
-        proj = get_projection(mlp, name)
-        per_neuron += proj.in_features + (1 if proj.bias is not None else 0)
+    for proj, blocks in ffn_inputs(mlp, variant):
+        per_neuron += blocks * (proj.in_features + (1 if proj.bias is not None else 0))
     f = out_proj.in_features
     return per_head, per_neuron, h, f, per_head * h + per_neuron * f
 
@@ -308,7 +307,7 @@ def model_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[int
         num_patches=num_patches,
         patch_size=patch_side(model),
         num_channels=int(getattr(vision, "num_channels", 3)),
-        ffn_matrices=len(variant.in_proj) + 1,
+        ffn_matrices=sum(blocks for _, blocks in ffn_inputs(mlp, variant)) + 1,
         head_flops=head_flops,
         used_layers=min(len(layers), used_layers(config, spec)),
     )

@@ -3,28 +3,32 @@ one forward pass, and its data form for ``config.json``.
 
 The stack of blocks is the ``nn.ModuleList`` (or ``nn.Sequential``: timm's) of same-class modules holding the most
 parameters. In its first block,
-the order in which one forward calls the ``nn.Linear`` layers names them: three projections from the hidden width to
+the order in which one forward uses the ``nn.Linear`` weights (:mod:`.tracing`: through the layer or ``F.linear``)
+names them: three projections from the hidden width to
 one attention width (query, key, value), or one fused projection to three times that width (its rows the query, key
 and value blocks), one back (the output projection), then the FFN: one or two projections out of the hidden width (a
-gated FFN has two) and one back. The attention and FFN modules are the closest common parents
+gated FFN has two; a packed one, value and gate in one, twice the neurons) and one back. The attention and FFN modules
+are the closest common parents
 of their projections. A spec found here is a guess until :func:`hf_snapvit.surgery.proof.prove_spec` shows that slicing
-with it equals masking; ``save_elastic`` proves it before it writes anything, then stores :func:`spec_to_dict` in the
+with it equals masking (the last guess keeps every head, for attention that cannot run with fewer); ``save_elastic``
+proves it before it writes anything, then stores :func:`spec_to_dict` in the
 checkpoint's ``config.json`` (``elastic_spec``), so loading needs no registration.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
 from typing import Any
 
-import torch
 import torch.nn as nn
 from transformers import PretrainedConfig
 
 from ..errors import UnsupportedArchitectureError
-from .inputs import blank_inputs, patch_side, pixel_shape, takes_grid
+from .inputs import patch_side, pixel_shape, takes_grid
+from .tracing import classifier_paths, trace_block
 from .registry import (SPEC_KEY, ArchitectureSpec, MlpSpec, on_unregistered, supported_model_types,
                        vision_config)
 
@@ -56,48 +60,6 @@ def _block_stack(root: nn.Module) -> tuple[str, nn.Module]:
             "hf_snapvit cannot find its transformer blocks. Describe them with hf_snapvit.ArchitectureSpec and call "
             "hf_snapvit.register_architecture(spec).")
     return best[1], best[2]
-
-
-def _trace_block(model: nn.Module, block: nn.Module) -> tuple[list[tuple[str, nn.Linear]], int]:
-    """The block's ``nn.Linear`` layers in the order one forward calls them, and the number of tokens it sees."""
-    shape = pixel_shape(model.config, 1)
-    names = {id(m): n for n, m in block.named_modules() if isinstance(m, nn.Linear)}
-    calls: list[tuple[str, nn.Linear]] = []
-    tokens: list[int] = []
-    hooks = [m.register_forward_hook(lambda m, i, o: calls.append((names[id(m)], m)))
-             for m in block.modules() if isinstance(m, nn.Linear)]
-    hooks.append(block.register_forward_pre_hook(
-        lambda m, args, kwargs: tokens.append(_tokens(args, kwargs)), with_kwargs=True))
-    dtype = next(model.parameters()).dtype
-    device = next(model.parameters()).device
-    training = model.training
-    model.eval()  # a training-mode forward would update running statistics of the caller's model
-    try:
-        with torch.no_grad():
-            model(**blank_inputs(model, torch.zeros(shape, dtype=dtype, device=device)))
-    except Exception as error:  # noqa: BLE001 - any failure means the model cannot be discovered this way
-        raise UnsupportedArchitectureError(
-            f"hf_snapvit could not run one forward of {type(model).__name__} on blank pixel_values of shape "
-            f"{list(shape)} to discover its structure ({type(error).__name__}: {error}). Describe it with "
-            "hf_snapvit.ArchitectureSpec and call hf_snapvit.register_architecture(spec).") from error
-    finally:
-        model.train(training)
-        for hook in hooks:
-            hook.remove()
-    seen, order = set(), []
-    for name, module in calls:  # the first call of each layer (one block runs once per forward)
-        if name not in seen:
-            seen.add(name)
-            order.append((name, module))
-    return order, tokens[0] if tokens else 0
-
-
-def _tokens(args: tuple, kwargs: dict) -> int:
-    """Tokens per image a block sees: ``[B, N, D]`` hidden states, or one image's ``[N, D]`` sequence."""
-    hidden = args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
-    if not isinstance(hidden, torch.Tensor):
-        return 0
-    return int(hidden.shape[1]) if hidden.dim() == 3 else int(hidden.shape[0]) if hidden.dim() == 2 else 0
 
 
 def _role(name: str) -> int | None:
@@ -177,7 +139,7 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> Architect
     whole = base is not model and "pixel_values" not in inspect.signature(base.forward).parameters
     base = model if whole else base
     layers_path, layers = _block_stack(base)
-    calls, tokens = _trace_block(model, layers[0])
+    calls, tokens = trace_block(model, layers[0])
     problem = "hf_snapvit could not match"
     fused = _is_fused(calls)
     if len(calls) < (3 if fused else 5):
@@ -196,7 +158,9 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> Architect
     o = calls[after]
     rest = calls[after + 1:]
     ups = [(n, m) for n, m in rest if m.in_features == hidden and m.out_features != hidden]
-    downs = [(n, m) for n, m in rest if m.out_features == hidden and ups and m.in_features == ups[0][1].out_features]
+    # A packed FFN (timm's GluMlp) computes value and gate in one projection of twice the neurons.
+    downs = [(n, m) for n, m in rest if m.out_features == hidden and ups
+             and ups[0][1].out_features in (m.in_features, 2 * m.in_features)]
     if o[1].in_features != width or o[1].out_features != hidden or not ups or not downs:
         raise UnsupportedArchitectureError(
             f"{problem} an output projection ({width} -> {hidden}) and an FFN ({hidden} -> n -> {hidden}) in block 0 "
@@ -227,7 +191,8 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> Architect
         mlp_variants=(MlpSpec(tuple(_relative(n, mlp) for n, _ in ups), _relative(downs[0][0], mlp)),),
         embedding="pooled", extra_tokens=lambda c, e=extra: e, num_patches=lambda c, n=patches: n,
         head_count_attrs=counts, head_size_attrs=sizes, head_width=head_width, token_subsets=False,
-        qkv_blocks=(0, 1, 2) if fused else (0, 0, 0), grid_inputs=takes_grid(model), backbone="" if whole else None)
+        qkv_blocks=(0, 1, 2) if fused else (0, 0, 0), grid_inputs=takes_grid(model), backbone="" if whole else None,
+        excluded_from_budget=classifier_paths(model) if whole else ())
 
 
 def _head_count(config: PretrainedConfig, attention: nn.Module) -> int:
@@ -251,10 +216,13 @@ def _is_fused(calls: list[tuple[str, nn.Linear]]) -> bool:
 
 
 def discovery_guesses(model: nn.Module) -> list[ArchitectureSpec]:
-    """The specs discovery proposes for ``model``, most likely first (distinct ones only)."""
+    """The specs discovery proposes for ``model``, most likely first (distinct ones only); the last keeps every head,
+    for an attention whose forward cannot run with fewer (timm's EVA reshapes its output to the model width), so
+    its FFN neurons can still be pruned."""
     first = discover_spec(model)
     second = discover_spec(model, any_size_name=True)
-    return [first] if second.head_size_attrs == first.head_size_attrs else [first, second]
+    guesses = [first] if second.head_size_attrs == first.head_size_attrs else [first, second]
+    return [*guesses, dataclasses.replace(first, prune_heads=False)]
 
 
 def spec_to_dict(spec: ArchitectureSpec, config: PretrainedConfig) -> dict[str, Any]:
@@ -264,7 +232,8 @@ def spec_to_dict(spec: ArchitectureSpec, config: PretrainedConfig) -> dict[str, 
             "mlp_in": list(variant.in_proj), "mlp_out": variant.out_proj, "embedding": spec.embedding,
             "head_count_attrs": list(spec.head_count_attrs), "head_size_attrs": list(spec.head_size_attrs),
             "extra_tokens": int(spec.extra_tokens(config)), "num_patches": int(spec.num_patches(config)),
-            "qkv_blocks": list(spec.qkv_blocks), "grid_inputs": spec.grid_inputs, "backbone": spec.backbone}
+            "qkv_blocks": list(spec.qkv_blocks), "grid_inputs": spec.grid_inputs, "backbone": spec.backbone,
+            "prune_heads": spec.prune_heads, "excluded_from_budget": list(spec.excluded_from_budget)}
 
 
 def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None = None) -> ArchitectureSpec:
@@ -282,8 +251,8 @@ def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None 
     for name in (*_PATH_FIELDS, "mlp_out", "embedding"):
         if not isinstance(data.get(name), str):
             raise fail(f"needs a string {name!r}, got {data.get(name)!r}")
-    for name in ("mlp_in", "head_count_attrs", "head_size_attrs"):
-        value = data.get(name)
+    for name in ("mlp_in", "head_count_attrs", "head_size_attrs", "excluded_from_budget"):
+        value = data.get(name, [] if name == "excluded_from_budget" else None)  # absent in specs saved before it
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or (name == "mlp_in"
                                                                                          and not value):
             raise fail(f"needs a list of strings {name!r}, got {value!r}")
@@ -296,8 +265,9 @@ def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None 
         raise fail(f"has qkv_blocks {blocks!r}; expected [0, 0, 0] (separate q/k/v) or [0, 1, 2] (one fused qkv)")
     if blocks == [0, 1, 2] and not data["q_proj"] == data["k_proj"] == data["v_proj"]:
         raise fail("has qkv_blocks [0, 1, 2] (one fused qkv) but names different q_proj, k_proj and v_proj")
-    if not isinstance(data.get("grid_inputs", False), bool):
-        raise fail(f"needs a boolean 'grid_inputs', got {data.get('grid_inputs')!r}")
+    for name in ("grid_inputs", "prune_heads"):  # absent in specs saved before them: False, True
+        if not isinstance(data.get(name, name == "prune_heads"), bool):
+            raise fail(f"needs a boolean {name!r}, got {data.get(name)!r}")
     if data.get("backbone") not in (None, ""):
         raise fail(f"has backbone {data.get('backbone')!r}; expected null (the model's base model) or \"\" (the "
                    "model itself)")
@@ -309,7 +279,8 @@ def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None 
         head_count_attrs=tuple(data["head_count_attrs"]), head_size_attrs=tuple(data["head_size_attrs"]),
         extra_tokens=lambda c, e=data["extra_tokens"]: e, num_patches=lambda c, n=data["num_patches"]: n,
         token_subsets=False, qkv_blocks=tuple(blocks), grid_inputs=data.get("grid_inputs", False),
-        backbone=data.get("backbone"))
+        backbone=data.get("backbone"), prune_heads=data.get("prune_heads", True),
+        excluded_from_budget=tuple(data.get("excluded_from_budget", [])))
 
 
 def _structure_key(model_or_config: object, model_type: str | None) -> tuple[str, str]:

@@ -76,6 +76,32 @@ def get_mlp(layer: nn.Module, spec: ArchitectureSpec) -> tuple[nn.Module, MlpSpe
     )
 
 
+def ffn_inputs(mlp: nn.Module, variant: MlpSpec) -> list[tuple[nn.Linear, int]]:
+    """Each row-sliced FFN projection with its number of equal row blocks: 1, or 2 where one projection computes
+    the value and the gate (timm's ``GluMlp``, packed SwiGLU), whose neuron ``j`` is row ``j`` of each block."""
+    width = get_projection(mlp, variant.out_proj).in_features
+    found = []
+    for name in variant.in_proj:
+        linear = get_projection(mlp, name)
+        if width <= 0 or linear.out_features % width:
+            raise UnsupportedArchitectureError(
+                f"The FFN projection {name!r} has {linear.out_features} rows for {width} neurons (the columns of "
+                f"{variant.out_proj!r}); hf_snapvit slices FFN projections of one row per neuron, or of equal row "
+                "blocks of one row per neuron. Register an MlpSpec naming the right projections.")
+        found.append((linear, linear.out_features // width))
+    return found
+
+
+def ffn_rows(mlp: nn.Module, variant: MlpSpec) -> list[tuple[nn.Linear, slice]]:
+    """Each row-sliced FFN projection with the rows of one of its row blocks (one entry per block): each entry holds
+    one row per neuron, in neuron order."""
+    rows = []
+    for linear, blocks in ffn_inputs(mlp, variant):
+        width = linear.out_features // blocks
+        rows += [(linear, slice(b * width, (b + 1) * width)) for b in range(blocks)]
+    return rows
+
+
 def row_blocks(spec: ArchitectureSpec, path: str) -> int:
     """How many equal row blocks (one per query, key or value it computes) the projection at ``path`` holds."""
     return (spec.q_proj, spec.k_proj, spec.v_proj).count(path)

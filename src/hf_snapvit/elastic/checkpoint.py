@@ -19,7 +19,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from transformers.utils.hub import cached_file
 
-from ..architectures import get_attention, get_layers, get_spec, model_class, qkv_projections
+from ..architectures import ffn_inputs, get_attention, get_layers, get_mlp, get_spec, model_class, qkv_projections
 from ..architectures.budget import ModelShape
 from ..errors import CheckpointError, RankingFormatError
 from ..sources import check_source
@@ -254,12 +254,13 @@ def load_sliced_state_dict(
 
 
 def fused_row_blocks(model: PreTrainedModel) -> dict[str, int]:
-    """``{state-dict name: row blocks}`` of the weights and biases of ``model``'s fused q/k/v projections."""
+    """``{state-dict name: row blocks}`` of the weights and biases of ``model``'s fused q/k/v projections and packed
+    FFN projections."""
     spec = get_spec(model)
     names = {id(p): n for n, p in model.named_parameters()}
     found = {}
     for layer in get_layers(model, spec):
-        for linear, blocks in qkv_projections(get_attention(layer, spec), spec):
+        for linear, blocks in (*qkv_projections(get_attention(layer, spec), spec), *ffn_inputs(*get_mlp(layer, spec))):
             for param in (linear.weight, linear.bias):
                 if blocks > 1 and param is not None:
                     found[names[id(param)]] = blocks

@@ -92,15 +92,21 @@ class ElasticRanking:
 
     # ----------------------------------------------------------------------------------------------- orders
     def orders(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per block, ``(head order, neuron order)``: unit indices from most to least important (ties keep index order)."""
+        """Per block, ``(head order, neuron order)``: unit indices from most to least important (ties keep index order).
+        A ranking that keeps every head (``min_head_keep_ratio=1``) leaves them in place: their companions outside
+        the projections (timm EVA's query and value biases) need not follow."""
         return [
-            (np.argsort(-h, kind="stable"), np.argsort(-f, kind="stable"))
+            (np.arange(len(h)) if self._heads_stay() else np.argsort(-h, kind="stable"), np.argsort(-f, kind="stable"))
             for h, f in zip(self.head_scores, self.neuron_scores)
         ]
 
+    def _heads_stay(self) -> bool:
+        return self.min_head_keep_ratio >= 1.0
+
     def is_sorted(self) -> bool:
         """True when every block's units are already in rank order (the layout of an elastic checkpoint)."""
-        return bool(np.all(np.diff(self.head_scores, axis=1) <= 0) and np.all(np.diff(self.neuron_scores, axis=1) <= 0))
+        return bool((self._heads_stay() or np.all(np.diff(self.head_scores, axis=1) <= 0))
+                    and np.all(np.diff(self.neuron_scores, axis=1) <= 0))
 
     def sorted(self) -> "ElasticRanking":
         """The same ranking for a model whose heads and neurons were permuted by :meth:`orders`."""

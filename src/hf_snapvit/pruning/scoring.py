@@ -42,7 +42,7 @@ from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
 from ..architectures.embedding import input_size as architecture_input_size
-from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim, qkv_rows
+from ..architectures import ffn_rows, get_attention, get_layers, get_mlp, get_spec, head_dim, qkv_rows
 from ..architectures.embedding import image_embedding
 from ..data.views import MultiCropConfig, Normalizer, processor_inputs, seeded_multi_crops
 from ..errors import ConfigError, DataError
@@ -125,7 +125,7 @@ def _scored_layers(model: PreTrainedModel, head_rows: str) -> tuple[list[list[tu
         attention = get_attention(layer, spec)
         heads.append([qkv_rows(attention, spec, role) for role in roles])
         mlp, variant = get_mlp(layer, spec)
-        neurons.append([(get_projection(mlp, n), slice(None)) for n in variant.in_proj])
+        neurons.append(ffn_rows(mlp, variant))
     return heads, neurons
 
 

@@ -10,6 +10,7 @@ parameters. A spec that fails is forgotten and the model refused, naming the mod
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import numpy as np
@@ -89,8 +90,9 @@ def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, 
             mlp, variant = get_mlp(layer, spec)
             widths.append((num_heads(get_attention(layer, spec), spec),
                            get_projection(mlp, variant.out_proj).in_features))
-        reordered = slice_model_(copy.deepcopy(base), [(np.arange(h)[::-1].copy(), np.arange(n)[::-1].copy())
-                                                             for h, n in widths])
+        # A spec that keeps every head never reorders them (rankings of such models leave them in place).
+        reordered = slice_model_(copy.deepcopy(base), [(np.arange(h)[::-1].copy() if spec.prune_heads else
+                                                        np.arange(h), np.arange(n)[::-1].copy()) for h, n in widths])
         differences = {"reordered": float((_output(reordered, inputs) - reference).abs().max())}
         params = sum(p.numel() for p in base.parameters())
         for fraction in KEEP_FRACTIONS:
@@ -114,16 +116,19 @@ def _refusal(spec: ArchitectureSpec, why: str) -> UnsupportedArchitectureError:
     found = {name: getattr(spec, name) for name in ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj",
                                                     "mlp", "head_width", "qkv_blocks")}
     variant = spec.mlp_variants[0]
-    return UnsupportedArchitectureError(
+    error = UnsupportedArchitectureError(
         f"hf_snapvit discovered the structure of this {spec.model_type!r} model as {found}, FFN "
         f"{list(variant.in_proj)} -> {variant.out_proj!r}, but {why}. Describe it yourself with "
         "hf_snapvit.ArchitectureSpec (these fields, with the paths that are right) and call "
         "hf_snapvit.register_architecture(spec).")
+    error.why = why
+    return error
 
 
 def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
     """The model's spec, proven first if it was discovered rather than registered (once per spec and process): the
-    first of discovery's guesses that passes is kept; if none does, the first one's failure is raised."""
+    first of discovery's guesses that passes is kept (the last keeps every head, with a warning); if none does, the
+    first one's failure is raised, with why keeping every head did not help."""
     spec = get_spec(model)
     if spec.task is not None:  # a task model: its encoder's spec is the one discovered (or registered)
         ensure_proven(model.get_submodule(spec.encoder))
@@ -134,15 +139,22 @@ def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
         prove_spec(model, spec)
     except UnsupportedArchitectureError as first:
         # Only a failed first guess pays for discovering the others (one traced forward each).
+        last = None
         for guess in (g for g in discovery_guesses(model) if g != spec):
             adopt_discovered(guess, model)  # slicing reads the model's spec from the registry
             try:
                 prove_spec(model, guess)
-            except UnsupportedArchitectureError:
+            except UnsupportedArchitectureError as error:
+                last = error
                 continue
             _PROVEN.add(id(guess))
+            if spec.prune_heads and not guess.prune_heads:
+                warnings.warn(f"{type(model).__name__}: hf_snapvit keeps every attention head and prunes FFN neurons "
+                              f"only; with fewer heads, {getattr(first, 'why', first)}.", UserWarning, stacklevel=3)
             return guess
         forget_discovered(spec.model_type, model)
+        if last is not None and getattr(last, "why", None):
+            raise UnsupportedArchitectureError(f"{first} Keeping every head does not help: {last.why}.") from first
         raise first
     _PROVEN.add(id(spec))
     return spec

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
-from ..architectures import (ArchitectureSpec, find_attribute, get_attention, get_layers, get_mlp, get_projection,
+from ..architectures import (ArchitectureSpec, ffn_inputs, find_attribute, get_attention, get_layers, get_mlp, get_projection,
                              get_spec, head_dim, head_tables, qkv_projections)
 
 IndexLike = Sequence[int] | np.ndarray | torch.Tensor
@@ -89,9 +89,10 @@ def slice_neurons_(layer: nn.Module, spec: ArchitectureSpec, keep: IndexLike, so
     """Keep the FFN neurons ``keep`` (in that order) of one block, in place (taken from ``source`` if given)."""
     mlp, variant = get_mlp(layer, spec)
     source_mlp, _ = get_mlp(source, spec) if source is not None else (mlp, variant)
-    index = _as_index(keep, get_projection(source_mlp, variant.out_proj).weight.device)
-    for name in variant.in_proj:
-        _take(get_projection(mlp, name), index, 0, get_projection(source_mlp, name))
+    out_proj = get_projection(source_mlp, variant.out_proj)
+    index, width = _as_index(keep, out_proj.weight.device), out_proj.in_features
+    for (linear, _), (origin, blocks) in zip(ffn_inputs(mlp, variant), ffn_inputs(source_mlp, variant)):
+        _take(linear, torch.cat([b * width + index for b in range(blocks)]), 0, origin)
     _take(get_projection(mlp, variant.out_proj), index, 1, get_projection(source_mlp, variant.out_proj))
 
 

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from ..architectures import (ArchitectureSpec, get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim,
+from ..architectures import (ArchitectureSpec, ffn_inputs, get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim,
                              head_tables, num_heads, qkv_projections)
 from ..errors import BudgetError, UnsupportedArchitectureError
 from .slicing import OUTPUT_KINDS, set_head_count_
@@ -40,7 +40,7 @@ class PrefixLinear(nn.Linear):
 
     def active(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The weight and bias the layer computes with now: prefix views, or for a fused projection of
-        ``row_blocks`` blocks (query, key, value) the same prefix of each block (a copy: those rows are not
+        ``row_blocks`` blocks (query, key, value; a packed FFN's value and gate) the same prefix of each block (a copy: those rows are not
         contiguous)."""
         weight, bias = self.weight, self.bias
         if self.out_features != weight.shape[0]:
@@ -100,6 +100,7 @@ class SwitchBlock:
     head_width: int
     tables: tuple[tuple[nn.Module, HeadPrefix], ...] = ()
     row_blocks: tuple[int, ...] = ()  # per q/k/v projection: 3 for a fused qkv (query, key, value), else 1
+    ffn_blocks: tuple[int, ...] = ()  # per FFN input projection: 2 for a packed value and gate, else 1
 
 
 def switch_blocks(model: PreTrainedModel) -> list[SwitchBlock]:
@@ -113,10 +114,10 @@ def switch_blocks(model: PreTrainedModel) -> list[SwitchBlock]:
         qkv, row_blocks = zip(*qkv_projections(attention, spec))
         tables = tuple((owner, HeadPrefix(getattr(owner, name).shape[-1], num_heads(attention, spec)))
                        for owner, name in head_tables(layer, spec))
-        blocks.append(SwitchBlock(attention, qkv, get_projection(attention, spec.o_proj),
-                                  tuple(get_projection(mlp, n) for n in variant.in_proj),
+        ffn_in, ffn_blocks = zip(*ffn_inputs(mlp, variant))
+        blocks.append(SwitchBlock(attention, qkv, get_projection(attention, spec.o_proj), ffn_in,
                                   get_projection(mlp, variant.out_proj), head_dim(attention, spec), tables,
-                                  row_blocks))
+                                  row_blocks, ffn_blocks))
     return blocks
 
 
@@ -143,7 +144,7 @@ def make_switchable_(model: PreTrainedModel) -> list[SwitchBlock]:
     for block in blocks:
         for linear in (*block.qkv, block.o_proj, *block.ffn_in, block.ffn_out):
             linear.__class__ = PrefixLinear
-        for linear, count in zip(block.qkv, block.row_blocks):
+        for linear, count in zip((*block.qkv, *block.ffn_in), (*block.row_blocks, *block.ffn_blocks)):
             linear.row_blocks = count  # read by PrefixLinear.active
         for linear in (block.o_proj, block.ffn_out):  # what a prefix correction replaces at reduced sizes
             if "corrected" not in linear._buffers:
@@ -167,8 +168,8 @@ def set_widths_(spec: ArchitectureSpec, blocks: Sequence[SwitchBlock], heads: Se
         for linear, count in zip(block.qkv, block.row_blocks):
             linear.out_features = rows * count
         block.o_proj.in_features = rows
-        for linear in block.ffn_in:
-            linear.out_features = int(f)
+        for linear, count in zip(block.ffn_in, block.ffn_blocks):
+            linear.out_features = int(f) * count
         block.ffn_out.in_features = int(f)
         for _, hook in block.tables:
             hook.heads = int(h)

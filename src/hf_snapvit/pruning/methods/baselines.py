@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from ...architectures import (get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim, head_tables,
+from ...architectures import (ffn_rows, get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim, head_tables,
                               num_heads, qkv_rows)
 from ...architectures.budget import ModelShape
 from ...data.calibration import draw_calibration
@@ -54,11 +54,10 @@ def magnitude_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tu
         mlp, variant = get_mlp(layer, spec)
         out_proj = get_projection(mlp, variant.out_proj)
         per_neuron = out_proj.weight.detach().abs().double().sum(0).cpu()
-        for name in variant.in_proj:
-            proj = get_projection(mlp, name)
-            per_neuron += proj.weight.detach().abs().double().sum(1).cpu()
+        for proj, rows in ffn_rows(mlp, variant):
+            per_neuron += proj.weight.detach()[rows].abs().double().sum(1).cpu()
             if proj.bias is not None:
-                per_neuron += proj.bias.detach().abs().double().cpu()
+                per_neuron += proj.bias.detach()[rows].abs().double().cpu()
         neurons.append(per_neuron.numpy())
     return np.stack(heads), np.stack(neurons)
 
@@ -94,8 +93,8 @@ def lamp_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple[n
         v_proj, rows = qkv_rows(attention, spec, 2)
         heads.append(_lamp(v_proj.weight[rows]).mean(1).view(-1, hd).mean(1).numpy())
         mlp, variant = get_mlp(layer, spec)
-        neurons.append(np.mean([_lamp(get_projection(mlp, name).weight).mean(1).numpy()
-                                for name in variant.in_proj], 0))
+        neurons.append(np.mean([_lamp(proj.weight).mean(1)[rows].numpy() for proj, rows in ffn_rows(mlp, variant)],
+                               0))
     return np.stack(heads) * shape.params_per_head, np.stack(neurons) * shape.params_per_neuron
 
 
