@@ -95,8 +95,16 @@ def test_eva02_keeps_every_head_and_prunes_its_packed_swiglu_sliced_equal_to_mas
     with torch.no_grad():
         for parameter in model.parameters():  # zero biases and a near-zero gate would hide a wrong slice
             parameter.add_(torch.randn_like(parameter) * 0.05)
+    from hf_snapvit.data.views import MultiCropConfig
+    from hf_snapvit.pruning.scoring import ScoreConfig
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (48, 40, 3), dtype=np.uint8)) for _ in range(8)]
+    config = hs.SnapViTConfig.preset("fast", num_gradient_images=2, num_fitness_images=4, max_generations=1,
+                                     population_size=4, scores=ScoreConfig(crops=MultiCropConfig(num_local=1)))
     with pytest.warns(UserWarning, match="keeps every attention head and prunes FFN neurons only"):
-        ranking = hs.rank(model, method="snip", data=torch.randn(8, 3, 32, 32), show_progress=False)
+        ranking = hs.rank(model, method="snapvit", data=images, config=config, show_progress=False,
+                          processor=transformers.TimmWrapperImageProcessor(pretrained_cfg=_PRETRAINED))
     assert get_spec(model).prune_heads is False
     stored = hs.save_elastic(model, ranking, tmp_path, model_card=False)
     counts = stored.keep_counts(0.3)
