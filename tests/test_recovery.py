@@ -184,7 +184,7 @@ def test_bad_pairs_and_data_raise_and_write_nothing(tmp_path):
         (teacher, student, pixels(4), "wider than the teacher"),
         (sliced(teacher), transformers.ViTForImageClassification(transformers.ViTConfig(
             hidden_size=48, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8,
-            intermediate_size=37, num_labels=5)), pixels(4), "hidden_size"),
+            intermediate_size=37, num_labels=5)), pixels(4), "hidden width is 32 but the teacher's 48"),
     ]
     for s, t, data, words in cases:
         with pytest.raises(RecoveryError, match=words):

@@ -134,3 +134,28 @@ def test_eva02_whose_ffn_norms_its_hidden_features_is_refused_saying_why(tmp_pat
 def test_the_timm_families_are_in_the_shared_family_checks():
     assert {name for name in FAMILIES if name.startswith("timm-")} == {
         "timm-augreg", "timm-deit3", "timm-deit-distilled", "timm-qknorm-registers", "timm-eva02", "timm-rope"}
+
+
+def test_a_timm_classifier_is_recovered_corrected_and_scored_top1_from_its_logits(tmp_path):
+    # The whole wrapper is the backbone and returns logits only: its embedding is the token mean of its last block.
+    from hf_snapvit.evaluation import Evaluator
+
+    model = _classifier()
+    processor = transformers.TimmWrapperImageProcessor(pretrained_cfg=_PRETRAINED)
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)) for _ in range(16)]
+    hs.save_elastic(model, hs.rank(model, method="magnitude", show_progress=False), tmp_path,
+                    image_processor=processor, model_card=False)
+    sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3)
+    student, summary = hs.recover(sliced, model, images, hs.RecoveryConfig(steps=2, batch_size=4, held_out_images=4),
+                                  processor=processor, show_progress=False)
+    assert len(summary.losses) == 2 and all(np.isfinite(summary.losses))
+    assert hs.add_prefix_correction(tmp_path, images, config=hs.CorrectionConfig(guard=False),
+                                    show_progress=False)["num_images"] == 16
+    labels = [int(i) for i in rng.integers(0, 5, 16)]
+    result = Evaluator(images[:8], bank_data=images[8:], eval_labels=labels[:8], bank_labels=labels[8:],
+                       dense_model=model, processor=processor, show_progress=False).evaluate(student)
+    with torch.no_grad():
+        pixels = processor(images[:8], return_tensors="pt")["pixel_values"]
+        expected = (student(pixel_values=pixels).logits.argmax(-1) == torch.tensor(labels[:8])).float().mean()
+    assert result.top1 == pytest.approx(float(expected)) and 0.0 < result.retention <= 1.0

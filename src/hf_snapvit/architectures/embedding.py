@@ -124,12 +124,17 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
             out = caller(**kwargs)
     finally:
         hook.remove()
-    if spec.task is None and not spec.grid_inputs and all(
-            getattr(out, name, None) is None for name in ("pooler_output", "last_hidden_state", "feature_maps")):
-        # A whole task model found by discovery (SAM with its prompt encoder and mask decoder, ViTPose) returns its
-        # task's outputs, not an embedding: embed with the tokens its last block hands the task's head.
-        return last[-1].flatten(1, -2).mean(1)
+    if not returns_embedding(out, spec):
+        return last[-1].flatten(1, -2).mean(1)  # the tokens its last block hands the task's head
     return pooled_embedding(out, spec, model.config, kwargs.get("grid_thw"))
+
+
+def returns_embedding(out: Any, spec: ArchitectureSpec) -> bool:
+    """Whether a backbone's output holds what :func:`pooled_embedding` reads. A whole task model found by discovery
+    (SAM with its prompt encoder and mask decoder, ViTPose) or a timm classifier (the backbone is the whole model)
+    returns its task's outputs instead: its embedding is the token mean of its last block's output."""
+    return spec.task is not None or spec.grid_inputs or any(
+        getattr(out, name, None) is not None for name in ("pooler_output", "last_hidden_state", "feature_maps"))
 
 
 @contextmanager

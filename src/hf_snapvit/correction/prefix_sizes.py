@@ -26,7 +26,7 @@ from transformers import PreTrainedModel
 from ..architectures import get_backbone, get_spec
 from ..errors import CorrectionError
 from ..surgery.slicing import prefixes, slice_model_
-from ..architectures.embedding import image_embedding, pooled_embedding
+from ..architectures.embedding import image_embedding, pooled_embedding, returns_embedding
 from .guard import EVIDENCE, distances, final_outputs
 from .inputs import model_inputs_of
 from .prefix import MIN_CHECKED_IMAGES, PrefixCorrection, first_band
@@ -49,9 +49,10 @@ def outputs_of(model: PreTrainedModel, spec: Any, batches: Sequence[dict]) -> di
     with a classifier, ``"logits_kl"`` (class log-probabilities)."""
     captured: list[torch.Tensor] = []
     # A classifier's forward runs its backbone: read the embedding there rather than in a second forward pass.
-    hook = get_backbone(model, spec).register_forward_hook(
+    hook = get_backbone(model, spec).register_forward_hook(  # outputs with no embedding are embedded below
         lambda module, args, kwargs, out: captured.append(pooled_embedding(
-            out, spec, model.config, kwargs.get("grid_thw"))), with_kwargs=True)
+            out, spec, model.config, kwargs.get("grid_thw"))) if returns_embedding(out, spec) else None,
+        with_kwargs=True)
     try:
         outputs, measure = final_outputs(model, spec, batches, None)
     finally:

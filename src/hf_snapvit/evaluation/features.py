@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
 
 from ..architectures import ArchitectureSpec, get_backbone, get_spec
 from ..architectures.embedding import forward_inputs, image_embedding, pooled_embedding
@@ -38,9 +39,11 @@ class Features:
 
 
 def has_classifier(model: PreTrainedModel) -> bool:
-    """Whether ``model`` has a classifier on top of its vision backbone (a ``*ForImageClassification``); a task
-    model's depth head or language model is not one: it is evaluated on the features its task reads."""
-    return get_spec(model).task is None and get_backbone(model) is not model
+    """Whether ``model`` has a classifier on top of its vision backbone (a ``*ForImageClassification``, also where
+    the whole model is the backbone, as timm's); a task model's depth head or language model is not one: it is
+    evaluated on the features its task reads."""
+    classifiers = MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.values()
+    return get_spec(model).task is None and (get_backbone(model) is not model or type(model).__name__ in classifiers)
 
 
 def _classifier_outputs(model: PreTrainedModel, inputs: dict[str, Any], spec: ArchitectureSpec,
@@ -92,7 +95,7 @@ def extract_features(
     spec = get_spec(model)
     backbone = get_backbone(model, spec)
     want_logits = has_classifier(model) if logits is None else logits
-    if want_logits and backbone is model:
+    if want_logits and not has_classifier(model):
         raise EvaluationError(f"{type(model).__name__} has no classifier head, so it gives no logits; use a "
                               "*ForImageClassification model for top-1, or logits=False.")
     if processor is None and not isinstance(images.source, (torch.Tensor, Mapping)):

@@ -28,7 +28,7 @@ import torch
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..architectures import get_spec, vision_config
+from ..architectures import get_attention, get_layers, get_projection, get_spec
 from ..architectures.embedding import input_size
 from ..architectures.budget import layer_widths, model_shape
 from ..data.calibration import sample_images
@@ -159,10 +159,10 @@ def _check_pair(student: PreTrainedModel, teacher: PreTrainedModel | None,
             raise RecoveryError(f"The teacher is a {type(teacher).__name__} and the student a "
                                 f"{type(student).__name__}: recovery needs the dense model the student was sliced "
                                 "from (same class).")
-        for name in ("hidden_size", "num_hidden_layers"):
-            s, t = getattr(vision_config(student.config), name), getattr(vision_config(teacher.config), name)
+        # Read from the modules: a timm model's config names neither.
+        for name, s, t in zip(("hidden width", "blocks"), _depth_and_width(student), _depth_and_width(teacher)):
             if s != t:
-                raise RecoveryError(f"The student has {name}={s} but the teacher {name}={t}: the student is not a "
+                raise RecoveryError(f"The student's {name} is {s} but the teacher's {t}: the student is not a "
                                     "slice of this teacher (slicing keeps both); pass its dense model.")
         (sh, sf), (th, tf) = layer_widths(student), layer_widths(teacher)
         wider = [l for l, (a, b, c, d) in enumerate(zip(sh, sf, th, tf)) if a > c or b > d]
@@ -172,6 +172,13 @@ def _check_pair(student: PreTrainedModel, teacher: PreTrainedModel | None,
     if not config.elastic:
         return [(None, None)]
     return _elastic_views(student, teacher, config)
+
+
+def _depth_and_width(model: PreTrainedModel) -> tuple[int, int]:
+    """The hidden width (what the first block's attention output projection gives) and the number of blocks."""
+    spec = get_spec(model)
+    layers = get_layers(model, spec)
+    return get_projection(get_attention(layers[0], spec), spec.o_proj).out_features, len(layers)
 
 
 def _elastic_views(student: PreTrainedModel, teacher: PreTrainedModel | None,
