@@ -33,7 +33,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 import hf_snapvit
 from hf_snapvit.benchmark import hardware_info
@@ -223,17 +222,12 @@ def write_ranking(path: Path, spec: str, g: int, pruner: hf_snapvit.SnapViTPrune
     write_text_atomic(path, json.dumps(stored))
 
 
-def read_ranking(path: Path, model: torch.nn.Module) -> hf_snapvit.ElasticRanking:
-    """A ranking :func:`write_ranking` saved for ``model``; its ``info`` becomes the provenance's ``defaults_sweep``."""
-    return ranking_from_stored(json.loads(Path(path).read_text()), model)
-
-
 def eval_stage(args: argparse.Namespace) -> None:
     files = sorted(f for f in (args.output_dir / "rankings").glob("*.json") if re.search(r"-g\d+\.json$", f.name))
     if not files:
         raise SystemExit(f"no rankings in {args.output_dir / 'rankings'}; run the 'rank' stage first")
     model, processor = load_classifier(args.model, args.device)
-    rankings = {f.stem: read_ranking(f, model) for f in files}
+    rankings = {f.stem: ranking_from_stored(json.loads(f.read_text()), model) for f in files}
     info = {name: ranking.provenance["defaults_sweep"] for name, ranking in rankings.items()}
     eval_data = load_split(args.data, "validation", num_samples=args.num_val, seed=args.seed)
     bank_data = load_split(args.data, "train", num_samples=args.num_bank, seed=args.seed + 1)
