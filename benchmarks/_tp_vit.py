@@ -1,45 +1,29 @@
-"""Torch-Pruning on Hugging Face ViTs: whole heads and FFN neurons only, to exact unit counts.
+"""Torch-Pruning on Hugging Face ViTs: whole heads and FFN neurons only, to exact unit counts (for
+``peer_torch_pruning.py``; needs torch, transformers and torch-pruning, not hf_snapvit).
 
-Library-independent helper of ``peer_torch_pruning.py`` (it needs torch, transformers and torch-pruning, not
-hf_snapvit). Torch-Pruning's ``MetaPruner`` builds a dependency graph of the model and, with ``global_pruning``,
-ranks every group of one scope by its importance. Three of its behaviours shape how it is driven here:
+How ``MetaPruner`` is driven, and why:
 
-* Its ratios are separate for heads (``head_pruning_ratio``) and for the width scopes (``pruning_ratio`` /
-  ``pruning_ratio_dict``); there is no joint head-vs-neuron budget. The caller decides how many heads and how many
-  neurons to remove and each count is turned into the ratio that removes exactly that many.
-* Heads are only thresholded inside a width-pruning pass, and the default scope would mix attention dimensions with
-  FFN neurons. So the FFN input layers form one scope (neurons ranked globally among neurons), and the q/k/v layers a
-  second scope with a nominal ratio that only switches head pruning on; ``prune_head_dims=False`` keeps each head's
-  width, so whole heads go and ``head_dim`` stays valid.
-* Global thresholds can empty a block, which no forward pass survives. :class:`KeepFloor` wraps the importance so the
-  best ``min_heads`` heads and ``min_neurons`` neurons of every block rank above everything else (the same per-block
-  floors hf_snapvit uses); below the floors Torch-Pruning's own ranking decides.
+* Its head and width ratios are separate (no joint budget), so the caller counts heads and neurons to remove and each
+  count becomes the ratio that removes exactly that many (:func:`_exact_ratio`).
+* Heads are thresholded only inside a width pass, and the default scope would rank attention dimensions among FFN
+  neurons: the FFN input layers form one scope, the q/k/v layers a second with a nominal ratio that only switches
+  head pruning on; ``prune_head_dims=False`` removes whole heads.
+* Global thresholds can empty a block: :class:`KeepFloor` ranks each block's best ``min_heads`` heads and
+  ``min_neurons`` neurons above all else (hf_snapvit's floors); below them Torch-Pruning's ranking decides.
 
-The residual (hidden) width is never pruned: the patch embedding is an ignored layer, which makes the residual group
-unprunable, and the classifier is ignored so the label space stays whole.
+The hidden width is never pruned (the patch embedding is ignored, which fixes the residual group) and the classifier
+is ignored, so the label space stays whole.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 import torch_pruning as tp
-
-
-@dataclass(frozen=True)
-class TorchPruningResult:
-    """What one Torch-Pruning pass did: heads and FFN neurons per block after it, its wall time (tracing, importance
-    and surgery), and how many blocks ended exactly at a floor (the floor bound the ranking)."""
-
-    heads: list[int]
-    neurons: list[int]
-    seconds: float
-    floor_blocks: int
 
 
 def vit_blocks(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
@@ -124,15 +108,10 @@ def prune_vit_(
     remove_neurons: int,
     min_heads: int = 1,
     min_neurons: int = 1,
-) -> TorchPruningResult:
-    """Remove ``remove_heads`` attention heads and ``remove_neurons`` FFN neurons from a HF ViT or DeiT in eval mode,
-    in place, with Torch-Pruning.
-
-    Both kinds are ranked globally across blocks by ``importance`` (Torch-Pruning's group importance, normalised per
-    group as it ships), never below ``min_heads``/``min_neurons`` per block; gradient-based importances need ``.grad``
-    on the weights. ``example_inputs`` are keyword inputs for tracing. The head-count attributes are synchronised
-    afterwards, so the forward pass is correct.
-    """
+) -> dict[str, Any]:
+    """Remove ``remove_heads`` heads and ``remove_neurons`` FFN neurons from a HF ViT or DeiT in eval mode, in place,
+    each kind ranked globally by ``importance`` (gradient-based ones need ``.grad`` on the weights), never below the
+    per-block floors; ``example_inputs`` are keyword inputs for tracing. Returns the widths left and the seconds."""
     blocks = vit_blocks(model)
     heads_before, neurons_before = widths(model)
     max_heads = sum(h - min_heads for h in heads_before)
@@ -181,4 +160,5 @@ def prune_vit_(
     heads, neurons = widths(model)
     at_floor = sum(1 for h, f in zip(heads, neurons) if (h == min_heads and remove_heads) or
                    (f == min_neurons and remove_neurons))
-    return TorchPruningResult(heads=heads, neurons=neurons, seconds=seconds, floor_blocks=at_floor)
+    # Wall time covers tracing, importance and surgery; a block at a floor means the floor bound the ranking there.
+    return {"heads": heads, "neurons": neurons, "seconds": seconds, "floor_blocks": at_floor}

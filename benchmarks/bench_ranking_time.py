@@ -1,22 +1,14 @@
 """Wall time of a SnapViT ranking and of its phases, next to the forward-pass floor measured in the same run.
 
-For each model shape (random weights: the time does not depend on what the weights are), each preset and each
-precision, ``SnapViTPruner.fit`` runs once and its phase times are recorded (``data``: drawing and preprocessing the
-calibration images; ``gradients``: the gradient scores; ``search``: the xNES search, of which ``search_forward`` is
-the forward passes, timed with device events on CUDA). Beside them the script measures the dense model's forward
-throughput at the search's batch size and precision, and reports the **forward floor** of the search: the images the
-search forwards (the teacher pass plus every evaluation at every fitness sparsity) at the dense throughput. Pruned
-candidates are cheaper than the dense model, so the true floor is lower still; the floor shows how much of the
-search is the forwards themselves and how much is everything else.
-
-Data: the first rows of a Tiny-ImageNet-style parquet (``--data``, an ``image`` struct column with encoded bytes),
-streamed batch by batch with pyarrow, else random 64x64 RGB images; both are PIL images preprocessed by the pruner as
-a user's images would be.
+Per shape (random weights), preset and precision ``SnapViTPruner.fit`` runs once, with its phase times (``data``,
+``gradients``, ``search`` and the search's ``search_forward``, timed with device events on CUDA). The **forward
+floor** is the images the search forwards (teacher pass plus every evaluation at every fitness sparsity) at the dense
+model's measured throughput; pruned candidates are cheaper, so it bounds how much of the search is forwards at all.
+Images: the first rows of a parquet with an ``image`` column (``--data``), else random 64x64 RGB ones.
 
     python benchmarks/bench_ranking_time.py --device cuda --shapes vit-b16 --presets default fast --precisions bf16 \
         --data train.parquet
-    # side by side: fitness images, images per gradient step, each fitness sparsity on its own share of the fitness
-    # images, and the share of each fitness image's tokens the search forwards (the floor stays the full-token one)
+    # side by side: fitness images, images per gradient step, split fitness images, the share of tokens forwarded
     python benchmarks/bench_ranking_time.py --shapes vit-b16 --presets default --precisions bf16 \
         --fitness-images 1000 256 --gradient-batch-sizes 16 64 --split-fitness-images 0 1 \
         --fitness-token-fractions 1 0.5
@@ -47,6 +39,7 @@ import hf_snapvit  # noqa: E402
 from _harness import SHAPES as STANDARD, build, device_report, parser, write_json  # noqa: E402
 from hf_snapvit.architectures.embedding import image_embedding  # noqa: E402
 from hf_snapvit.distributed import autocast, resolve_precision, tf32_matmuls  # noqa: E402
+from hf_snapvit.loading.latency_table import synchronize  # noqa: E402
 
 # The standard ViT shapes (vit-ti16 is the shared ViT-Tiny's: a CPU's ranking times without the shared checkpoint),
 # and a tiny one for tests, small enough for a CPU.
@@ -106,17 +99,12 @@ def dense_throughput(model: transformers.ViTModel, batch_size: int, precision: s
     with torch.no_grad(), tf32_matmuls(device, enabled=precision == "no"), autocast(device, precision=precision):
         for _ in range(2):  # warm-up: kernels chosen, memory allocated
             image_embedding(model, {"pixel_values": pixels})
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         for _ in range(repeats):
             image_embedding(model, {"pixel_values": pixels})
-        _synchronize(device)
+        synchronize(device)
     return repeats * len(pixels) / (time.perf_counter() - start)
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str, precision: str,
@@ -139,7 +127,7 @@ def run_one(model: transformers.ViTModel, images: list[Image.Image], preset: str
     processor = transformers.ViTImageProcessor(size={"height": size, "width": size})
     pruner = hf_snapvit.SnapViTPruner(config)
     device = next(model.parameters()).device
-    _synchronize(device)
+    synchronize(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()

@@ -1,26 +1,16 @@
 """Choose SnapViT's defaults from evidence: score definition x ranking mode x search budget on the shared ViT-Tiny.
 
-A configuration is written ``DEFINITION:MODE:GENERATIONS`` plus ``:key=value`` changes to a base: the ``fast`` preset
-at sigma 1, in the scores' own unit order, with the best candidate as the result and the fitness at 10 / 30 / 50 / 60 %
-(``BASE_*``: the grid ran before this sweep chose sigma 0.5 and before unit orders, the mean as the result and the
-preset's own fitness sparsities existed). The keys (:data:`SEARCH_OPTIONS`, :data:`FIELD_NAMES`) are the search's
-(``covariance``, ``sigma``, ``init``, ``fitness`` images, ``measure``, unit ``order``, ``solution=mean``, fitness
-``sparsities``, ``split=1`` / ``rotate=1``, the forwarded ``size`` and ``tokens`` share, ``batch``), the scores'
-``head_rows``, the gradient crops' ``local_size`` / ``num_local``, and ``preset=default`` (its images and crops).
-One fit per configuration runs the largest budget; the rankings at the smaller budgets of ``--budgets`` are read off
-its history (the best factors or the mean after g generations; g = 0: no search), which is exactly what a fit with
-that budget returns, since the first g generations do not depend on the budget.
+A configuration is ``DEFINITION:MODE:GENERATIONS`` plus ``:key=value`` changes (:data:`SEARCH_OPTIONS`,
+:data:`SCORE_OPTIONS`, :data:`CROP_OPTIONS`, ``preset=default``) to a base: the ``fast`` preset as the grid first ran
+it (``BASE_*``). One fit per configuration runs the largest of ``--budgets``; the smaller budgets' rankings are read
+off its history, which is exactly what a fit with that budget returns (the first g generations do not depend on it).
 
-    python benchmarks/defaults_vit_tiny.py rank --configs obd:global:6 obd:paired:6 obd:global:3:sigma=0.5 \\
+    python benchmarks/defaults_vit_tiny.py rank --configs obd:global:6 obd:paired:6 obd:global:3:sigma=0.5 \
         --budgets 0 3 6
     python benchmarks/defaults_vit_tiny.py eval --num-val 1000 --num-bank 1000 --sparsities 0.1 0.3 0.5
 
-``rank`` saves every ranking under ``OUTPUT_DIR/rankings`` (the fit's phase times and history in ``*.fit.json``) and
-skips configurations already there; ``--early-stopping 2:0`` also saves where early stopping would end the search;
-``--reuse-search`` takes the history of a fit recorded there instead of searching again (only the gradient scores
-are recomputed). ``eval`` runs :func:`hf_snapvit.evaluation.run_sweep` (top-1 and k-NN top-1, k = 20, train-split
-bank; validation images) over every saved ranking and writes ``summary.json``: each ranking's mean top-1 and k-NN over
-the sparsities, its search evaluations and fit time.
+``rank`` saves every ranking under ``OUTPUT_DIR/rankings`` (with ``*.fit.json``: phase times and history) and skips
+those already there; ``eval`` scores every saved ranking (top-1, k-NN top-1 with k = 20) into ``summary.json``.
 """
 
 from __future__ import annotations
@@ -33,7 +23,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 import hf_snapvit
 from hf_snapvit.benchmark import hardware_info
@@ -223,17 +212,12 @@ def write_ranking(path: Path, spec: str, g: int, pruner: hf_snapvit.SnapViTPrune
     write_text_atomic(path, json.dumps(stored))
 
 
-def read_ranking(path: Path, model: torch.nn.Module) -> hf_snapvit.ElasticRanking:
-    """A ranking :func:`write_ranking` saved for ``model``; its ``info`` becomes the provenance's ``defaults_sweep``."""
-    return ranking_from_stored(json.loads(Path(path).read_text()), model)
-
-
 def eval_stage(args: argparse.Namespace) -> None:
     files = sorted(f for f in (args.output_dir / "rankings").glob("*.json") if re.search(r"-g\d+\.json$", f.name))
     if not files:
         raise SystemExit(f"no rankings in {args.output_dir / 'rankings'}; run the 'rank' stage first")
     model, processor = load_classifier(args.model, args.device)
-    rankings = {f.stem: read_ranking(f, model) for f in files}
+    rankings = {f.stem: ranking_from_stored(json.loads(f.read_text()), model) for f in files}
     info = {name: ranking.provenance["defaults_sweep"] for name, ranking in rankings.items()}
     eval_data = load_split(args.data, "validation", num_samples=args.num_val, seed=args.seed)
     bank_data = load_split(args.data, "train", num_samples=args.num_bank, seed=args.seed + 1)

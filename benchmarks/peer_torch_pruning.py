@@ -1,19 +1,13 @@
 """Peer side by side: Torch-Pruning prunes the shared ViT-Tiny to hf_snapvit's parameter budgets, no fine-tuning.
 
-Torch-Pruning (``MetaPruner`` with global ranking, driven by ``_tp_vit.py``) removes whole attention heads and FFN
-neurons, never the hidden width, until the backbone has the parameters that hf_snapvit's ``sparsity`` means (backbone
-parameters removed, embeddings included, classifier excluded). Torch-Pruning ranks heads and neurons separately, so how
-many of each go is a rule (``--head-rule``): ``proportional`` removes the same fraction of head and of FFN parameters,
-``paired`` uses the SnapViT reference's head ratio = neuron ratio - 0.15. Every block keeps hf_snapvit's floors.
-Torch-Pruning's own HF ViT example also shrinks head dimensions and the hidden width, a structure hf_snapvit keeps
-fixed, so it is not compared.
-
-Importances, Torch-Pruning's classes as they ship: ``l1`` / ``l2`` (``GroupMagnitudeImportance``, data-free),
-``taylor`` (``GroupTaylorImportance`` on cross-entropy gradients of 256 labelled train images disjoint from the bank),
-``taylor-pseudo`` (the same against the dense model's own predictions), and ``snapvit``: hf_snapvit's elastic
-checkpoint (``--elastic``) loaded at the same sparsities. ``hf_snapvit.evaluation`` scores every model on the same
-images: top-1, k-NN top-1 (k = 20) and representation retention; the median CPU latency at batch 8 and 64 is timed
-beside the dense model's.
+Torch-Pruning (``MetaPruner``, global ranking, driven by ``_tp_vit.py``) removes whole heads and FFN neurons, never the
+hidden width, until the backbone has the parameters hf_snapvit's ``sparsity`` means; how many of each go is
+``--head-rule`` (``proportional``: the same fraction of head and FFN parameters; ``paired``: the SnapViT reference's
+head ratio = neuron ratio - 0.15), above hf_snapvit's per-block floors. Its HF ViT example also shrinks head dims and
+the hidden width, which hf_snapvit keeps, so it is not compared. Importances as Torch-Pruning ships them: ``l1`` /
+``l2`` (data-free), ``taylor`` (cross-entropy on 256 labelled train images outside the bank), ``taylor-pseudo``
+(against the dense model's predictions); ``snapvit`` loads hf_snapvit's ``--elastic`` checkpoint at the same sizes.
+Every model is scored on the same images (top-1, k-NN top-1 with k = 20, retention) and timed at batch 8 and 64.
 
     python benchmarks/peer_torch_pruning.py --importances l1 l2 taylor taylor-pseudo snapvit \
         --elastic vit-tiny-elastic-snapvit --num-val 500 --num-bank 1000 --threads 1
@@ -30,9 +24,8 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -54,10 +47,8 @@ HEAD_RULES = ("proportional", "paired")
 SEED, NUM_CALIB, EVAL_BATCH, LATENCY_BATCHES, LATENCY_REPEATS = 0, 256, 100, [8, 64], 3
 
 
-@dataclass(frozen=True)
-class ImportanceSpec:
-    """A Torch-Pruning importance: ``build`` makes one; ``gradients`` is ``None`` (data-free), ``"labels"`` or
-    ``"pseudo"`` (cross-entropy on the labels or on the dense model's own predictions); ``description`` is recorded."""
+class ImportanceSpec(NamedTuple):
+    """``gradients``: ``None`` (data-free), ``"labels"`` or ``"pseudo"`` (the dense model's own predictions)."""
 
     build: Callable[[], Any]
     gradients: str | None
@@ -172,21 +163,9 @@ def prune_to_sparsity(
     result = _tp_vit.prune_vit_(pruned, importance, example_inputs, remove_heads=remove_heads,
                                 remove_neurons=remove_neurons, min_heads=min_heads, min_neurons=min_neurons)
     pruned.zero_grad(set_to_none=True)
-    params = backbone_parameters(pruned)
-    record = {
-        "target_sparsity": sparsity,
-        "sparsity": 1.0 - params / shape.num_params(),
-        "target_params": round(target),
-        "params": params,
-        "params_with_head": sum(p.numel() for p in pruned.parameters()),
-        "gflops": estimate_gflops(pruned),
-        "removed_heads": remove_heads,
-        "removed_neurons": remove_neurons,
-        "heads": result.heads,
-        "neurons": result.neurons,
-        "blocks_at_floor": result.floor_blocks,
-        "prune_seconds": result.seconds,
-    }
+    record = {**size_record(pruned, sparsity, shape.num_params(), target), "removed_heads": remove_heads,
+              "removed_neurons": remove_neurons, "blocks_at_floor": result["floor_blocks"],
+              "prune_seconds": result["seconds"]}
     return pruned, record
 
 
@@ -285,15 +264,20 @@ def zero_sparsity_difference(model: torch.nn.Module, pixels: torch.Tensor, head_
         return (zero(pixel_values=pixels[:8]).logits - model(pixel_values=pixels[:8]).logits).abs().max().item()
 
 
+def size_record(pruned: torch.nn.Module, sparsity: float, dense_params: int, target: float) -> dict[str, Any]:
+    """What every row records of a model cut to ``sparsity``: realised size, GFLOPs and widths."""
+    params = backbone_parameters(pruned)
+    heads, neurons = layer_widths(pruned)
+    return {"target_sparsity": sparsity, "sparsity": 1.0 - params / dense_params, "target_params": round(target),
+            "params": params, "params_with_head": sum(p.numel() for p in pruned.parameters()),
+            "gflops": estimate_gflops(pruned), "heads": heads, "neurons": neurons}
+
+
 def snapvit_record(elastic: str, sparsity: float, dense_params: int) -> tuple[torch.nn.Module, dict[str, Any]]:
     """hf_snapvit's elastic checkpoint loaded at ``sparsity``, with the same record fields as a pruned row."""
     pruned, seconds = timed(lambda: ElasticViTModel.from_pretrained(elastic, sparsity=sparsity).eval())
-    heads, neurons = layer_widths(pruned)
-    params = backbone_parameters(pruned)
-    return pruned, {"target_sparsity": sparsity, "sparsity": 1.0 - params / dense_params,
-                    "target_params": round((1 - sparsity) * dense_params), "params": params,
-                    "params_with_head": sum(p.numel() for p in pruned.parameters()),
-                    "gflops": estimate_gflops(pruned), "heads": heads, "neurons": neurons, "load_seconds": seconds}
+    return pruned, {**size_record(pruned, sparsity, dense_params, (1 - sparsity) * dense_params),
+                    "load_seconds": seconds}
 
 
 def method_setup(name: str, args: Any, model: torch.nn.Module,

@@ -1,25 +1,16 @@
 """Where a forward pass spends its time, dense against sliced: torch.profiler time grouped by kind of work.
 
-For each shape (random weights, ``_harness.build``: only the widths matter for speed), the dense model
-and one sliced copy per sparsity are timed side by side (``hf_snapvit.benchmark.measure_latency``, median wall time
-per forward) and then profiled for ``--steps`` forwards. The profiled time is grouped by :func:`kind_of` into gemm,
-attention, norm, elementwise, copies and other (work done inside a gemm, attention or norm op counts as that op's:
-:func:`attributed_kind`):
-
-* on CUDA, the time of every device kernel (and memcpy/memset); ``gaps_ms`` = wall − kernel time is the time the
-  GPU sits idle in a forward: kernel launch gaps and host (Python, dispatcher) overhead;
-* on a CPU, the self CPU time of every op; ``gaps_ms`` = wall − op time is the time outside the ops (Python, freeing
-  tensors). The profiler's own cost inflates op times, so on a busy machine it can come out negative;
-  ``profiled_gaps_ms`` takes the wall time of the profiled forwards themselves instead.
-
-Each kind's sliced/dense time ratio stands next to the GFLOP ratio of the kept widths, so what does not shrink with
-pruning shows directly.
+Per shape (random weights), the dense model and one sliced copy per sparsity are timed side by side
+(``measure_latency``, median wall time) and profiled for ``--steps`` forwards; :func:`attributed_kind` groups the time
+into :data:`KINDS` (work inside a gemm, attention or norm op counts as that op's). On CUDA the kinds are device kernel
+time and ``gaps_ms`` = wall - kernel time (launch gaps, host overhead); on a CPU they are each op's self time and
+``gaps_ms`` the time outside ops (the profiler's cost can make it negative; ``profiled_gaps_ms`` uses the profiled
+forwards' own wall time). Each kind's sliced/dense ratio stands next to the GFLOP ratio.
 
     python benchmarks/profile_latency.py --device cuda --shapes vit-b16 --precision bf16 --batch-sizes 1 32 256
     python benchmarks/profile_latency.py --device cpu --shapes vit-ti16 vit-s16 --batch-sizes 1 8
 
-``--mode compile`` (inductor) or ``--mode compile-graphs`` (CUDA graphs) profiles every model, dense included,
-compiled that way, so a compiled forward's time is grouped by kind as well.
+``--mode compile`` (inductor) or ``--mode compile-graphs`` (CUDA graphs) compiles every model, dense included.
 """
 
 from __future__ import annotations

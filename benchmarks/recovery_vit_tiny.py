@@ -1,23 +1,18 @@
 """Label-free recovery on the shared ViT-Tiny: top-1 and k-NN top-1 at 10-60 % sparsity, five ways.
 
-For each sparsity the elastic checkpoint is loaded through the public API as is (``none``), weight-corrected
-(``correction``: ``from_pretrained(..., correction_data=...)``), recovered at that size (``recovery``:
-``from_pretrained(..., recovery_data=..., recovery=RecoveryConfig(...))``), corrected and then recovered
-(``correction+recovery``: both arguments), and from one elastically recovered
-checkpoint (``elastic``: ``recover(dense, None, data, RecoveryConfig(elastic=True))``, saved with ``save_elastic``,
-then loaded at every sparsity). Recovery images come from the Tiny-ImageNet train split (labels never read), disjoint
-from the k-NN memory bank (also train); accuracy is measured on the validation split. k-NN: k = 20, cosine on
-L2-normalised final-norm CLS features (``hf_snapvit.evaluation``).
+Each size of the elastic checkpoint is loaded through the public API as is (``none``), weight-corrected
+(``correction``), recovered at that size (``recovery``), both (``correction+recovery``), and from one elastically
+recovered checkpoint (``elastic``: ``recover(..., RecoveryConfig(elastic=True))``, saved, loaded at every size).
+Recovery images are train images (labels never read) outside the k-NN bank; accuracy is on the validation split.
 
     python benchmarks/recovery_vit_tiny.py --preset cpu                 # <= 30 min on 2 CPU cores
     python benchmarks/recovery_vit_tiny.py --preset full                # an H100: the probe's scale
     python benchmarks/recovery_vit_tiny.py --preset full --variants recovery --sparsities 0.3 0.5 \
         --steps 300 --lr 3e-4 --batch-size 128 --hidden-weight 1 --logits-weight 0 --tag lr3e-4-nologits
 
-``--model ELASTIC`` uses an existing elastic checkpoint; otherwise the shared ViT-Tiny is ranked with the preset's
-method (or ``--ranking`` is read). Results merge into ``--output`` (JSON, written atomically after every row; a re-run
-replaces only its own rows, so ``--tag`` keeps the rows of a settings sweep apart), and a plot of top-1 against
-sparsity is written next to it. Every row names the device and its wall times.
+``--model`` takes an elastic checkpoint, or a base model ranked with the preset's method (or ``--ranking``). Rows
+merge into ``--output`` after each one (a re-run replaces only its own; ``--tag`` keeps a sweep's apart), with a plot
+of top-1 against sparsity beside it.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ import transformers  # noqa: E402
 import bench_ranking_time  # noqa: E402
 import hf_snapvit  # noqa: E402
 from _harness import SHAPES as STANDARD, build, device_report, timed, write_json  # noqa: E402
+from _harness import parser as harness_parser  # noqa: E402
 
 SHAPES = {**{name: STANDARD[name] for name in ("vit-b16", "vit-l16", "so400m", "vit-g14")},
           # For tests.
@@ -39,8 +40,7 @@ SHAPES = {**{name: STANDARD[name] for name in ("vit-b16", "vit-l16", "so400m", "
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness_parser(__doc__, shared=False)
     parser.add_argument("--shapes", nargs="+", default=["vit-b16", "vit-l16", "so400m", "vit-g14"],
                         choices=sorted(SHAPES))
     parser.add_argument("--presets", nargs="+", default=["fast", "default"])

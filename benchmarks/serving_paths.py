@@ -1,18 +1,12 @@
 """Which way of serving a ViT is fastest: eager PyTorch against torch.compile's paths, dense and sliced side by side.
 
-A *path* is one way a user runs a model (:data:`PATHS`): eager; ``torch.compile(model)`` as users call it; compiled
-with ``attn_implementation=hf_snapvit.UNPADDED_SDPA`` (SDPA without the all-true mask that torch 2.11's compile makes
-transformers build); compiled with the model's eager attention (inductor writes the softmax); with inductor's
-``freezing``; ``max-autotune``; and CUDA graphs (``mode="reduce-overhead"``). For each shape (random weights: only the
-widths matter for speed) and path, the dense model and one sliced copy per sparsity (widths multiples of
-``--width-multiple``) run round-robin in one rotation with the eager dense model as an anchor, so every path's times
-have an eager reference measured beside them.
-
-The summary takes, at each batch size, the **fastest dense path** and each size's fastest path, and reports each
-size's speedup over the fastest dense model next to its GFLOP ratio (``efficiency`` = speedup / GFLOP ratio): a
-sliced model that is fast only because its dense reference was run a slow way does not count. ``--profile`` records
-each path's kernels at the largest batch (grouped as ``profile_latency.py`` groups them); ``--switchable`` also times
-the switchable model at every size on the eager path.
+A *path* (:data:`PATHS`) is one way a user runs a model: eager, ``torch.compile`` as users call it, compiled with
+``attn_implementation=hf_snapvit.UNPADDED_SDPA`` or with eager attention, inductor's ``freezing``, ``max-autotune``,
+CUDA graphs. Per shape (random weights) and path, the dense model and one sliced copy per sparsity run round-robin
+with the eager dense model as an anchor. The summary reports, per batch size, each size's speedup over the **fastest
+dense path** next to its GFLOP ratio (``efficiency``), so a slow dense reference flatters no one. ``--profile``
+groups each path's kernels at the largest batch as ``profile_latency.py`` does; ``--switchable`` also times the
+switchable model at every size, eagerly.
 
     python benchmarks/serving_paths.py --device cuda --shapes vit-b16 --paths eager compile-unpadded graphs-unpadded \
         --path-batch-sizes compile-unpadded=32,256 graphs-unpadded=1,32 --batch-sizes 1 32 256 --switchable \
@@ -24,20 +18,20 @@ the switchable model at every size on the eager path.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+import torch._inductor.config as inductor_config  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import profile_latency  # noqa: E402
@@ -120,17 +114,6 @@ def path_models(dense: nn.Module, ranking: hf_snapvit.ElasticRanking, path: Serv
     return models
 
 
-@contextlib.contextmanager
-def inductor_settings(settings: dict[str, Any]) -> Iterator[None]:
-    if not settings:
-        yield
-        return
-    import torch._inductor.config as inductor_config
-
-    with inductor_config.patch(**settings):
-        yield
-
-
 def compile_waits(path: ServingPath, warmup: int) -> int:
     """Warm-up passes a path needs before it is timed: compiling, and with CUDA graphs recording too."""
     if path.compile is None:
@@ -154,7 +137,8 @@ def measure_path(name: str, shape: str, dense: nn.Module, ranking: hf_snapvit.El
     warmup = compile_waits(path, args.warmup)
     inputs = (lambda model, batch: dummy_inputs(dense, batch, seed=args.seed))
     try:
-        with compiled_graph_room(len(timed) * len(run["batch_sizes"])), inductor_settings(path.inductor):
+        # An empty patch changes nothing: eager and most compiled paths keep inductor's settings.
+        with compiled_graph_room(len(timed) * len(run["batch_sizes"])), inductor_config.patch(**path.inductor):
             latency = measure_latency(timed, run["batch_sizes"], repeats=args.repeats, warmup=warmup, inputs=inputs,
                                       seed=args.seed)
             profile = path_profile(timed["0"], dense, max(run["batch_sizes"]), warmup, args) if args.profile else None

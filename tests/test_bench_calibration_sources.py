@@ -1,4 +1,4 @@
-"""benchmarks/calibration_sources.py and benchmarks/draw_memory.py (issue 53): their logic on tiny settings."""
+"""benchmarks/calibration_sources.py (issue 53): its logic on tiny settings."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 from helpers import SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, load_benchmark, requires_shared
 
 calibration_sources = load_benchmark("calibration_sources")
-draw_memory = load_benchmark("draw_memory")
 TINY = json.dumps({"num_gradient_images": 2, "num_fitness_images": 4, "max_generations": 1, "pca_components": 4,
                    "fitness_sparsities": [0.3]})
 
@@ -31,12 +30,3 @@ def test_every_source_is_ranked_and_the_stream_ranks_as_map_style(tmp_path):
     assert sources["cli"]["calibration"]["source_draw"]["rows_read"] == 10_000
     assert sources["sorted-stream"]["calibration"]["draw"]["label_order"][0] > 0.9  # sorted, and read to its end
 
-
-def test_the_draws_peak_memory_is_its_candidates_whatever_the_rows_read(tmp_path):
-    output = tmp_path / "memory.json"
-    assert draw_memory.main(["--rows", "2000", "20000", "--sizes", "4000", "--count", "16", "--output",
-                             str(output)]) == 0
-    small, large = json.loads(output.read_text())["results"]
-    assert small["candidates"] == large["candidates"] == 16 + 2 and large["rows"] == 10 * small["rows"]
-    assert large["candidate_bytes"] == 18 * 4000
-    assert large["peak_bytes"] < 0.02 * large["rows_read_bytes"]  # not proportional to what was read

@@ -135,6 +135,25 @@ def test_a_stream_is_read_up_to_its_prefix_holding_only_the_candidates():
     assert np.mean(found.items) == pytest.approx(15_000, rel=0.25)
 
 
+def test_a_stream_draws_peak_memory_is_its_candidates_whatever_the_rows_read():
+    """Issue 53: a draw keeps only its candidates, so a long stream of large images costs no more memory than a short
+    one (benchmarks/draw_memory.py measured it at scale; it left the tree, its JSON and docs/calibration.md stay)."""
+    import tracemalloc
+
+    def peak(rows: int, size: int = 4000) -> tuple[int, list[bytes]]:
+        # A new object per row, as a stream decodes none of them.
+        payloads = (i.to_bytes(8, "little") * (size // 8) for i in range(rows))
+        tracemalloc.start()
+        found = stream_candidates(payloads, 16 + sampling.spare(16), seed=0, prefix=rows, show_progress=False)
+        used = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return used, found.items
+
+    used, items = peak(20_000)
+    assert len(items) == 18 and sum(map(len, items)) == 18 * 4000
+    assert used < 0.02 * 20_000 * 4000  # not proportional to what was read
+
+
 def test_a_class_sorted_stream_of_100000_rows_is_drawn_as_evenly_as_a_shuffled_one():
     labels = np.repeat(np.arange(200), 500)  # 200 classes in order, as an image folder of 100,000 images
     found = stream_candidates(iter(labels.tolist()), 256, seed=0, prefix=sampling.DEFAULT_STREAM_PREFIX)
