@@ -270,8 +270,8 @@ def fused_row_blocks(model: PreTrainedModel) -> dict[str, int]:
 def read_blocks(reader: CheckpointReader, key: str, shape: tuple[int, ...], chunk: tuple[int, int] | None,
                 blocks: int) -> torch.Tensor:
     """The leading ``shape`` block of tensor ``key`` (of its ``chunk``), or for a tensor of ``blocks`` equal row blocks
-    (a fused ``qkv``: query, key, value rows) the leading rows of each block, concatenated: the first heads of a
-    rank-ordered fused projection are that many row ranges."""
+    (a fused ``qkv``: query, key, value rows; a packed FFN: value and gate rows) the leading rows of each block,
+    concatenated: the first heads (neurons) of a rank-ordered fused projection are that many row ranges."""
     if blocks == 1:
         return reader.read(key, shape, chunk)
     part, parts = chunk or (0, 1)

@@ -92,8 +92,8 @@ class ElasticRanking:
 
     # ----------------------------------------------------------------------------------------------- orders
     def orders(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per block, ``(head order, neuron order)``: unit indices from most to least important (ties keep index order).
-        A ranking that keeps every head (``min_head_keep_ratio=1``) leaves them in place: their companions outside
+        """Per block, ``(head order, neuron order)``: unit indices from most to least important (ties keep index
+        order). A ranking that keeps every head (``min_head_keep_ratio=1``) leaves them in place: their companions outside
         the projections (timm EVA's query and value biases) need not follow."""
         return [
             (np.arange(len(h)) if self._heads_stay() else np.argsort(-h, kind="stable"), np.argsort(-f, kind="stable"))

@@ -31,8 +31,8 @@ _SOURCES = (
     architectures.MlpSpec, architectures.ArchitectureSpec, architectures.parts._get, architectures.find_attribute,
     architectures.get_projection, architectures.row_blocks, architectures.qkv_projections, architectures.head_tables,
     architectures.get_backbone, architectures.get_layers, architectures.get_attention, architectures.get_mlp,
-    architectures.head_dim, architectures.ffn_inputs, slicing._as_index, slicing._take, slicing.set_head_count_, slicing.slice_heads_,
-    slicing.slice_head_tables_, slicing.slice_neurons_, slicing.slice_model_, slicing.prefixes,
+    architectures.head_dim, architectures.ffn_inputs, slicing._as_index, slicing._take, slicing.set_head_count_,
+    slicing.slice_heads_, slicing.slice_head_tables_, slicing.slice_neurons_, slicing.slice_model_, slicing.prefixes,
     slicing.slice_to_layout_,
 )
 _STRUCTURAL_FIELDS = ("model_type", "layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "mlp",

@@ -16,8 +16,8 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
-from ..architectures import (ArchitectureSpec, ffn_inputs, find_attribute, get_attention, get_layers, get_mlp, get_projection,
-                             get_spec, head_dim, head_tables, qkv_projections)
+from ..architectures import (ArchitectureSpec, ffn_inputs, find_attribute, get_attention, get_layers, get_mlp,
+                             get_projection, get_spec, head_dim, head_tables, qkv_projections)
 
 IndexLike = Sequence[int] | np.ndarray | torch.Tensor
 

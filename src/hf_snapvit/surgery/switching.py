@@ -24,8 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from ..architectures import (ArchitectureSpec, ffn_inputs, get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim,
-                             head_tables, num_heads, qkv_projections)
+from ..architectures import (ArchitectureSpec, ffn_inputs, get_attention, get_layers, get_mlp, get_projection, get_spec,
+                             head_dim, head_tables, num_heads, qkv_projections)
 from ..errors import BudgetError, UnsupportedArchitectureError
 from .slicing import OUTPUT_KINDS, set_head_count_
 
@@ -40,8 +40,8 @@ class PrefixLinear(nn.Linear):
 
     def active(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The weight and bias the layer computes with now: prefix views, or for a fused projection of
-        ``row_blocks`` blocks (query, key, value; a packed FFN's value and gate) the same prefix of each block (a copy: those rows are not
-        contiguous)."""
+        ``row_blocks`` blocks (query, key, value; a packed FFN's value and gate) the same prefix of each block (a copy:
+        those rows are not contiguous)."""
         weight, bias = self.weight, self.bias
         if self.out_features != weight.shape[0]:
             blocks = self.__dict__.get("row_blocks", 1)

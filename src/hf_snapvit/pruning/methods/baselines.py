@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from ...architectures import (ffn_rows, get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim, head_tables,
-                              num_heads, qkv_rows)
+from ...architectures import (ffn_rows, get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim,
+                              head_tables, num_heads, qkv_rows)
 from ...architectures.budget import ModelShape
 from ...data.calibration import draw_calibration
 from ...distributed import mixed_precision, on_process_device, process_state
