@@ -159,3 +159,11 @@ def test_a_timm_classifier_is_recovered_corrected_and_scored_top1_from_its_logit
         pixels = processor(images[:8], return_tensors="pt")["pixel_values"]
         expected = (student(pixel_values=pixels).logits.argmax(-1) == torch.tensor(labels[:8])).float().mean()
     assert result.top1 == pytest.approx(float(expected)) and 0.0 < result.retention <= 1.0
+    # One forward gives logits and the embedding (its last block's tokens), the one image_embedding computes alone.
+    from hf_snapvit.architectures.embedding import image_embedding
+    from hf_snapvit.evaluation.features import extract_features
+
+    features = extract_features(student, pixels, show_progress=False)
+    with torch.no_grad():
+        torch.testing.assert_close(features.embeddings, image_embedding(student, {"pixel_values": pixels}))
+    assert features.logits.shape == (8, 5)

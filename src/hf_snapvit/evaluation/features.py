@@ -14,8 +14,8 @@ from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
 
-from ..architectures import ArchitectureSpec, get_backbone, get_spec
-from ..architectures.embedding import forward_inputs, image_embedding, pooled_embedding
+from ..architectures import ArchitectureSpec, get_backbone, get_layers, get_spec
+from ..architectures.embedding import forward_inputs, image_embedding, pooled_embedding, returns_embedding
 from ..errors import EvaluationError
 from ..data.views import load_processor, model_inputs
 from .images import ImageSet
@@ -47,14 +47,17 @@ def has_classifier(model: PreTrainedModel) -> bool:
 
 
 def _classifier_outputs(model: PreTrainedModel, inputs: dict[str, Any], spec: ArchitectureSpec,
-                        captured: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(embedding, logits)`` of one batch from the full model; ``captured`` receives the backbone's output."""
+                        captured: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(embedding, logits)`` of one batch from the full model; ``captured`` receives the backbone's output and the
+    last block's (the embedding of a backbone that returns logits only, as timm's)."""
     inputs.update(forward_inputs(model, inputs, spec))  # SigLIP2 classifiers take patch sequences
     captured.clear()
     output = model(**inputs)
-    backbone_output = captured[0] if captured else None
+    backbone_output, last = captured.get("backbone"), captured.get("last")
     embedding = pooled_embedding(backbone_output, spec, model.config) \
         if getattr(backbone_output, "last_hidden_state", None) is not None else None
+    if embedding is None and last is not None and not returns_embedding(backbone_output, spec):
+        embedding = last.flatten(1, -2).mean(1)
     if embedding is None:  # an output this module does not know: ask the backbone again
         embedding = image_embedding(model, inputs, spec)
     return embedding, output.logits
@@ -103,10 +106,12 @@ def extract_features(
     parameter = next(model.parameters())
     was_training = model.training
     model.eval()
-    captured: list[Any] = []
-    # One pass gives both outputs: the hook keeps what the backbone returned while the full model computes logits.
-    handle = backbone.register_forward_hook(lambda module, args, output: captured.append(output)) if want_logits \
-        else None
+    captured: dict[str, Any] = {}
+    # One pass gives both outputs: the hooks keep what the backbone and its last block returned while the full model
+    # computes logits.
+    handles = [backbone.register_forward_hook(lambda module, args, output: captured.update(backbone=output)),
+               get_layers(model, spec)[-1].register_forward_hook(lambda module, args, output: captured.update(
+                   last=output[0] if isinstance(output, tuple) else output))] if want_logits else []
     embeddings, all_logits = [], []
     start = time.perf_counter()
     try:
@@ -121,7 +126,7 @@ def extract_features(
                 embedding = image_embedding(model, inputs, spec)
             embeddings.append(embedding.float().cpu())
     finally:
-        if handle is not None:
+        for handle in handles:
             handle.remove()
         model.train(was_training)
     return Features(
