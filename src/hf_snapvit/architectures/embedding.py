@@ -124,9 +124,16 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
             out = caller(**kwargs)
     finally:
         hook.remove()
+    return output_embedding(out, last[-1], spec, model.config, kwargs.get("grid_thw"))
+
+
+def output_embedding(out: Any, last_tokens: torch.Tensor, spec: ArchitectureSpec,
+                     config: PretrainedConfig | None = None, grid_thw: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``[B, D]`` embedding of one forward: :func:`pooled_embedding` of the backbone's output ``out``, or where
+    that holds none (:func:`returns_embedding`) the token mean of ``last_tokens``, its last block's output."""
     if not returns_embedding(out, spec):
-        return last[-1].flatten(1, -2).mean(1)  # the tokens its last block hands the task's head
-    return pooled_embedding(out, spec, model.config, kwargs.get("grid_thw"))
+        return last_tokens.flatten(1, -2).mean(1)  # the tokens its last block hands the task's head
+    return pooled_embedding(out, spec, config, grid_thw)
 
 
 def returns_embedding(out: Any, spec: ArchitectureSpec) -> bool:

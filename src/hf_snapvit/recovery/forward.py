@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..architectures import (ArchitectureSpec, get_attention, get_backbone, get_layers, get_mlp, get_projection,
                              head_dim)
-from ..architectures.embedding import forward_inputs, inference_settings, pooled_embedding, returns_embedding
+from ..architectures.embedding import forward_inputs, inference_settings, output_embedding
 
 
 @dataclass
@@ -60,8 +60,7 @@ def forward_outputs(model: nn.Module, spec: ArchitectureSpec, pixels: torch.Tens
     grid = inputs.get("grid_thw")
     if grid is not None:  # a grid tower's blocks see every image's tokens (equal grids here) in one sequence
         hidden = [h.reshape(len(grid), -1, h.shape[-1]) for h in hidden]
-    embedding = pooled_embedding(backbone_out[-1], spec, model.config, grid) if returns_embedding(
-        backbone_out[-1], spec) else hidden[-1].flatten(1, -2).mean(1)
+    embedding = output_embedding(backbone_out[-1], hidden[-1], spec, model.config, grid)
     return Outputs(hidden, embedding, getattr(out, "logits", None))
 
 
