@@ -11,7 +11,8 @@
 # seeds 0-2, model in .acc/vit, train/validation rows in .acc/data), then STEPS="21 3" as the default preset ships,
 # and STEPS="23" (elastic against per-size recovery, about 6 minutes alone; .acc/ with 3000 train, 2000 val rows).
 # Steps recorded in docs/results.md left with their scripts: 1, 4-7 (bench_gpu_latency.py), 9-12, 14 and 15 are in
-# commit 96763dc, step 11 (profile_ranking.py) in 1336aae.
+# commit 96763dc, step 11 (profile_ranking.py) in 1336aae, steps 2 and 8 (profile_latency.py, eager and --mode compile;
+# docs/gpu-profile.md) in 800e787.
 set -o pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 DEV=${DEV:-cuda}; B=${B:-vit-b16}; S=${S:-vit-s16}; OUT=${OUT:-/tmp/out}; R=${R:-/tmp/r}
@@ -57,12 +58,8 @@ recovery() {
 DEFAULT=obd:global:3:sigma=0.5:order=output:solution=mean:preset=default  # the default preset, as defaults_vit_tiny names it
 SERVING=(python3 benchmarks/serving_paths.py --device "$DEV" --backend "${BACKEND:-inductor}")
 for step in ${STEPS:-22 18 13 21 3 23}; do case $step in
-2) timeout "${T2:-90}" python3 benchmarks/profile_latency.py --device "$DEV" --shapes "$B" --precision bf16 \
-     --batch-sizes 1 32 256 --sparsities 0.5 --output "$R/profile_latency.json" ;;
 3) timeout "${T3:-120}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default fast \
      --precisions bf16 --data .gpu/train.parquet --output "$R/ranking_time.json" ;;
-8) timeout "${T8:-200}" python3 benchmarks/profile_latency.py --device "$DEV" --shapes "$B" --precision bf16 \
-     --batch-sizes 32 256 --sparsities 0.5 --mode compile --output "$R/profile_latency_compile.json" ;;
 13) timeout "${T13:-90}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \
      --precisions bf16 --generations 0 --data .gpu/train.parquet --output "$R/ranking_time_no_search.json" ;;
 16) timeout "${T16:-150}" python3 benchmarks/bench_ranking_time.py --device "$DEV" --shapes "$B" --presets default \

@@ -10,7 +10,7 @@ forwards' own wall time). Each kind's sliced/dense ratio stands next to the GFLO
     python benchmarks/profile_latency.py --device cuda --shapes vit-b16 --precision bf16 --batch-sizes 1 32 256
     python benchmarks/profile_latency.py --device cpu --shapes vit-ti16 vit-s16 --batch-sizes 1 8
 
-``--mode compile`` (inductor) or ``--mode compile-graphs`` (CUDA graphs) compiles every model, dense included.
+Every model runs eagerly; ``serving_paths.py --profile`` groups the kernels of compiled paths the same way.
 """
 
 from __future__ import annotations
@@ -32,33 +32,7 @@ import hf_snapvit  # noqa: E402
 from _harness import (  # noqa: E402
     DTYPES, build, device_report, latency_arguments, parse_latency_arguments, write_json)
 from hf_snapvit.benchmark import dummy_inputs, measure_latency, sliced_copy  # noqa: E402
-from hf_snapvit.benchmark.latency import compiled_graph_room  # noqa: E402
 from hf_snapvit.loading.latency_table import synchronize  # noqa: E402
-
-# How every model of a run, dense included, runs: plain PyTorch, torch.compile with inductor, or inductor with CUDA
-# graphs (mode="reduce-overhead": one launch replays a whole forward, for small batches).
-MODES = ("eager", "compile", "compile-graphs")
-# The first call of a compiled model compiles it. CUDA graph trees run the compiled code once more before they record
-# a graph, and only later calls replay it, so fewer warm-up passes would time compilation or recording.
-MIN_WARMUP = {"eager": 0, "compile": 1, "compile-graphs": 3}
-
-
-def compile_options(mode: str, compile_mode: str = "default") -> dict[str, Any] | None:
-    """Keyword arguments of ``torch.compile`` for ``mode`` (``None`` for eager)."""
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r} is not one of {MODES}.")
-    if mode == "eager":
-        return None
-    return {"backend": "inductor", "mode": "reduce-overhead" if mode == "compile-graphs" else compile_mode}
-
-
-def skip_reason(mode: str, device: str) -> str | None:
-    """Why ``mode`` is not measured on ``device``, or ``None`` if it is."""
-    if mode == "compile-graphs" and torch.device(device).type != "cuda":
-        return (f"CUDA graphs need a CUDA device: on {device}, torch.compile(mode='reduce-overhead') falls back to "
-                "the plain inductor code that mode 'compile' already measures")
-    return None
-
 
 KINDS = ("gemm", "attention", "norm", "elementwise", "copies", "other")
 # First match wins, so the order matters: fused attention kernels carry "cutlass" or "gemm" in their names, layer
@@ -108,17 +82,8 @@ def attributed_kind(name: str, ancestors: list[str]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     options = latency_arguments(__doc__, [1, 32, 256])
-    options.add_argument("--mode", choices=MODES, default="eager",
-                         help="how every model runs, dense included: eager, torch.compile (inductor) or torch.compile "
-                              "with CUDA graphs (mode='reduce-overhead'; CUDA only); compiled, at least 1 warm-up "
-                              "(3 with CUDA graphs)")
     options.add_argument("--steps", type=int, default=10, help="profiled forwards per model and batch size")
-    args = parse_latency_arguments(options, argv)
-    reason = skip_reason(args.mode, args.device)
-    if reason is not None:
-        options.error(f"--mode {args.mode}: {reason}")
-    args.warmup = max(args.warmup, MIN_WARMUP[args.mode])
-    return args
+    return parse_latency_arguments(options, argv)
 
 
 def profile_forwards(model: torch.nn.Module, inputs: dict[str, torch.Tensor], steps: int, warmup: int,
@@ -196,13 +161,8 @@ def profile_shape(shape: str, args: argparse.Namespace) -> tuple[list[dict[str, 
         sliced = model if sparsity == 0 else sliced_copy(model, ranking, sparsity, width_multiple=args.width_multiple)
         models[f"{sparsity:g}"] = sliced.to(device=device, dtype=DTYPES[args.precision]).eval()
         counts[f"{sparsity:g}"] = ranking.keep_counts(sparsity, width_multiple=args.width_multiple)
-    options = compile_options(args.mode)
-    if options is not None:
-        models = {name: torch.compile(sliced, dynamic=False, **options) for name, sliced in models.items()}
-    # One graph per model and batch size; fail rather than run some of them eagerly past dynamo's limit.
-    with compiled_graph_room(len(models) * len(args.batch_sizes)):
-        wall = measure_latency(models, args.batch_sizes, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
-        rows = _profile_rows(shape, models, counts, dense_counts, wall, args)
+    wall = measure_latency(models, args.batch_sizes, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+    rows = _profile_rows(shape, models, counts, dense_counts, wall, args)
     del models
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -216,14 +176,13 @@ def _profile_rows(shape: str, models: dict[str, torch.nn.Module], counts: dict[s
     rows = []
     for batch in args.batch_sizes:
         for name, sliced in models.items():
-            # Inference tensors, as measure_latency makes them: a compiled graph guards on the kind of tensor.
             with torch.inference_mode():
                 inputs = {k: v.to(device, dtype=DTYPES[args.precision] if v.is_floating_point() else v.dtype)
                           for k, v in dummy_inputs(sliced, batch, seed=args.seed).items()}
             profiled = profile_forwards(sliced, inputs, args.steps, args.warmup, device)
             kept = counts[name]
             wall_ms = wall[name][str(batch)]["median_ms"]
-            rows.append({"shape": shape, "mode": args.mode, "precision": args.precision,
+            rows.append({"shape": shape, "precision": args.precision,
                          "width_multiple": args.width_multiple,
                          "sparsity": float(name), "realised_sparsity": kept.sparsity, "batch_size": batch,
                          "gflops": kept.gflops, "gflop_ratio": kept.gflops / dense_counts.gflops,

@@ -164,23 +164,15 @@ def test_sparsities_beyond_the_floors_are_skipped_and_recorded(tmp_path):
     assert [r["sparsity"] for r in report["rows"]] == [0.0] and report["settings"]["precision"] == "fp32"
 
 
-def test_a_compiled_profile_runs_every_model_compiled_and_groups_inductor_kernels(tmp_path):
-    from torch._dynamo.utils import counters
-
-    output = tmp_path / "profile.json"
-    before = int(counters["stats"]["unique_graphs"])
-    assert script.main(["--device", "cpu", "--shapes", "tiny", "--batch-sizes", "1", "2", "--steps", "1",
-                        "--repeats", "1", "--warmup", "0", "--mode", "compile", "--output", str(output)]) == 0
-    report = json.loads(output.read_text())
-    # Dense and 50 % at two batch sizes: four static graphs, none run eagerly.
-    assert int(counters["stats"]["unique_graphs"]) - before == 4
-    assert report["settings"]["mode"] == "compile" and report["settings"]["warmup"] == 1  # compiled before timing
-    assert {r["mode"] for r in report["rows"]} == {"compile"} and len(report["rows"]) == 4
-    for row in report["rows"]:  # inductor's fused kernels, not only aten ops
-        assert any(name.startswith("## Call CompiledFxGraph") for name, _ in row["kinds"]["elementwise"]["top"])
-    assert all(row["kinds"]["gemm"]["ms"] > 0 for row in report["rows"])
-
-
-def test_cuda_graphs_are_refused_without_cuda():
-    with pytest.raises(SystemExit):
-        script.parse_args(["--device", "cpu", "--mode", "compile-graphs"])
+def test_a_compiled_path_profile_groups_inductor_kernels(tmp_path):
+    """Compiled models are profiled through serving_paths.py, with profile_latency's grouping: inductor's fused
+    kernels, not only aten ops, and the gemms inside the compiled graph."""
+    output = tmp_path / "serving.json"
+    assert load_benchmark("serving_paths").main(
+        ["--device", "cpu", "--shapes", "tiny", "--paths", "compile", "--batch-sizes", "2", "--sparsities", "0.5",
+         "--repeats", "1", "--warmup", "0", "--profile", "--output", str(output)]) == 0
+    (run,) = json.loads(output.read_text())["runs"]
+    assert "error" not in run and run["warmup"] == 1  # compiled before timing
+    kinds = run["profile"]["kinds"]
+    assert any(name.startswith("## Call CompiledFxGraph") for name, _ in kinds["elementwise"]["top"])
+    assert kinds["gemm"]["ms"] > 0
