@@ -1,6 +1,6 @@
 """What the benchmark scripts share: where the shared ViT-Tiny and Tiny-ImageNet live, random-weight ViTs of the
 standard shapes, how a run is recorded (its command, its JSON), how the shared model is loaded, drawn for and scored,
-and the stored rankings and zero-training draws of the shared ViT-Tiny.
+and the stored rankings of the shared ViT-Tiny.
 
 The draws are those the scripts made before they shared this module (``_zero_training.py``, ``recovery_vit_tiny.py``
 and ``correction_vit_tiny.py`` held them), so the stored results' images are the same.
@@ -24,7 +24,6 @@ import hf_snapvit
 from hf_snapvit.architectures.budget import model_shape
 from hf_snapvit.benchmark import device_slug, hardware_info
 from hf_snapvit.data.images import to_rgb
-from hf_snapvit.data.sampling import key_order
 from hf_snapvit.evaluation import Evaluator, load_split
 from hf_snapvit.files import write_text_atomic
 
@@ -185,54 +184,3 @@ def stored_ranking(path: Path, base: Any) -> hf_snapvit.ElasticRanking:
         return hf_snapvit.ElasticRanking.from_dict(stored)
     ranking = ranking_from_stored(stored, base)
     return dataclasses.replace(ranking, provenance={**ranking.provenance, "stored_ranking": Path(path).name})
-
-
-# The zero-training benchmarks (prefix_correction_vit_tiny.py, prefix_correction_switch_time.py).
-#: Seeds of the train-split draws: the k-NN bank (as every ViT-Tiny table) and the calibration images.
-BANK_SEED, CALIBRATION_SEED = 1, 7
-
-
-def zero_training_arguments(doc: str, output: str, sparsities: list[float], num_calibration: int
-                            ) -> argparse.ArgumentParser:
-    """The options the zero-training benchmarks share: model, data, ranking, sizes and image counts, output."""
-    result = parser(doc)
-    result.add_argument("--ranking", type=Path, default=RANKING)
-    result.add_argument("--sparsities", type=float, nargs="+", default=sparsities)
-    result.add_argument("--num-calibration", type=int, default=num_calibration)
-    result.add_argument("--num-val", type=int, default=1000)
-    result.add_argument("--num-bank", type=int, default=1000)
-    result.add_argument("--output", type=Path, default=RESULTS / output)
-    return result
-
-
-def calibration_rows(data: str, count: int, bank_count: int) -> Any:
-    """``count`` train rows drawn with :data:`CALIBRATION_SEED` from those the k-NN bank (the first ``bank_count``
-    of the split shuffled with :data:`BANK_SEED`, as ``load_split`` draws it) does not hold: images fitted on must
-    not be the bank's, or the bank's features would be the ones fitted. Each row keeps its split index (``row``)."""
-    train = load_split(data, "train")
-    train = train.add_column("row", list(range(len(train))))
-    bank = {int(row) for row in key_order(len(train), BANK_SEED)[:bank_count]}
-    rest = train.filter(lambda row: row not in bank, input_columns="row")
-    return rest.select(key_order(len(rest), CALIBRATION_SEED)[:count])
-
-
-def zero_training_setup(args: argparse.Namespace) -> dict:
-    """The model, its ranking and the images: validation images and the k-NN bank (seeds 0 and 1, as every ViT-Tiny
-    table; none when their count is 0), and calibration images not in the bank (:func:`calibration_rows`)."""
-    model, processor = load_classifier(args.model)
-
-    def drawn(split: str, count: int, seed: int) -> dict | None:
-        return pixels(processor, load_split(args.data, split, num_samples=count, seed=seed)) if count else None
-
-    rows = calibration_rows(args.data, args.num_calibration, args.num_bank)
-    return {"model": model, "ranking": stored_ranking(args.ranking, model),
-            "val": drawn("validation", args.num_val, 0), "bank": drawn("train", args.num_bank, BANK_SEED),
-            "calibration": preprocess(processor, rows["image"]),
-            "calibration_draw": f"{len(rows)} train images (seed {CALIBRATION_SEED}) not in the k-NN bank"}
-
-
-def run_record(script: str, argv: list[str] | None, args: argparse.Namespace, setup: dict) -> dict:
-    """What every zero-training benchmark's JSON starts with: hardware, the command, the ranking and the draws."""
-    return {"hardware": hardware_info(), "command": command(script, argv), "ranking": args.ranking.name,
-            "num_calibration": args.num_calibration, "calibration": setup["calibration_draw"],
-            "num_val": args.num_val, "num_bank": args.num_bank}

@@ -1,6 +1,6 @@
-"""benchmarks/prefix_correction_vit_tiny.py and prefix_correction_switch_time.py on the shared ViT-Tiny with a few
-images: the plain rows are the uncorrected slices, the checked rows are corrected exactly where the stored size check
-says, and the JSON holds what the tables are made from."""
+"""benchmarks/prefix_correction_vit_tiny.py on the shared ViT-Tiny with a few images: the plain rows are the
+uncorrected slices, the checked rows are corrected exactly where the stored size check says, switches are timed with
+and without the correction, and the JSON holds what the tables are made from."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from hf_snapvit.correction.prefix import applies_at
 from helpers import SHARED, SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, load_benchmark, requires_shared
 
 ACCURACY = load_benchmark("prefix_correction_vit_tiny")
-SWITCH = load_benchmark("prefix_correction_switch_time")
 
 
 @pytest.mark.slow  # two elastic checkpoints of the shared ViT-Tiny, a size check and a few evaluations
@@ -46,21 +45,22 @@ def test_the_benchmark_loads_corrected_sizes_exactly_where_the_check_applies_the
 @requires_shared(SHARED_MODEL, SHARED_TRAIN)
 def test_the_switch_timing_compares_plain_and_corrected_switches(tmp_path):
     output = tmp_path / "switch.json"
-    SWITCH.main(["--num-calibration", "8", "--sparsities", "0.3", "--repeats", "2", "--output", str(output)])
+    ACCURACY.main(["--variants", "every-size", "--num-calibration", "8", "--num-val", "0", "--num-bank", "0",
+                   "--sparsities", "0.3", "--switch-repeats", "2", "--output", str(output)])
     result = json.loads(output.read_text())
-    assert [r["sparsity"] for r in result["rows"]] == [0.3]
-    assert result["rows"][0]["plain_seconds"] > 0 and result["rows"][0]["corrected_seconds"] > 0
-    assert 0.5 < result["file_bytes"]["prefix_correction.safetensors"] / result["file_bytes"]["model.safetensors"] < 2
+    switch = result["records"]["every-size"]["switch"]
+    assert result["rows"] == [] and [r["sparsity"] for r in switch["rows"]] == [0.3]  # no scores asked
+    assert switch["rows"][0]["plain_seconds"] > 0 and switch["rows"][0]["corrected_seconds"] > 0
+    assert 0.5 < switch["file_bytes"]["prefix_correction.safetensors"] / switch["file_bytes"]["model.safetensors"] < 2
 
 
 @requires_shared(SHARED_TRAIN)
 def test_calibration_images_are_never_images_of_the_knn_bank():
     from hf_snapvit.evaluation import load_split
 
-    zero_training = load_benchmark("_harness")
     data = str(SHARED.joinpath(*SHARED_TRAIN).parent)
     bank = {image.tobytes() for image in load_split(data, "train", num_samples=300, seed=1)["image"]}
-    rows = zero_training.calibration_rows(data, 1000, 300)
+    rows = ACCURACY.calibration_rows(data, 1000, 300)
     assert len(rows) == 1000 and len(set(rows["row"])) == 1000
     assert not bank & {image.tobytes() for image in rows["image"]}
     # An independent draw, as before, shares images with the bank: the check above can fail.
