@@ -30,13 +30,13 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def load_benchmark(name: str) -> types.ModuleType:
-    """``benchmarks/<name>.py`` as a module (benchmarks/ is not a package). It is registered in ``sys.modules``
-    (dataclasses look their module up while the file executes) and benchmarks/ is put on the path (scripts import
-    their siblings)."""
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+def load_benchmark(name: str, folder: Path = BENCHMARKS) -> types.ModuleType:
+    """``benchmarks/<name>.py`` (or ``folder``'s) as a module (benchmarks/ is not a package). It is registered in
+    ``sys.modules`` (dataclasses look their module up while the file executes) and its folder is put on the path
+    (scripts import their siblings)."""
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

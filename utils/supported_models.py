@@ -6,8 +6,8 @@ reordering every unit changes nothing, and slicing to 75 % and 40 % of the units
 says what the spec prunes and the proof's result. Task models are listed from the registry with the encoder and
 features they read. ``tests/test_supported_models.py`` checks that the committed page is what this script writes.
 
-    python benchmarks/supported_models.py                 # rewrites docs/supported-models.md
-    python benchmarks/supported_models.py --check         # exit 1 if the page differs
+    python utils/supported_models.py                 # rewrites docs/supported-models.md
+    python utils/supported_models.py --check         # exit 1 if the page differs
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def page() -> str:
     lines = [
         "# Supported models",
         "",
-        "Written by `python benchmarks/supported_models.py` from the registry and a discovery run (do not edit by",
+        "Written by `python utils/supported_models.py` from the registry and a discovery run (do not edit by",
         "hand). Each backbone row is a tiny random model of the family, built in code, whose spec (registered, or",
         "discovered from its module tree and one forward) was proven on it: keeping every unit in another order "
         "changes",
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         same = PAGE.exists() and PAGE.read_text() == text
         print("docs/supported-models.md is up to date" if same else "docs/supported-models.md differs: rerun "
-              "python benchmarks/supported_models.py")
+              "python utils/supported_models.py")
         return 0 if same else 1
     PAGE.write_text(text)
     print(f"wrote {PAGE}")
