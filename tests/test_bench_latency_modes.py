@@ -1,6 +1,6 @@
-"""What the GPU latency scripts build on, on a CPU with a tiny model (``_harness.build``, the modes of
-``profile_latency.py``, the switchable model of ``serving_paths.py``): compiled sliced and switchable models give the
-eager outputs, modes compile the same way, compiled graphs get room."""
+"""What the GPU latency scripts build on, on a CPU with a tiny model (``_harness.build``, the paths and the switchable
+model of ``serving_paths.py``): compiled sliced and switchable models give the eager outputs, compiled paths warm up
+before they are timed, compiled graphs get room."""
 
 from __future__ import annotations
 
@@ -34,16 +34,13 @@ def test_compiled_sliced_and_switchable_models_give_the_eager_outputs(tmp_path):
     torch._dynamo.reset()
 
 
-def test_modes_compile_the_same_way_and_cuda_graphs_need_cuda():
-    modes = load_benchmark("profile_latency")
-    assert modes.compile_options("eager") is None
-    assert modes.compile_options("compile") == {"backend": "inductor", "mode": "default"}
-    assert modes.compile_options("compile", "max-autotune")["mode"] == "max-autotune"
-    assert modes.compile_options("compile-graphs") == {"backend": "inductor", "mode": "reduce-overhead"}
-    assert "CUDA graphs" in modes.skip_reason("compile-graphs", "cpu")
-    assert modes.skip_reason("compile-graphs", "cuda:0") is None and modes.skip_reason("compile", "cpu") is None
-    with pytest.raises(ValueError, match="bf16-compile"):
-        modes.compile_options("bf16-compile")
+def test_compiled_paths_wait_to_compile_and_record_before_they_are_timed():
+    serving = load_benchmark("serving_paths")
+    assert serving.compile_waits(serving.PATHS["eager"], 0) == 0
+    assert serving.compile_waits(serving.PATHS["compile"], 0) == 1  # the first call compiles
+    assert serving.compile_waits(serving.PATHS["graphs"], 0) == 3  # CUDA graph trees record after a second run
+    assert serving.compile_waits(serving.PATHS["graphs"], 5) == 5
+    assert serving.PATHS["graphs"].cuda_only and not serving.PATHS["max-autotune"].cuda_only
 
 
 def test_compiled_graph_room_keeps_more_graphs_and_fails_rather_than_running_eagerly():
