@@ -2,8 +2,8 @@
 standard shapes, how a run is recorded (its command, its JSON), how the shared model is loaded, drawn for and scored,
 and the stored rankings of the shared ViT-Tiny.
 
-The draws are those the scripts made before they shared this module (``_zero_training.py``, ``recovery_vit_tiny.py``
-and ``correction_vit_tiny.py`` held them), so the stored results' images are the same.
+The draws are those the scripts made before they shared this module (``recovery_vit_tiny.py`` and
+``correction_vit_tiny.py`` held them), so the stored results' images are the same.
 """
 
 from __future__ import annotations
