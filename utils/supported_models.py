@@ -129,8 +129,8 @@ def row(family: str) -> str:
         reason = (f"with every head kept, {kept[1]}" if len(kept) == 2 else reason).replace("|", "/")
         return f"| {family} | `{name}` | refused | | {reason[:160]} |"
     source = "registered" if model.config.model_type in _REGISTRY else "discovered"
-    _, variant = get_mlp(get_layers(model, spec)[0], spec)  # the layout this model has
-    packed = any(blocks > 1 for _, blocks in ffn_inputs(*get_mlp(get_layers(model, spec)[0], spec)))
+    mlp, variant = get_mlp(get_layers(model, spec)[0], spec)  # the layout this model has
+    packed = any(blocks > 1 for _, blocks in ffn_inputs(mlp, variant))
     kind = "gated " if len(variant.in_proj) > 1 else "packed gated " if packed else ""
     ffn = f"{kind}FFN " + (f"`{spec.mlp}`" if spec.mlp else "in the block")
     tables = f", per-head tables {list(spec.head_tables)}" if spec.head_tables else ""
