@@ -123,10 +123,24 @@ def twin_class(stock: type, mixin: type, module: str, what: str, *, exported_onl
         raise TypeError(f"{stock!r} is not a model class exported by transformers; hf_snapvit can only give "
                         "twins to transformers' own classes (e.g. transformers.ViTModel).")
     if (mixin, stock) not in _CLASSES:
-        _CLASSES[mixin, stock] = type(stock.__name__, (mixin, stock), {
+        twin = type(stock.__name__, (mixin, stock), {
             "__module__": module, "__qualname__": stock.__name__,
             "__doc__": f"transformers.{stock.__name__}, {what} (hf_snapvit)."})
+        _record_outputs_as(twin, stock)
+        _CLASSES[mixin, stock] = twin
     return _CLASSES[mixin, stock]
+
+
+def _record_outputs_as(twin: type, stock: type) -> None:
+    """Let ``twin`` record ``hidden_states`` and ``attentions`` as ``stock`` does. transformers (5.2x) looks up what a
+    model's forward records in a registry keyed by the model's class name, filled by ``PreTrainedModel.__init__``; a
+    model whose class becomes the twin after it was built (:func:`as_sliced`, switchable models) would find nothing
+    there, and ``output_hidden_states=True`` would return ``None``."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:  # a transformers that records outputs another way
+        return
+    dict.__setitem__(_CAN_RECORD_REGISTRY, str(twin), getattr(stock, "_can_record_outputs", None))
 
 
 def as_sliced(model: PreTrainedModel) -> PreTrainedModel:
