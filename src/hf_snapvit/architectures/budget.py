@@ -8,6 +8,7 @@ ranking alone can turn a sparsity, parameter or GFLOP budget into per-layer keep
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import warnings
@@ -19,7 +20,7 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from . import (ffn_inputs, get_attention, get_backbone, get_layers, get_mlp, get_projection, get_spec, head_dim,
                             head_tables, model_class, num_heads, used_layers, vision_config)
-from ..errors import BudgetError, RankingFormatError
+from ..errors import BudgetError, ConfigError, RankingFormatError, SnapViTError, UnsupportedArchitectureError
 from .inputs import patch_side
 from .limits import MAX_UNITS, check_config_sizes, out_of_range
 
@@ -282,7 +283,8 @@ def model_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[int
     if dense is None:
         heads, neurons = {c[2] for c in costs}, {c[3] for c in costs}
         if len(heads) != 1 or len(neurons) != 1:
-            raise ValueError("model has per-block widths; pass dense=(num_heads, intermediate_size)")
+            raise uneven_widths(model, "model_shape needs the dense widths (pass dense=(num_heads, "
+                                "intermediate_size))")
         dense = (heads.pop(), neurons.pop())
     attention = get_attention(layers[0], spec)
     mlp, variant = get_mlp(layers[0], spec)
@@ -311,6 +313,25 @@ def model_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[int
         head_flops=head_flops,
         used_layers=min(len(layers), used_layers(config, spec)),
     )
+
+
+def uneven_widths(model: PreTrainedModel, needs: str) -> SnapViTError:
+    """The error for a model whose blocks differ in width, for a caller that ``needs`` a dense one: sliced (it
+    records ``config.elastic_layout``, or is narrower than its config builds), or built so (not a plain ViT)."""
+    heads, neurons = layer_widths(model)
+    sliced = getattr(model.config, "elastic_layout", None) is not None
+    if not sliced:
+        try:
+            sliced = layer_widths(skeleton(copy.deepcopy(model.config))) != (heads, neurons)
+        except Exception:  # noqa: BLE001 - a config that builds no model here: the blocks were cut after building
+            sliced = True
+    if sliced:
+        return ConfigError(f"{needs}, but this one is already sliced (per-block heads {heads}, neurons {neurons}). "
+                           "Use the original checkpoint instead.")
+    return UnsupportedArchitectureError(
+        f"This {type(model).__name__} ({model.config.model_type}) is not a plain ViT: its config builds blocks of "
+        f"different widths (heads {heads}, FFN neurons {neurons}): hierarchical stages. hf_snapvit prunes vision "
+        "transformers whose blocks repeat at one width; prune a plain ViT backbone instead.")
 
 
 def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:

@@ -20,32 +20,31 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import os
-from typing import Any
 
 import torch.nn as nn
 from transformers import PretrainedConfig
 
 from ..errors import UnsupportedArchitectureError
-from .inputs import patch_side, pixel_shape, takes_grid
-from .tracing import classifier_paths, trace_block
+from .inputs import takes_grid
 from .registry import (SPEC_KEY, ArchitectureSpec, MlpSpec, on_unregistered, supported_model_types,
                        vision_config)
+from .stored import SPEC_FORMAT, check_stored_spec, spec_from_dict, spec_to_dict  # noqa: F401 (spec_to_dict: saving)
+from .structure import by_role, head_attributes, patch_count, traced_heads, uneven_blocks
+from .tracing import classifier_paths, trace_block
 
 # Specs of unregistered models, by model type and structure (_structure_key): read from a checkpoint's config.json or
 # discovered in a model. One model type can hold many structures (every timm model is a "timm_wrapper").
 _DISCOVERED: dict[tuple[str, str], ArchitectureSpec] = {}
 _STORED: dict[str, ArchitectureSpec] = {}  # parsed config.json specs, by their JSON: one object per stored spec
+_CHECKED: set[tuple[str, tuple[str, str]]] = set()  # (a stored spec's JSON, a structure) held to a model of it
 # Config entries that do not shape the modules discovery reads (hf_snapvit's own entries start with "elastic_").
 _NOT_STRUCTURE = frozenset({"_name_or_path", "architectures", "transformers_version", "dtype", "torch_dtype",
                             "id2label", "label2id", "num_labels", "problem_type", "label_names", "num_classes"})
-SPEC_FORMAT = 1
-_PATH_FIELDS = ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "mlp", "head_width")
 
 
-def _block_stack(root: nn.Module) -> tuple[str, nn.Module]:
+def _block_stack(root: nn.Module, model: nn.Module) -> tuple[str, nn.Module]:
     """The dotted path and the ``nn.ModuleList`` or ``nn.Sequential`` of same-class blocks holding the most
-    parameters."""
+    parameters, refused where it is not the stack of a plain ViT (blocks of one width and structure)."""
     best: tuple[int, str, nn.Module] | None = None
     for name, module in root.named_modules():
         if (isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > 0
@@ -54,30 +53,28 @@ def _block_stack(root: nn.Module) -> tuple[str, nn.Module]:
             if size and (best is None or size > best[0]):
                 best = (size, name, module)
     if best is None:
-        raise UnsupportedArchitectureError(
-            f"{type(root).__name__} has no stack of repeated blocks (an nn.ModuleList or nn.Sequential of same-class "
-            "modules), so "
-            "hf_snapvit cannot find its transformer blocks. Describe them with hf_snapvit.ArchitectureSpec and call "
-            "hf_snapvit.register_architecture(spec).")
+        raise _not_plain(model, "it has no repeated block stack (an nn.ModuleList or nn.Sequential of one class)")
+    uneven = uneven_blocks(best[2]) if getattr(model.config, "elastic_layout", None) is None else ""
+    if uneven:  # a model hf_snapvit sliced records its widths; only a model built this way is hierarchical
+        raise _not_plain(model, f"the blocks of {best[1] or 'its top level'} ({len(best[2])} "
+                                f"{type(best[2][0]).__name__}) {uneven}")
     return best[1], best[2]
 
 
-def _role(name: str) -> int | None:
-    """0, 1 or 2 where a projection's name says query, key or value (``query``, ``to_q``, ``q_proj``), else None."""
-    last = name.rsplit(".", 1)[-1].lower()
-    for index, (letter, word) in enumerate((("q", "query"), ("k", "key"), ("v", "value"))):
-        if last in (letter, word) or last.startswith((f"{letter}_", f"{word}_")) or last.endswith(f"_{letter}"):
-            return index
-    return None
+def _not_plain(model: nn.Module, why: str) -> UnsupportedArchitectureError:
+    return UnsupportedArchitectureError(
+        f"This {type(model).__name__} ({model.config.model_type}) is not a plain ViT: {why}. hf_snapvit prunes "
+        "vision transformers whose blocks repeat at one width; prune a plain ViT backbone instead.")
 
 
-def _by_role(calls: list[tuple[str, nn.Linear]]) -> list[tuple[str, nn.Linear]]:
-    """The three attention projections as query, key, value where their names say so, else in call order (their
-    roles are symmetric for slicing)."""
-    roles = [_role(name) for name, _ in calls]
-    if sorted(r for r in roles if r is not None) == [0, 1, 2]:
-        return [call for _, call in sorted(zip(roles, calls), key=lambda pair: pair[0])]
-    return calls
+def _takes_images(model: nn.Module) -> None:
+    """Refuse a model whose forward takes no ``pixel_values`` (nor a tower's patch sequences with their grid)."""
+    parameters = [n for n, p in inspect.signature(model.forward).parameters.items() if p.kind not in (
+        inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    if "pixel_values" not in parameters and not takes_grid(model):
+        raise UnsupportedArchitectureError(
+            f"This {type(model).__name__} ({model.config.model_type}) takes no images: its forward takes "
+            f"{parameters[:3]}, not pixel_values, so it is not a vision transformer hf_snapvit can prune.")
 
 
 def _parent(paths: list[str]) -> str:
@@ -95,51 +92,23 @@ def _relative(path: str, parent: str) -> str:
     return path[len(parent) + 1:] if parent else path
 
 
-def _head_attributes(attention: nn.Module, heads: int, width: int,
-                     any_size_name: bool) -> tuple[tuple[str, ...], tuple[str, ...], str]:
-    """The attention module's attributes holding the head count, heads × head width, and one head's width (``""`` if
-    it keeps none, when it keeps the count): those whose names contain "head"; with ``any_size_name`` also the
-    attention module's own integers equal to heads × head width whatever their name (an ``embed_dim`` that a forward
-    reshapes to)."""
-    counts, sizes, widths = [], [], []
-    for prefix, module in attention.named_modules():
-        for name, value in vars(module).items():
-            if isinstance(value, bool) or not isinstance(value, int):
-                continue
-            path = f"{prefix}.{name}" if prefix else name
-            if "head" not in name:
-                if any_size_name and not prefix and value == heads * width:
-                    sizes.append(path)
-                continue
-            if value == heads:
-                counts.append(path)
-            elif value == heads * width:
-                sizes.append(path)
-            elif value == width:
-                widths.append(path)
-    if not widths and not counts:
-        raise UnsupportedArchitectureError(
-            f"{type(attention).__name__} keeps no attribute naming one head's width ({width}) or the head count "
-            f"({heads}), so hf_snapvit cannot follow its heads. Register an ArchitectureSpec whose head_width names "
-            "it.")
-    return tuple(counts), tuple(sizes), widths[0] if widths else ""  # "": the width is rows over the head count
-
-
 def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> ArchitectureSpec:
     """The spec of ``model`` found in its module tree and one forward pass (not yet proven); ``any_size_name``: see
-    :func:`_head_attributes` (the second guess, when the first fails its proof).
+    :func:`head_attributes` (the second guess, when the first fails its proof).
 
     Raises:
         UnsupportedArchitectureError: naming what could not be matched (no block stack, no q/k/v/o projections, no
             FFN), with the fix: a registered :class:`ArchitectureSpec`.
     """
+    _takes_images(model)
     config = vision_config(model.config)
     base = getattr(model, "base_model", model)
     # Embedding calls the backbone with pixel_values; timm's model inside TimmWrapper* takes x: use the wrapper.
     whole = base is not model and "pixel_values" not in inspect.signature(base.forward).parameters
     base = model if whole else base
-    layers_path, layers = _block_stack(base)
-    calls, tokens = trace_block(model, layers[0])
+    layers_path, layers = _block_stack(base, model)
+    splits: list = []
+    calls, tokens = trace_block(model, layers[0], splits)
     problem = "hf_snapvit could not match"
     fused = _is_fused(calls)
     if len(calls) < (3 if fused else 5):
@@ -147,7 +116,7 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> Architect
             f"{problem} attention and FFN projections in block 0 of {layers_path} ({type(layers[0]).__name__}): its "
             f"forward called {len(calls)} nn.Linear layers ({[n for n, _ in calls]}). Register an ArchitectureSpec.")
     hidden = calls[0][1].in_features
-    q, k, v = (calls[0],) * 3 if fused else _by_role(calls[:3])
+    q, k, v = (calls[0],) * 3 if fused else by_role(calls[:3])
     after = 1 if fused else 3  # the calls after the query, key and value projections
     width = q[1].out_features // (3 if fused else 1)
     if not fused and any(m.in_features != hidden or m.out_features != width for _, m in (q, k, v)):
@@ -168,21 +137,19 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> Architect
             ". Register an ArchitectureSpec naming them.")
     attention = _parent([q[0], k[0], v[0], o[0]])
     block = layers[0]
-    heads = _head_count(config, block.get_submodule(attention) if attention else block)
+    # The head count the config or the attention module names, else the one its forward splits the query into.
+    heads = _head_count(config, block.get_submodule(attention) if attention else block) or traced_heads(
+        splits, q[1].out_features, width)
     if heads <= 0 or width % heads:
         raise UnsupportedArchitectureError(
-            f"{problem} the head count: config.num_attention_heads is {heads or 'missing'} for an attention width of "
-            f"{width}, and the attention module keeps no num_heads. Set it on the config, or register an "
-            "ArchitectureSpec.")
+            f"{problem} the head count of {type(model).__name__}: config.num_attention_heads is {heads or 'missing'} "
+            f"for an attention width of {width}, the attention module keeps no num_heads, and its forward splits "
+            "no query into heads. Set config.num_attention_heads, or register an ArchitectureSpec.")
     ups = ups[:2] if len(ups) > 1 and ups[1][1].out_features == ups[0][1].out_features else ups[:1]
     mlp = _parent([*(n for n, _ in ups), downs[0][0]])
-    counts, sizes, head_width = _head_attributes(block.get_submodule(attention) if attention else block, heads,
+    counts, sizes, head_width = head_attributes(block.get_submodule(attention) if attention else block, heads,
                                                  width // heads, any_size_name)
-    side, patch = pixel_shape(model.config, 1)[-1], patch_side(model)
-    patches = (side // patch) ** 2 if not takes_grid(model) else tokens
-    frames, tubelet = getattr(config, "num_frames", None), getattr(config, "tubelet_size", None)
-    if isinstance(frames, int) and isinstance(tubelet, int) and tubelet > 0:
-        patches *= frames // tubelet
+    patches = patch_count(model, tokens)
     extra = max(0, tokens - patches)
     return ArchitectureSpec(
         model_type=model.config.model_type, layers=layers_path, attention=attention,
@@ -225,64 +192,6 @@ def discovery_guesses(model: nn.Module) -> list[ArchitectureSpec]:
     return [*guesses, dataclasses.replace(first, prune_heads=False)]
 
 
-def spec_to_dict(spec: ArchitectureSpec, config: PretrainedConfig) -> dict[str, Any]:
-    """The data form of a discovered spec, stored as ``config.json["elastic_spec"]``."""
-    variant = spec.mlp_variants[0]
-    return {"format": SPEC_FORMAT, **{name: getattr(spec, name) for name in _PATH_FIELDS},
-            "mlp_in": list(variant.in_proj), "mlp_out": variant.out_proj, "embedding": spec.embedding,
-            "head_count_attrs": list(spec.head_count_attrs), "head_size_attrs": list(spec.head_size_attrs),
-            "extra_tokens": int(spec.extra_tokens(config)), "num_patches": int(spec.num_patches(config)),
-            "qkv_blocks": list(spec.qkv_blocks), "grid_inputs": spec.grid_inputs, "backbone": spec.backbone,
-            "prune_heads": spec.prune_heads, "excluded_from_budget": list(spec.excluded_from_budget)}
-
-
-def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None = None) -> ArchitectureSpec:
-    """A spec from its data form, every field checked (a checkpoint's config is not trusted)."""
-    where = f"config.json[{SPEC_KEY!r}]" + (f" of {str(source)!r}" if source else "")
-    fix = "Re-save the checkpoint with hf_snapvit.save_elastic, or register an ArchitectureSpec for this model."
-
-    def fail(what: str) -> UnsupportedArchitectureError:
-        return UnsupportedArchitectureError(f"{where} {what}. {fix}")
-
-    if not isinstance(data, dict):
-        raise fail(f"must be a JSON object, got {type(data).__name__}")
-    if data.get("format") != SPEC_FORMAT:
-        raise fail(f"has format {data.get('format')!r}; this hf_snapvit reads format {SPEC_FORMAT}")
-    for name in (*_PATH_FIELDS, "mlp_out", "embedding"):
-        if not isinstance(data.get(name), str):
-            raise fail(f"needs a string {name!r}, got {data.get(name)!r}")
-    for name in ("mlp_in", "head_count_attrs", "head_size_attrs", "excluded_from_budget"):
-        value = data.get(name, [] if name == "excluded_from_budget" else None)  # absent in specs saved before it
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or (name == "mlp_in"
-                                                                                         and not value):
-            raise fail(f"needs a list of strings {name!r}, got {value!r}")
-    for name in ("extra_tokens", "num_patches"):
-        value = data.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise fail(f"needs a non-negative integer {name!r}, got {value!r}")
-    blocks = data.get("qkv_blocks", [0, 0, 0])  # absent in specs saved before fused projections
-    if blocks not in ([0, 0, 0], [0, 1, 2]) or any(isinstance(b, bool) for b in blocks):
-        raise fail(f"has qkv_blocks {blocks!r}; expected [0, 0, 0] (separate q/k/v) or [0, 1, 2] (one fused qkv)")
-    if blocks == [0, 1, 2] and not data["q_proj"] == data["k_proj"] == data["v_proj"]:
-        raise fail("has qkv_blocks [0, 1, 2] (one fused qkv) but names different q_proj, k_proj and v_proj")
-    for name in ("grid_inputs", "prune_heads"):  # absent in specs saved before them: False, True
-        if not isinstance(data.get(name, name == "prune_heads"), bool):
-            raise fail(f"needs a boolean {name!r}, got {data.get(name)!r}")
-    if data.get("backbone") not in (None, ""):
-        raise fail(f"has backbone {data.get('backbone')!r}; expected null (the model's base model) or \"\" (the "
-                   "model itself)")
-    if data["embedding"] not in ("cls", "pooled", "cls_dist_mean"):
-        raise fail(f"has embedding {data['embedding']!r}; expected 'cls', 'pooled' or 'cls_dist_mean'")
-    return ArchitectureSpec(
-        model_type=model_type, **{name: data[name] for name in _PATH_FIELDS},
-        mlp_variants=(MlpSpec(tuple(data["mlp_in"]), data["mlp_out"]),), embedding=data["embedding"],
-        head_count_attrs=tuple(data["head_count_attrs"]), head_size_attrs=tuple(data["head_size_attrs"]),
-        extra_tokens=lambda c, e=data["extra_tokens"]: e, num_patches=lambda c, n=data["num_patches"]: n,
-        token_subsets=False, qkv_blocks=tuple(blocks), grid_inputs=data.get("grid_inputs", False),
-        backbone=data.get("backbone"), prune_heads=data.get("prune_heads", True),
-        excluded_from_budget=tuple(data.get("excluded_from_budget", [])))
-
-
 def _structure_key(model_or_config: object, model_type: str | None) -> tuple[str, str]:
     """The model type and the config entries that shape its modules: models of one key have one spec."""
     config = getattr(model_or_config, "config", model_or_config)
@@ -302,7 +211,10 @@ def unregistered_spec(model_or_config: object, config: PretrainedConfig | None,
     if stored is not None:  # proven when it was saved, and what the checkpoint's weights were sliced with
         text = json.dumps(stored, sort_keys=True, default=str)
         if text not in _STORED:
-            _STORED[text] = spec_from_dict(str(model_type), stored)
+            _STORED[text] = spec_from_dict(str(model_type), stored, getattr(config, "_name_or_path", None))
+        if isinstance(model_or_config, nn.Module) and (text, key) not in _CHECKED:
+            check_stored_spec(model_or_config, _STORED[text])  # but data from outside: held to the model first
+            _CHECKED.add((text, key))
         _DISCOVERED[key] = _STORED[text]
         return _STORED[text]
     if key in _DISCOVERED:

@@ -19,24 +19,50 @@ DEFAULT_SIDE = 224  # pixels, for a tower whose config names no image size
 
 def pixel_shape(config: PretrainedConfig, batch_size: int) -> tuple[int, ...]:
     """The shape of ``pixel_values`` the model was configured for: ``[B, C, H, W]``, or ``[B, T, C, H, W]`` for a
-    video model (its config has ``num_frames``: VideoMAE's tubelet input); a timm model's ``pretrained_cfg`` input
-    size; :data:`DEFAULT_SIDE` px where the config names no size."""
+    video model (its config has ``num_frames``: VideoMAE's tubelet input). The side is the config's ``image_size``
+    (or its patch grid), else a timm model's input size (:func:`_timm_side`), else :data:`DEFAULT_SIDE` px in whole
+    patches (and merge windows) where the config names a patch size."""
     vision = vision_config(config)
-    size = getattr(vision, "image_size", None)
-    if size is None and getattr(vision, "num_patches", None) is not None:
-        size = math.isqrt(int(vision.num_patches)) * int(vision.patch_size)
-    pretrained = getattr(vision, "pretrained_cfg", None)
-    if size is None and isinstance(pretrained, dict) and isinstance(pretrained.get("input_size"), (list, tuple)):
-        size = pretrained["input_size"][-1]  # a timm model's (C, H, W)
+    size, patch = getattr(vision, "image_size", None), _integer(getattr(vision, "patch_size", None))
+    if size is None and getattr(vision, "num_patches", None) is not None and patch:
+        size = math.isqrt(int(vision.num_patches)) * patch
+    if size is None:
+        size = _timm_side(vision)
     if size is None:  # a tower of any resolution (Qwen2-VL): 224 px, in whole merge windows of patches
-        step = int(vision.patch_size) * int(getattr(vision, "spatial_merge_size", 1))
+        step = (patch or 1) * int(getattr(vision, "spatial_merge_size", 1) or 1)
         size = max(step, DEFAULT_SIDE // step * step)
     side = int(size[0] if isinstance(size, (tuple, list)) else size)
-    channels = int(getattr(vision, "num_channels", 3))
+    channels = int(getattr(vision, "num_channels", None) or 3)
     frames = getattr(vision, "num_frames", None)
     if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0:
         return (batch_size, frames, channels, side, side)
     return (batch_size, channels, side, side)
+
+
+def _integer(value: object) -> int | None:
+    """A size given as an integer or a square pair (``patch_size=[16, 16]``), else ``None``."""
+    value = value[0] if isinstance(value, (tuple, list)) and value else value
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _timm_side(config: PretrainedConfig) -> int | None:
+    """A timm model's input side: its ``pretrained_cfg``'s ``(C, H, W)``, else the ``img_size`` it was built with
+    (``model_args``), else its architecture's default input size."""
+    pretrained = getattr(config, "pretrained_cfg", None)
+    if isinstance(pretrained, dict) and isinstance(pretrained.get("input_size"), (list, tuple)):
+        return _integer(pretrained["input_size"][-1])
+    arguments = getattr(config, "model_args", None)
+    if isinstance(arguments, dict) and _integer(arguments.get("img_size")):
+        return _integer(arguments["img_size"])
+    architecture = getattr(config, "architecture", None)
+    if not isinstance(architecture, str):
+        return None
+    try:
+        from timm.models import get_pretrained_cfg
+        default = get_pretrained_cfg(architecture)
+    except Exception:  # noqa: BLE001 - no timm, or a name timm does not know: no size from it
+        return None
+    return _integer(default.input_size[-1]) if default is not None and default.input_size else None
 
 
 def patch_side(model: nn.Module) -> int:

@@ -1,5 +1,7 @@
-"""What one forward of a model shows discovery (:mod:`.discovery`): the order in which a block uses its
-``nn.Linear`` weights, the tokens it sees, and the classifier heads a model inside names itself."""
+"""What one forward of a model shows discovery (:mod:`.discovery`) and the check of a stored spec (:mod:`.stored`):
+the order in which a block uses its ``nn.Linear`` weights, the tokens it sees, how it splits a projection's output
+into heads, and the classifier heads a model inside names itself. A model on the meta device (the loader's skeleton)
+is traced too: tensors its ``__init__`` left on the CPU (rotary tables) are moved to meta as they are used."""
 
 from __future__ import annotations
 
@@ -7,39 +9,65 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
 
 from ..errors import UnsupportedArchitectureError
 from .inputs import blank_inputs, pixel_shape
 
 
+_RESHAPES = frozenset({torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.unflatten,
+                       torch.unflatten})
+#: One reshape seen inside the block's first run: ``(nn.Linear calls before it, input shape, output shape)``.
+Split = tuple[int, tuple[int, ...], tuple[int, ...]]
+
+
 class _LinearCalls(TorchFunctionMode):
     """Records which of a block's ``nn.Linear`` weights each ``F.linear`` call uses: through the layer's own forward,
-    or applied to its weight directly (timm's EVA attention adds separate query and value biases that way)."""
+    or applied to its weight directly (timm's EVA attention adds separate query and value biases that way); and,
+    while the block's first run is ``inside``, the shapes each reshape takes and gives."""
 
-    def __init__(self, block: nn.Module) -> None:
+    def __init__(self, block: nn.Module, meta: bool) -> None:
         super().__init__()
         self.owners = {id(m.weight): (n, m) for n, m in block.named_modules() if isinstance(m, nn.Linear)}
         self.calls: list[tuple[str, nn.Linear]] = []
+        self.splits: list[Split] = []
+        self.inside, self.meta = False, meta
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.meta:
+            args, kwargs = tree_map(_to_meta, (args, kwargs))
         if func is F.linear:
             weight = kwargs.get("weight", args[1] if len(args) > 1 else None)
             if id(weight) in self.owners:
                 self.calls.append(self.owners[id(weight)])
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if self.inside and func in _RESHAPES and args and isinstance(args[0], torch.Tensor) and isinstance(
+                out, torch.Tensor):
+            self.splits.append((len(self.calls), tuple(args[0].shape), tuple(out.shape)))
+        return out
 
 
-def trace_block(model: nn.Module, block: nn.Module) -> tuple[list[tuple[str, nn.Linear]], int]:
+def _to_meta(value: object) -> object:
+    return value.to("meta") if isinstance(value, torch.Tensor) and value.device.type != "meta" else value
+
+
+def trace_block(model: nn.Module, block: nn.Module,
+                splits: list[Split] | None = None) -> tuple[list[tuple[str, nn.Linear]], int]:
     """The block's ``nn.Linear`` layers in the order one forward uses their weights, and the number of tokens it
-    sees."""
+    sees; ``splits`` (a list, if given) gets the reshapes of its first run (:data:`Split`)."""
     shape = pixel_shape(model.config, 1)
-    recorder = _LinearCalls(block)
-    tokens: list[int] = []
-    hooks = [block.register_forward_pre_hook(
-        lambda m, args, kwargs: tokens.append(_tokens(args, kwargs)), with_kwargs=True)]
-    dtype = next(model.parameters()).dtype
     device = next(model.parameters()).device
+    recorder = _LinearCalls(block, meta=device.type == "meta")
+    tokens: list[int] = []
+
+    def enter(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        tokens.append(_tokens(args, kwargs))
+        recorder.inside = len(tokens) == 1
+
+    hooks = [block.register_forward_pre_hook(enter, with_kwargs=True),
+             block.register_forward_hook(lambda *_: setattr(recorder, "inside", False))]
+    dtype = next(model.parameters()).dtype
     training = model.training
     model.eval()  # a training-mode forward would update running statistics of the caller's model
     try:
@@ -54,6 +82,8 @@ def trace_block(model: nn.Module, block: nn.Module) -> tuple[list[tuple[str, nn.
         model.train(training)
         for hook in hooks:
             hook.remove()
+    if splits is not None:
+        splits.extend(recorder.splits)
     seen, order = set(), []
     for name, module in recorder.calls:  # the first call of each layer (one block runs once per forward)
         if name not in seen:

@@ -21,7 +21,9 @@ from transformers.utils.hub import cached_file
 
 from ..architectures import ffn_inputs, get_attention, get_layers, get_mlp, get_spec, model_class, qkv_projections
 from ..architectures.budget import ModelShape
-from ..errors import CheckpointError, RankingFormatError
+from ..architectures.registry import SPEC_KEY
+from ..architectures.stored import FIX, spec_disagreement
+from ..errors import CheckpointError, RankingFormatError, UnsupportedArchitectureError
 from ..sources import check_source
 from .fingerprint import RESAVE, block_of, close, expected_values, read_units, unit_rows
 from .ranking import ElasticRanking
@@ -301,6 +303,8 @@ def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, mode
     """
     if ranking is None:
         return
+    if getattr(config, SPEC_KEY, None) is not None:  # a model no registry knows: its stored spec decides the shape
+        _check_stored_spec_fits(ranking, shape, get_spec(model))
     ranking.check_matches(shape)
     if sliced and not resized:
         return
@@ -338,6 +342,19 @@ def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, mode
                 raise _order_error(source, model, block, kind)
 
 
+def _check_stored_spec_fits(ranking: ElasticRanking, shape: ModelShape, spec: Any) -> None:
+    """Refuse a stored spec that describes another model than the one ``ranking`` was made for (naming the spec's
+    fields), or that keeps every head (``prune_heads`` false) where the ranking removes some."""
+    if error := spec_disagreement(ranking.shape, shape):
+        raise error
+    floor = ranking.floors()[0]
+    if not spec.prune_heads and floor < ranking.shape.num_heads:
+        raise UnsupportedArchitectureError(
+            f"config.json[{SPEC_KEY!r}] has prune_heads=False (this model's attention cannot run with fewer heads: "
+            f"every block keeps all {ranking.shape.num_heads}), but its elastic_ranking removes heads (it keeps "
+            f"{floor} at least). One of them was edited or comes from another checkpoint. {FIX}")
+
+
 def _order_error(source: Any, model: PreTrainedModel, block: int, kind: str) -> RankingFormatError:
     """The error for weights that differ from the ranking's fingerprint in ``block`` (``kind``: heads or neurons).
 
@@ -345,12 +362,14 @@ def _order_error(source: Any, model: PreTrainedModel, block: int, kind: str) -> 
     was made on: the message names the tower, since the rest of the checkpoint may well be right.
     """
     spec = get_spec(model)
+    stored = (f" (or config.json's {SPEC_KEY!r} names another v_proj or first mlp_in than the ranking's weights "
+              "fingerprint was taken of)") if getattr(model.config, SPEC_KEY, None) is not None else ""
     if spec.task is None:
         return RankingFormatError(
             f"The weights of {str(source)!r} are not in the weight order its elastic_ranking describes (block "
             f"{block}: the {kind} differ from the ranking's weights fingerprint). The ranking was stored beside "
             "weights it was not made for (plain save_pretrained of an unpermuted model, or a config.json copied "
-            f"from another checkpoint); {RESAVE} from the model it was ranked on.")
+            f"from another checkpoint){stored}; {RESAVE} from the model it was ranked on.")
     return RankingFormatError(
         f"The weights of {str(source)!r} are not in the weight order its elastic_ranking describes (block {block} "
         f"of the vision encoder {spec.encoder!r} of this {spec.task.model_type} model: the {kind} differ from the "

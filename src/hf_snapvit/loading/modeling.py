@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 
 from ..architectures import get_spec
 from ..architectures.budget import layer_widths, model_shape, resolve_width_multiple, skeleton
+from ..architectures.stored import require_stored_spec
 from ..elastic.checkpoint import (HUB_KWARGS, CheckpointReader, check_ranking, elastic_entries, fused_row_blocks,
                                   load_sliced_state_dict, read_config, stored_widths)
 from ..correction import CorrectionConfig, correct_model_
@@ -98,6 +99,7 @@ class ElasticViTModel:
         config, unused = read_config(pretrained_model_name_or_path, hub_kwargs, kwargs)  # checks the folder first
         if unused:
             raise TypeError(f"ElasticViTModel.from_pretrained got unexpected keyword arguments {sorted(unused)}.")
+        require_stored_spec(config, pretrained_model_name_or_path)  # a model no registry knows: never a guess
         get_spec(config)  # unsupported architectures fail before any weight is touched
         ranking, layout = elastic_entries(config, pretrained_model_name_or_path)
         resized = any(v is not None for v in (sparsity, target_params, target_gflops))
@@ -107,6 +109,7 @@ class ElasticViTModel:
         if layout is not None:
             del config.elastic_layout  # the skeleton is built dense, then sliced
         model = skeleton(config, **build_kwargs)
+        get_spec(model)  # a spec config.json stores is held to the skeleton, field by field, before it slices
         dense_shape = model_shape(model)
         reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
         check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader,

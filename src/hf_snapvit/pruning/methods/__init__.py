@@ -18,7 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ...architectures.inputs import pixel_shape
-from ...architectures.budget import ModelShape, layer_widths, model_shape
+from ...architectures.budget import ModelShape, layer_widths, model_shape, uneven_widths
 from ...errors import ConfigError, DataError
 from ...files import public_name
 from ...surgery.proof import ensure_proven
@@ -109,10 +109,7 @@ def rank(
     spec = ensure_proven(model)  # a model no registry knows: its discovered structure is checked before it is ranked
     heads, neurons = layer_widths(model)
     if len(set(heads)) != 1 or len(set(neurons)) != 1:
-        raise ConfigError(
-            "rank() needs a dense model, but this one is already sliced (per-block heads "
-            f"{heads}, neurons {neurons}). Rank the original checkpoint instead."
-        )
+        raise uneven_widths(model, "rank() needs a dense model")
     if method == "snapvit" or method in GRADIENT_METHODS:
         if data is None:
             raise DataError(f"method={method!r} needs calibration images: pass data=... (images, a dataset or a "
