@@ -119,7 +119,8 @@ def _stored(spec: ArchitectureSpec, field: str) -> Any:
 
 
 def _what(value: object) -> str:
-    return "nothing" if value is None else f"a {type(value).__name__}"
+    name = type(value).__name__
+    return "nothing" if value is None else f"{'an' if name[0] in 'AEIOUaeiou' else 'a'} {name}"
 
 
 def check_stored_spec(model: nn.Module, spec: ArchitectureSpec) -> None:
@@ -149,6 +150,9 @@ def check_stored_spec(model: nn.Module, spec: ArchitectureSpec) -> None:
             raise refuse("excluded_from_budget", list(spec.excluded_from_budget), f"{path!r} names "
                          f"{_what(find_attribute(backbone, path)) if path else 'the whole backbone'}, not a module "
                          "of the backbone")
+        if f"{path}.".startswith(f"{spec.layers}.") or f"{spec.layers}.".startswith(f"{path}."):
+            raise refuse("excluded_from_budget", list(spec.excluded_from_budget), f"{path!r} holds blocks, whose "
+                         "heads and neurons are the budget")
     _check_forward(model, layers[0], spec, refuse)
 
 
@@ -159,15 +163,21 @@ def _backbone(model: nn.Module, spec: ArchitectureSpec) -> nn.Module:
 def _stack(model: nn.Module, spec: ArchitectureSpec, refuse: _Refusal) -> nn.Module:
     """The stack of blocks ``spec.layers`` names: one ``nn.ModuleList`` or ``nn.Sequential`` of one class, as long
     as the config says."""
-    layers = find_attribute(_backbone(model, spec), spec.layers)
-    if not isinstance(layers, (nn.ModuleList, nn.Sequential)) or not len(layers) or len(set(map(type, layers))) > 1:
+    def stack(owner: nn.Module) -> nn.Module | None:
+        found = find_attribute(owner, spec.layers)
+        return found if isinstance(found, (nn.ModuleList, nn.Sequential)) and len(found) and len(
+            set(map(type, found))) == 1 else None
+
+    backbone = _backbone(model, spec)
+    layers = stack(backbone)
+    if layers is None:
         other = model if spec.backbone is None else getattr(model, "base_model", model)
-        if isinstance(find_attribute(other, spec.layers), (nn.ModuleList, nn.Sequential)):
+        if other is not backbone and stack(other) is not None:
             right = '""' if spec.backbone is None else "null"
             raise refuse("backbone", spec.backbone, f"its blocks ({spec.layers!r}) are in the model's "
                          f"{'base model' if spec.backbone == '' else 'own modules'}: expected backbone={right}")
-        raise refuse("layers", spec.layers, f"it names {_what(layers)} in the backbone, expected an nn.ModuleList or "
-                     "nn.Sequential of blocks of one class")
+        raise refuse("layers", spec.layers, f"it names {_what(find_attribute(backbone, spec.layers))} in the "
+                     "backbone, expected an nn.ModuleList or nn.Sequential of blocks of one class")
     depth = getattr(vision_config(model.config), "num_hidden_layers", None)
     if isinstance(depth, int) and not isinstance(depth, bool) and depth != len(layers):
         raise refuse("layers", spec.layers, f"it holds {len(layers)} blocks, config.num_hidden_layers is {depth}")
@@ -196,9 +206,8 @@ def _block(block: nn.Module, index: int, spec: ArchitectureSpec, refuse: _Refusa
                                                                                                      "o_proj")]
     modules += [("mlp_in", m) for m in ins] + [("mlp_out", out)]
     for position, (field, module) in enumerate(modules):
-        if any(module is other for _, other in modules[:position]):
-            raise refuse(field, _stored(spec, field), f"in block {index} it names a projection the spec names in "
-                         "another role too")
+        if same := [f for f, other in modules[:position] if other is module]:
+            raise refuse(field, _stored(spec, field), f"in block {index} it names the projection {same[0]} names")
     # The residual width: what most of the projections agree on (one edited path cannot outvote the rest).
     hidden = Counter([q.in_features, k.in_features, v.in_features, o.out_features, out.out_features,
                       *(m.in_features for m in ins)]).most_common(1)[0][0]
@@ -225,6 +234,12 @@ def _block(block: nn.Module, index: int, spec: ArchitectureSpec, refuse: _Refusa
             raise refuse("mlp_in", list(variant.in_proj), f"{path!r} gives {linear.out_features} rows in block "
                          f"{index} for {neurons} FFN neurons (the inputs of mlp_out {variant.out_proj!r}): expected "
                          f"{neurons}, or {2 * neurons} (value and gate)")
+    named = {id(m) for _, m in modules}
+    left = [name for name, m in mlp.named_modules() if isinstance(m, nn.Linear) and id(m) not in named
+            and m.in_features == hidden and m.out_features in (neurons, 2 * neurons)]
+    if left:  # an FFN input the spec leaves out would keep every row while its neurons go
+        raise refuse("mlp_in", list(variant.in_proj), f"it leaves out {left}, which block {index}'s FFN also "
+                     f"computes its {neurons} neurons with")
     heads = _heads(attention, index, width, spec, refuse)
     return heads, width
 
@@ -260,8 +275,9 @@ def _heads(attention: nn.Module, index: int, width: int, spec: ArchitectureSpec,
     for field, expected in (("head_count_attrs", heads), ("head_size_attrs", width)):
         for path in getattr(spec, field):
             if _integer(attention, path) != expected:
+                by = f" by head_width={spec.head_width!r}" if spec.head_width else ""
                 raise refuse(field, list(getattr(spec, field)), f"{path!r} is {_integer(attention, path)} in block "
-                             f"{index}, expected {expected} ({heads} heads of width {head_dim})")
+                             f"{index}, expected {expected} ({heads} heads of width {head_dim}{by})")
     if index == 0:  # every attribute discovery finds for these heads must change with them
         try:
             must = head_attributes(attention, heads, head_dim, any_size_name=False)[:2]
@@ -287,8 +303,8 @@ def _check_forward(model: nn.Module, block: nn.Module, spec: ArchitectureSpec, r
         raise refuse("num_patches", spec.num_patches(model.config), f"an image of the configured size gives "
                      f"{patches} patch tokens")
     if tokens and spec.extra_tokens(model.config) != max(0, tokens - patches):
-        raise refuse("extra_tokens", spec.extra_tokens(model.config), f"block 0 sees {tokens} tokens, {patches} of "
-                     f"them patches, so {max(0, tokens - patches)} others")
+        raise refuse("extra_tokens", spec.extra_tokens(model.config), f"block 0 sees {tokens} tokens: {patches} "
+                     f"patches and {max(0, tokens - patches)} others (class, register tokens)")
     if calls is None:
         return
     order = [name for name, _ in calls]
@@ -331,10 +347,10 @@ def require_stored_spec(config: PretrainedConfig, source: str | os.PathLike) -> 
     if kind in supported_model_types():
         return
     raise UnsupportedArchitectureError(
-        f"{str(source)!r} is an elastic checkpoint of model_type {kind!r}, which no registry knows, but its "
-        f"config.json has no {SPEC_KEY!r} (the proven structure save_elastic stores): hf_snapvit does not slice by "
-        "an unproven guess. Re-save it with hf_snapvit.save_elastic (transformers.AutoModel.from_pretrained reads it "
-        f"dense), or register an ArchitectureSpec for {kind!r}.")
+        f"{str(source)!r} is an elastic checkpoint of {kind!r}, a model_type no registry knows, but its config.json "
+        f"has no {SPEC_KEY!r} (the proven structure save_elastic stores), and hf_snapvit does not slice by a guess. "
+        "Re-save it with hf_snapvit.save_elastic (AutoModel.from_pretrained reads it dense), or register an "
+        f"ArchitectureSpec for {kind!r}.")
 
 
 # Which stored fields decide each ModelShape entry a ranking records.

@@ -66,13 +66,14 @@ def head_attributes(attention: nn.Module, heads: int, width: int,
 
 def traced_heads(splits: list[Split], rows: int, width: int) -> int:
     """The head count a block's forward shows: the first reshape, after a query/key/value projection of ``rows``
-    outputs ran, that splits those outputs into ``[..., heads, head_dim]`` (or ``[..., 3, heads, head_dim]`` of a fused
-    qkv) for an attention ``width`` (heads × head_dim); 0 if none does."""
+    outputs ran, that splits those outputs (or a fused qkv's third of them) into ``[..., heads, head_dim]`` (or
+    ``[..., 3, heads, head_dim]``) for an attention ``width`` (heads × head_dim); 0 if none does."""
     for calls, before, after in splits:
-        if calls < 1 or not before or before[-1] != rows or len(after) <= len(before) or after[-1] >= rows:
+        if calls < 1 or not before or before[-1] not in (rows, width) or len(after) <= len(before) or (
+                after[-1] >= before[-1]):
             continue
         for start in range(len(after) - 2, -1, -1):  # the shortest tail of the new shape that holds the rows
-            if math.prod(after[start:]) == rows:
+            if math.prod(after[start:]) == before[-1]:
                 return width // after[-1] if width % after[-1] == 0 else 0
     return 0
 

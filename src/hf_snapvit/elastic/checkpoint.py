@@ -22,8 +22,7 @@ from transformers.utils.hub import cached_file
 from ..architectures import ffn_inputs, get_attention, get_layers, get_mlp, get_spec, model_class, qkv_projections
 from ..architectures.budget import ModelShape
 from ..architectures.registry import SPEC_KEY
-from ..architectures.stored import FIX, spec_disagreement
-from ..errors import CheckpointError, RankingFormatError, UnsupportedArchitectureError
+from ..errors import CheckpointError, RankingFormatError
 from ..sources import check_source
 from .fingerprint import RESAVE, block_of, close, expected_values, read_units, unit_rows
 from .ranking import ElasticRanking
@@ -303,8 +302,6 @@ def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, mode
     """
     if ranking is None:
         return
-    if getattr(config, SPEC_KEY, None) is not None:  # a model no registry knows: its stored spec decides the shape
-        _check_stored_spec_fits(ranking, shape, get_spec(model))
     ranking.check_matches(shape)
     if sliced and not resized:
         return
@@ -340,19 +337,6 @@ def check_ranking(config: Any, ranking: ElasticRanking | None, source: Any, mode
                     )
                     return
                 raise _order_error(source, model, block, kind)
-
-
-def _check_stored_spec_fits(ranking: ElasticRanking, shape: ModelShape, spec: Any) -> None:
-    """Refuse a stored spec that describes another model than the one ``ranking`` was made for (naming the spec's
-    fields), or that keeps every head (``prune_heads`` false) where the ranking removes some."""
-    if error := spec_disagreement(ranking.shape, shape):
-        raise error
-    floor = ranking.floors()[0]
-    if not spec.prune_heads and floor < ranking.shape.num_heads:
-        raise UnsupportedArchitectureError(
-            f"config.json[{SPEC_KEY!r}] has prune_heads=False (this model's attention cannot run with fewer heads: "
-            f"every block keeps all {ranking.shape.num_heads}), but its elastic_ranking removes heads (it keeps "
-            f"{floor} at least). One of them was edited or comes from another checkpoint. {FIX}")
 
 
 def _order_error(source: Any, model: PreTrainedModel, block: int, kind: str) -> RankingFormatError:

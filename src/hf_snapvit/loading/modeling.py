@@ -25,6 +25,7 @@ from ..elastic.ranking import ElasticRanking, KeepCounts
 from ..recovery import RecoveryConfig, recover_, warn_if_untrained
 from .latency_table import load_latency_tables
 from .sliced import finish_sliced
+from .stored_spec import check_stored_spec_loads
 from .switchable import as_switchable
 from ..surgery.slicing import prefixes, slice_model_
 from ..data.views import load_processor
@@ -111,6 +112,7 @@ class ElasticViTModel:
         model = skeleton(config, **build_kwargs)
         get_spec(model)  # a spec config.json stores is held to the skeleton, field by field, before it slices
         dense_shape = model_shape(model)
+        check_stored_spec_loads(model, ranking, dense_shape)
         reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
         check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader,
                       sliced=layout is not None, resized=resized)
