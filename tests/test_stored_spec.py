@@ -55,47 +55,43 @@ class Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, t, self.all_head_size))
 
 
-class Gated(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.w_gate, self.w_in = nn.Linear(config.width, config.ffn), nn.Linear(config.width, config.ffn)
-        self.w_out = nn.Linear(config.ffn, config.width)
-
-    def forward(self, x):
-        return self.w_out(nn.functional.silu(self.w_gate(x)) * self.w_in(x))
-
-
 class Block(nn.Module):
+    """A plain FFN in its own module, or a gated one whose projections the block holds itself (the spec's mlp "")."""
+
     def __init__(self, config):
         super().__init__()
         self.n1, self.n2, self.attn = nn.LayerNorm(config.width), nn.LayerNorm(config.width), Attention(config)
-        self.ffn = Gated(config) if config.gated else nn.Sequential(
-            nn.Linear(config.width, config.ffn), nn.GELU(), nn.Linear(config.ffn, config.width))
+        if config.gated:
+            self.w_gate, self.w_in = nn.Linear(config.width, config.ffn), nn.Linear(config.width, config.ffn)
+            self.w_out = nn.Linear(config.ffn, config.width)
+        else:
+            self.ffn = nn.Sequential(nn.Linear(config.width, config.ffn), nn.GELU(),
+                                     nn.Linear(config.ffn, config.width))
 
     def forward(self, x):
         x = x + self.attn(self.n1(x))
-        return x + self.ffn(self.n2(x))
+        h = self.n2(x)
+        return x + (self.w_out(nn.functional.silu(self.w_gate(h)) * self.w_in(h)) if hasattr(self, "w_gate")
+                    else self.ffn(h))
 
 
 class StoredModel(PreTrainedModel):
+    """Its blocks in an nn.Sequential (as timm keeps them), a class token and two register tokens before the
+    patches."""
+
     config_class = StoredConfig
-    base_model_prefix = "stored"
     main_input_name = "pixel_values"
 
     def __init__(self, config):
         super().__init__(config)
-        self.patchify = nn.Conv2d(config.num_channels, config.width, config.patch_size, config.patch_size)
-        self.cls = nn.Parameter(torch.zeros(1, 1, config.width))
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.depth))
-        self.norm = nn.LayerNorm(config.width)
+        self.embed = nn.Conv2d(config.num_channels, config.width, config.patch_size, config.patch_size)
+        self.tokens = nn.Parameter(torch.zeros(1, 3, config.width))
+        self.blocks = nn.Sequential(*(Block(config) for _ in range(config.depth)))
         self.post_init()
 
     def forward(self, pixel_values, **kwargs):
-        x = self.patchify(pixel_values).flatten(2).transpose(1, 2)
-        x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)
-        for block in self.blocks:
-            x = block(x)
-        x = self.norm(x)
+        patches = self.embed(pixel_values).flatten(2).transpose(1, 2)
+        x = self.blocks(torch.cat([self.tokens.expand(len(patches), -1, -1), patches], 1))
         return BaseModelOutputWithPooling(last_hidden_state=x, pooler_output=x[:, 0])
 
 
@@ -154,7 +150,7 @@ def _set(**fields):
 EDITS = [
     ("plain", "layers-missing", _set(layers="trunk"), ("layers",)),
     ("plain", "layers-one-block", _set(layers="blocks.0"), ("layers",)),
-    ("plain", "layers-a-conv", _set(layers="patchify"), ("layers",)),
+    ("plain", "layers-a-conv", _set(layers="embed"), ("layers",)),
     ("plain", "layers-the-model", _set(layers=""), ("layers",)),
     ("plain", "layers-mixed-stack", _set(layers="blocks.0.ffn"), ("layers",)),
     ("plain", "layers-int", _set(layers=5), ("layers",)),
@@ -209,8 +205,9 @@ EDITS = [
     ("plain", "head-size-empty", _set(head_size_attrs=[]), ("head_size_attrs",)),
     ("plain", "head-size-the-width", _set(head_size_attrs=["head_size"]), ("head_size_attrs",)),
     ("plain", "head-size-renamed", _set(head_size_attrs=["all_head_dim"]), ("head_size_attrs",)),
-    ("plain", "extra-tokens-plus-one", _set(extra_tokens=2), ("extra_tokens",)),
-    ("plain", "extra-tokens-minus-one", _set(extra_tokens=0), ("extra_tokens",)),
+    ("plain", "extra-tokens-plus-one", _set(extra_tokens=4), ("extra_tokens",)),
+    ("plain", "extra-tokens-minus-one", _set(extra_tokens=2), ("extra_tokens",)),
+    ("plain", "extra-tokens-none", _set(extra_tokens=0), ("extra_tokens",)),
     ("plain", "extra-tokens-negative", _set(extra_tokens=-1), ("extra_tokens",)),
     ("plain", "extra-tokens-a-string", _set(extra_tokens="1"), ("extra_tokens",)),
     ("plain", "extra-tokens-bool", _set(extra_tokens=True), ("extra_tokens",)),
@@ -229,7 +226,7 @@ EDITS = [
     ("plain", "prune-heads-flipped", _set(prune_heads=False), ("prune_heads",)),
     ("plain", "prune-heads-a-string", _set(prune_heads="yes"), ("prune_heads",)),
     ("plain", "excluded-missing", _set(excluded_from_budget=["pooler"]), ("excluded_from_budget",)),
-    ("plain", "excluded-the-norm", _set(excluded_from_budget=["norm"]), ("excluded_from_budget",)),
+    ("plain", "excluded-the-embedding", _set(excluded_from_budget=["embed"]), ("excluded_from_budget",)),
     ("plain", "excluded-a-block", _set(excluded_from_budget=["blocks.0"]), ("excluded_from_budget",)),
     ("plain", "excluded-the-backbone", _set(excluded_from_budget=[""]), ("excluded_from_budget",)),
     ("plain", "excluded-a-string", _set(excluded_from_budget="norm"), ("excluded_from_budget",)),
@@ -245,6 +242,8 @@ EDITS = [
     ("fused", "qkv-o-swapped", _set(q_proj="out", k_proj="out", v_proj="out", o_proj="qkv"), ("o_proj",)),
     ("fused", "one-of-qkv-renamed", _set(v_proj="to_v"), ("qkv_blocks",)),
     ("fused", "head-count-off", _set(head_count_attrs=["head_size"]), ("head_count_attrs",)),
+    ("gated", "mlp-a-module", _set(mlp="ffn"), ("mlp",)),
+    ("gated", "mlp-the-attention", _set(mlp="attn"), ("mlp_in",)),
     ("gated", "mlp-in-reordered", _set(mlp_in=["w_in", "w_gate"]), ("mlp_in/mlp_out",)),
     ("gated", "mlp-in-one-left-out", _set(mlp_in=["w_gate"]), ("mlp_in",)),
     ("gated", "mlp-in-the-output", _set(mlp_in=["w_gate", "w_out"]), ("mlp_in",)),

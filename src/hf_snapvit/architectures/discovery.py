@@ -1,18 +1,21 @@
 """Discovery: the :class:`ArchitectureSpec` of a vision transformer no registry knows, read from its module tree and
-one forward pass, and its data form for ``config.json``.
+one forward pass; and the spec of an unregistered model type, from its checkpoint's ``config.json`` or discovered.
 
-The stack of blocks is the ``nn.ModuleList`` (or ``nn.Sequential``: timm's) of same-class modules holding the most
-parameters. In its first block,
-the order in which one forward uses the ``nn.Linear`` weights (:mod:`.tracing`: through the layer or ``F.linear``)
-names them: three projections from the hidden width to
-one attention width (query, key, value), or one fused projection to three times that width (its rows the query, key
-and value blocks), one back (the output projection), then the FFN: one or two projections out of the hidden width (a
-gated FFN has two; a packed one, value and gate in one, twice the neurons) and one back. The attention and FFN modules
-are the closest common parents
-of their projections. A spec found here is a guess until :func:`hf_snapvit.surgery.proof.prove_spec` shows that slicing
-with it equals masking (the last guess keeps every head, for attention that cannot run with fewer); ``save_elastic``
-proves it before it writes anything, then stores :func:`spec_to_dict` in the
-checkpoint's ``config.json`` (``elastic_spec``), so loading needs no registration.
+A model whose forward takes no ``pixel_values`` is refused first. The stack of blocks is the ``nn.ModuleList`` (or
+``nn.Sequential``: timm's) of same-class modules holding the most parameters; one whose blocks differ in width or in
+structure (hierarchical stages: Swin, Hiera, Segformer) is refused as no plain ViT. In its first block, the order in
+which one forward uses the ``nn.Linear`` weights (:mod:`.tracing`: through the layer or ``F.linear``) names them:
+three projections from the hidden width to one attention width (query, key, value), or one fused projection to three
+times that width (its rows the query, key and value blocks), one back (the output projection), then the FFN: one or
+two projections out of the hidden width (a gated FFN has two; a packed one, value and gate in one, twice the neurons)
+and one back. The attention and FFN modules are the closest common parents of their projections; the head count is
+the config's or the attention module's, else the one the forward splits the query into
+(:func:`~.structure.traced_heads`). A spec found here is a guess until :func:`hf_snapvit.surgery.proof.prove_spec`
+shows that slicing with it equals masking (the last guess keeps every head, for attention that cannot run with
+fewer); ``save_elastic`` proves it before it writes anything, then stores its data form
+(:func:`~.stored.spec_to_dict`) in the checkpoint's ``config.json`` (``elastic_spec``), so loading needs no
+registration. A stored spec is checked against the model it is applied to before it is used
+(:func:`~.stored.check_stored_spec`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from ..errors import UnsupportedArchitectureError
 from .inputs import takes_grid
 from .registry import (SPEC_KEY, ArchitectureSpec, MlpSpec, on_unregistered, supported_model_types,
                        vision_config)
-from .stored import SPEC_FORMAT, check_stored_spec, spec_from_dict, spec_to_dict  # noqa: F401 (spec_to_dict: saving)
+from .stored import check_stored_spec, spec_from_dict, spec_to_dict  # noqa: F401 (spec_to_dict: saving.py)
 from .structure import by_role, head_attributes, patch_count, traced_heads, uneven_blocks
 from .tracing import classifier_paths, trace_block
 

@@ -226,8 +226,9 @@ def _block(block: nn.Module, index: int, spec: ArchitectureSpec, refuse: _Refusa
     for field, features in (("k_proj", k.out_features // (3 if fused else 1)),
                             ("v_proj", v.out_features // (3 if fused else 1)), ("o_proj", o.in_features)):
         if features != width:
-            raise refuse(field, getattr(spec, field), f"in block {index} it {'takes' if field == 'o_proj' else 'gives'}"
-                         f" {features} features, expected the attention width {width} (the query's rows)")
+            verb = "takes" if field == "o_proj" else "gives"
+            raise refuse(field, getattr(spec, field), f"in block {index} it {verb} {features} features, expected the "
+                         f"attention width {width} (the query's rows)")
     neurons = out.in_features
     for path, linear in zip(variant.in_proj, ins):
         if linear.out_features not in (neurons, 2 * neurons):

@@ -94,12 +94,12 @@ def patch_count(model: nn.Module, tokens: int) -> int:
 def uneven_blocks(layers: nn.Module) -> str:
     """How the blocks of the stack ``layers`` differ, where they are not those of a plain ViT (their projections
     differ in width or in number: hierarchical stages), else ``""``."""
-    shapes = [Counter(tuple(m.weight.shape) for m in block.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d)))
-              for block in layers]
+    kinds = (nn.Linear, nn.Conv1d, nn.Conv2d)
+    shapes = [Counter(tuple(m.weight.shape) for m in block.modules() if isinstance(m, kinds)) for block in layers]
     if all(s == shapes[0] for s in shapes):
         return ""
     widths = [next((int(m.weight.shape[1]) for m in block.modules() if isinstance(m, nn.Linear)), None)
-              or next((int(m.weight.shape[0]) for m in block.modules() if isinstance(m, (nn.Conv1d, nn.Conv2d))), 0)
+              or next((int(m.weight.shape[0]) for m in block.modules() if isinstance(m, kinds)), 0)
               for block in layers]
     if len(set(widths)) > 1:
         return f"differ in width ({', '.join(map(str, dict.fromkeys(widths)))}): hierarchical stages"
