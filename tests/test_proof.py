@@ -23,6 +23,7 @@ from hf_snapvit.architectures.embedding import dummy_inputs
 from hf_snapvit.surgery import proof
 from hf_snapvit.surgery.slicing import slice_model_
 from helpers import CASES, masked_copy
+from test_task_models import TASKS
 
 
 class ProofConfig(PretrainedConfig):
@@ -263,6 +264,15 @@ def test_forwards_whose_flops_the_budget_formula_does_not_predict_are_refused(tm
     assert not (tmp_path / "out").exists()
 
 
+def test_a_mobilevit_whose_transformer_sees_fewer_tokens_than_its_pixels_is_refused_by_its_flop_counts():
+    torch.manual_seed(0)  # before: ranked, with GFLOPs 40x what its forward computes
+    model = transformers.MobileViTModel(transformers.MobileViTConfig(
+        image_size=64, patch_size=2, hidden_sizes=[32, 48, 64], neck_hidden_sizes=[8, 16, 24, 32, 40, 48, 64]))
+    message = str(pytest.raises(hs.UnsupportedArchitectureError, hs.rank, model.eval(), method="magnitude",
+                                show_progress=False).value)
+    assert "for 3 blocks of 1024 tokens counts" in message and "(its blocks see fewer tokens)" in message
+
+
 def test_sliced_flops_and_parameters_are_what_the_model_shape_predicts():
     model = _model()
     shape = model_shape(model)
@@ -277,10 +287,13 @@ def test_sliced_flops_and_parameters_are_what_the_model_shape_predicts():
     assert sum(p.numel() for p in sliced.parameters()) == shape.num_params([3, 3], [20, 20])
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_every_registered_family_passes_the_proof_with_its_counts(case):
-    model = case.build()
-    differences = proof.prove_spec(model, get_spec(model))
+@pytest.mark.parametrize("case", [*CASES, *TASKS], ids=str)
+def test_every_registered_family_and_task_model_passes_the_proof_with_its_counts(case):
+    """Registered specs are not proven at run time (only checked for shared projections): here, their parameter and
+    FLOP counts too. A task model's proof runs on its vision encoder, as for a discovered one."""
+    model = case.build() if case in CASES else case.model()
+    encoder = model.get_submodule(get_spec(model).encoder)
+    differences = proof.prove_spec(encoder, get_spec(encoder))
     assert max(differences.values()) < 1e-4
 
 

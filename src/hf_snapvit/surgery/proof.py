@@ -44,6 +44,8 @@ NOISE = 0.1  # the proof copy's noise, relative to each parameter's root mean sq
 _TOLERANCE = 0.15
 _BATCH = 1  # FLOPs per input: a batch of several can cost more per input (Pixtral attends over all its images)
 _PROVEN: set[int] = set()
+_COUNT_FIX = ("If the token count is wrong, register an ArchitectureSpec (hf_snapvit.register_architecture) whose "
+              "num_patches and extra_tokens give the tokens its blocks see")
 _SPEC_FIX = ("If these are the wrong modules, describe the right ones with hf_snapvit.ArchitectureSpec and call "
              "hf_snapvit.register_architecture(spec).")
 
@@ -171,13 +173,13 @@ def _check_counts(base: PreTrainedModel, widths: list[tuple[int, int]], dense_fl
                               f"parameters where the budget counts {expected}", _SPEC_FIX, final=False)
     heads, neurons = [h for h, _ in widths], [f for _, f in widths]
     predicted = shape.flops(heads, neurons) - shape.softmax_flops(heads)
-    if not 1 / 3 <= dense_flops / predicted <= 3:  # a sanity check: the formula leaves out stems, necks and heads
+    if not predicted / 3 <= dense_flops <= 3 * predicted:  # a sanity check: the formula leaves out stems, necks and heads
         raise _Unprovable(
             f"its forward computes {dense_flops:.4g} FLOPs per input where hf_snapvit's formula for "
-            f"{len(widths)} blocks of {shape.num_tokens} tokens counts {predicted:.4g} (the prunable blocks are a "
-            "small part of it, or the token count is wrong), so GFLOP budgets would be wrong",
-            "Prune the transformer inside it on its own, or use sparsity/target_params budgets with a registered "
-            "ArchitectureSpec.")
+            f"{len(widths)} blocks of {shape.num_tokens} tokens counts {predicted:.4g} ("
+            f"{'its blocks see fewer tokens' if dense_flops < predicted else 'the blocks are a small part of it'}),"
+            " so GFLOP budgets would be wrong",
+            _COUNT_FIX + "; hf_snapvit cannot budget a model whose transformer blocks are a small part of it.")
     removed = np.array([[sum(heads) - sum(h for h, _ in kept), sum(neurons) - sum(f for _, f in kept)]
                         for kept, _, _ in slices], dtype=float)
     saved = np.array([dense_flops - flops for _, _, flops in slices])
@@ -190,12 +192,13 @@ def _check_counts(base: PreTrainedModel, widths: list[tuple[int, int]], dense_fl
         raise _Unprovable(
             f"removing one FFN neuron saves {per_neuron:.4g} FLOPs per input where hf_snapvit's formula counts "
             f"{neuron} ({shape.num_tokens} tokens; an FFN called more than once, or a block run more than once, "
-            "breaks it), so GFLOP budgets would be wrong", "Use a model whose forward runs each block and FFN once.")
+            "breaks it), so GFLOP budgets would be wrong",
+            _COUNT_FIX + "; hf_snapvit cannot budget a forward that runs a block or an FFN more than once.")
     if head is not None and not (1 - _TOLERANCE) * proj <= head <= (1 + _TOLERANCE) * (proj + attention):
         raise _Unprovable(
             f"removing one head saves {head:.4g} FLOPs per input where hf_snapvit's formula counts {proj} for its "
             f"projections plus up to {attention} for attention over {shape.num_tokens} tokens, so GFLOP budgets "
-            "would be wrong", "Use a model whose forward runs each attention once over every token.", final=False)
+            "would be wrong", _COUNT_FIX + "; hf_snapvit cannot budget attention run more than once.", final=False)
 
 
 def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, atol: float = 1e-4,
@@ -217,7 +220,8 @@ def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, 
     rng = np.random.default_rng(seed)
     try:
         base = _perturbed(model, seed)
-        inputs = dummy_inputs(base, _BATCH, seed=seed)
+        device = next(iter(base.parameters())).device
+        inputs = {name: value.to(device) for name, value in dummy_inputs(base, _BATCH, seed=seed).items()}
         reference, dense_flops = _counted(base, inputs)
         _finite(reference)
         widths = []
