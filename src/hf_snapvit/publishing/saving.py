@@ -140,9 +140,8 @@ def _check_loads(staging: Path, model: PreTrainedModel, ranking: ElasticRanking,
                 loaded = ElasticViTModel.from_pretrained(staging, sparsity=sparsity, dtype=torch.float32,
                                                          device_map=str(device))
             found = float_output(loaded.get_submodule(spec.encoder) if spec.task is not None else loaded, inputs)
-            scale = float(expected.nan_to_num().abs().max()) if expected.numel() else 0.0
-            if found.shape != expected.shape or not torch.allclose(found, expected, rtol=0, atol=1e-4 * max(1.0, scale),
-                                                                   equal_nan=True):
+            atol = 1e-4 * max(1.0, float(expected.nan_to_num().abs().max()) if expected.numel() else 0.0)
+            if found.shape != expected.shape or not torch.allclose(found, expected, rtol=0, atol=atol, equal_nan=True):
                 raise ValueError(f"its outputs differ from the masked model's by up to "
                                  f"{float((found - expected).abs().nan_to_num(nan=float('inf')).max()):.3g}")
     except Exception as error:  # noqa: BLE001 - whatever stops the load, the checkpoint is not written

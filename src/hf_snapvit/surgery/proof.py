@@ -9,9 +9,9 @@ columns zeroed (masking). Only finite outputs prove anything: a reference with i
 any floating-point output, is refused. The sliced copies must also have the parameters the budget counts
 (:class:`~hf_snapvit.architectures.budget.ModelShape`), and what their forwards compute (counted by
 ``torch.utils.flop_counter``) must match its GFLOP formula: each neuron's cost within 15 %, each head's between its
-projections and full attention (15 % either way), and the whole within a factor of three. A spec that fails is forgotten and the model
-refused in a few lines: the model, the modules found, the reason, the fix. Parameters that a prunable projection
-shares with another module (:mod:`.ties`) are refused for every spec, registered ones included.
+projections and its full attention (15 % either way), and the whole within a factor of three. A spec that fails is
+forgotten and the model refused in a few lines: the model, the modules found, the reason, the fix. Parameters that a
+prunable projection shares with another module (:mod:`.ties`) are refused for every spec, registered ones included.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def _check_counts(base: PreTrainedModel, widths: list[tuple[int, int]], dense_fl
                               f"parameters where the budget counts {expected}", _SPEC_FIX, final=False)
     heads, neurons = [h for h, _ in widths], [f for _, f in widths]
     predicted = shape.flops(heads, neurons) - shape.softmax_flops(heads)
-    if not predicted / 3 <= dense_flops <= 3 * predicted:  # a sanity check: the formula leaves out stems, necks and heads
+    if not predicted / 3 <= dense_flops <= 3 * predicted:  # a sanity check: the formula leaves out stems and heads
         raise _Unprovable(
             f"its forward computes {dense_flops:.4g} FLOPs per input where hf_snapvit's formula for "
             f"{len(widths)} blocks of {shape.num_tokens} tokens counts {predicted:.4g} ("
