@@ -123,10 +123,10 @@ def row(family: str) -> str:
             if model.config.model_type in _REGISTRY:
                 prove_spec(model, spec)
     except Exception as error:  # noqa: BLE001 - a refusal is this row's result
-        message = str(error)  # a failed proof says what was discovered, "but" why it failed: the why matters here
-        reason = (message.split(" but ", 1)[1] if " but " in message else message).split(". ")[0]
+        # A failed proof keeps its one reason apart from the modules it names and the fix: the reason matters here.
+        message = getattr(error, "why", None) or str(error).splitlines()[0]
         kept = message.split("Keeping every head does not help: ", 1)  # why even the FFN alone cannot be sliced
-        reason = (f"with every head kept, {kept[1]}" if len(kept) == 2 else reason).replace("|", "/")
+        reason = (f"with every head kept, {kept[1]}" if len(kept) == 2 else message).replace("|", "/")
         return f"| {family} | `{name}` | refused | | {reason[:160]} |"
     source = "registered" if model.config.model_type in _REGISTRY else "discovered"
     mlp, variant = get_mlp(get_layers(model, spec)[0], spec)  # the layout this model has

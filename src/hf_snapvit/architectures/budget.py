@@ -165,6 +165,18 @@ class ModelShape:
             total += 2 * n * d * f * self.ffn_matrices
         return total
 
+    def unit_flops(self) -> tuple[int, int, int]:
+        """What one unit costs in :meth:`flops`, less the softmax (no matrix product, which FLOP counters such as
+        ``torch.utils.flop_counter`` do not see): one head's projections (its q/k/v rows and o_proj columns,
+        ``8·n·d·d_key``), its attention products (QK logits and reduction, ``4·n²·d_key``), and one FFN neuron
+        (``2·n·d·m``)."""
+        n, d, dk = self.num_tokens, self.hidden_size, self.head_dim
+        return 8 * n * d * dk, 4 * n * n * dk, 2 * n * d * self.ffn_matrices
+
+    def softmax_flops(self, heads: Sequence[int] | None = None) -> int:
+        """The softmax terms of :meth:`flops` (``3·n²`` per head) for ``heads[l]`` heads in block ``l``."""
+        return 3 * self.num_tokens**2 * sum(self.dense_heads if heads is None else heads)
+
     def gflops(self, heads: Sequence[int] | None = None, neurons: Sequence[int] | None = None) -> float:
         """:meth:`flops` in units of 10⁹."""
         return self.flops(heads, neurons) / 1e9
@@ -353,8 +365,17 @@ def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # Meta tensors hold no data, so initialising them is wasted time.
-        with init_empty_weights(), no_init_weights():
-            model = build()
+        try:
+            with init_empty_weights(), no_init_weights():
+                model = build()
+        except RuntimeError as error:
+            if "meta" not in str(error):
+                raise
+            # A model that runs part of itself while it is built (timm's hybrid ViTs run their convolutional stem
+            # on a blank image to size the patch embedding) cannot be built on the meta device: build it in memory,
+            # still without initialising its weights.
+            with no_init_weights():
+                model = build()
         # Built without weights, the model has not tied what its class shares (SAM's positional embedding, tied
         # word embeddings): tie now, or the skeleton counts the shared parameters twice.
         model.tie_weights()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ..architectures import get_spec
-from ..architectures.discovery import is_discovered, spec_to_dict
+from ..architectures.discovery import adopt_discovered, is_discovered, spec_to_dict
+from ..architectures.embedding import dummy_inputs
 from ..architectures.budget import model_shape
 from ..errors import CheckpointError, ConfigError
 from ..correction import CorrectionConfig
@@ -28,7 +30,7 @@ from ..correction.prefix_sizes import check_sizes
 from ..files import atomic_directory, public_name
 from ..elastic.fingerprint import fingerprint_of
 from ..cards.elastic import GENERATED_MARKER, write_model_card
-from ..surgery.proof import ensure_proven
+from ..surgery.proof import ensure_proven, float_output, masked_copy
 from ..elastic.ranking import ElasticRanking
 from ..surgery.slicing import slice_model_
 
@@ -104,12 +106,54 @@ def save_elastic(
         permuted.config.elastic_spec = spec_to_dict(encoder_spec, encoder.config)
     with atomic_directory(save_directory) as staging:
         permuted.save_pretrained(staging, **save_kwargs)
+        if is_discovered(encoder_spec):  # a registered family's loading is tested; a discovered one's, here
+            _check_loads(staging, model, ranking, ElasticRanking.from_dict(data), save_directory)
         if image_processor is not None:
             image_processor.save_pretrained(staging)
         if model_card and not _hand_written_card(save_directory):
             # From the folder just written: the card describes exactly the config.json beside it.
             write_model_card(staging, staging, base_model=base_model, evaluations=evaluations, **options)
     return ElasticRanking.from_dict(data)
+
+
+def _check_loads(staging: Path, model: PreTrainedModel, ranking: ElasticRanking, stored: ElasticRanking,
+                 save_directory: str | os.PathLike) -> None:
+    """Load the staged checkpoint as a user would, at two sparsities, and compare its vision encoder with
+    ``model``'s, masked to the units that size keeps (float32 forwards on seeded inputs); anything else raises
+    :class:`CheckpointError`, before the checkpoint is moved into place."""
+    from ..loading.modeling import ElasticViTModel  # loading never imports this module
+
+    spec = get_spec(model)
+    encoder = model.get_submodule(spec.encoder) if spec.task is not None else model
+    encoder_spec = get_spec(encoder)
+    device = next(iter(model.parameters())).device
+    inputs = {k: v.to(device) for k, v in dummy_inputs(encoder, 1, seed=1).items()}
+    top = stored.max_sparsity
+    sparsity = 0.0
+    try:
+        for sparsity in sorted({round(top / 3, 4), round(2 * top / 3, 4)}):
+            masked = masked_copy(encoder, encoder_spec, ranking.keep_indices(stored.keep_counts(sparsity)))
+            expected = float_output(masked.float().eval(), inputs)
+            del masked
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # what the loader tells a user, it tells them when they load
+                loaded = ElasticViTModel.from_pretrained(staging, sparsity=sparsity, dtype=torch.float32,
+                                                         device_map=str(device))
+            found = float_output(loaded.get_submodule(spec.encoder) if spec.task is not None else loaded, inputs)
+            atol = 1e-4 * max(1.0, float(expected.nan_to_num().abs().max()) if expected.numel() else 0.0)
+            if found.shape != expected.shape or not torch.allclose(found, expected, rtol=0, atol=atol, equal_nan=True):
+                raise ValueError(f"its outputs differ from the masked model's by up to "
+                                 f"{float((found - expected).abs().nan_to_num(nan=float('inf')).max()):.3g}")
+    except Exception as error:  # noqa: BLE001 - whatever stops the load, the checkpoint is not written
+        cause = (str(error).strip().splitlines() or [""])[0][:300]
+        raise CheckpointError(
+            f"save_elastic wrote nothing to {str(save_directory)!r}: the checkpoint of this {type(model).__name__} "
+            f"does not load back at sparsity {sparsity:.3g} ({type(error).__name__}: {cause}). A model built from "
+            "its config.json differs from this one (an attribute set after it was built, or a tensor computed while "
+            "it is built), or hf_snapvit cannot load it; register an ArchitectureSpec, or report it with the model's "
+            "class.") from error
+    finally:
+        adopt_discovered(encoder_spec, encoder)  # loading read the stored spec; the model keeps its proven one
 
 
 def _hand_written_card(save_directory: str | os.PathLike) -> bool:

@@ -1,34 +1,77 @@
 """The proof a discovered architecture spec must pass before a model is ranked or saved with it.
 
-A spec found in a module tree (:mod:`hf_snapvit.architectures.discovery`) is a guess. Three forwards on seeded
-inputs test it against references that do not use the slicing code: keeping every unit, reordered, equals the
-untouched model; and at two sizes, the model sliced with the spec equals the dense model with the dropped heads'
-output-projection columns and the dropped neurons' FFN-output columns zeroed (masking), while having fewer
-parameters. A spec that fails is forgotten and the model refused, naming the modules the spec used.
+A spec found in a module tree (:mod:`hf_snapvit.architectures.discovery`) is a guess. It is tested on a copy of the
+model whose every parameter carries seeded noise (zero biases, unit norms and untrained tables would hide a wrong
+slice), on seeded inputs, against references that do not use the slicing code: keeping every unit, reordered, equals
+the untouched copy; and at two sizes (75 % of the heads and 40 % of the neurons, then the reverse), the copy sliced
+with the spec equals the copy with the dropped heads' output-projection columns and the dropped neurons' FFN-output
+columns zeroed (masking). Only finite outputs prove anything: a reference with infinite or NaN values, or without
+any floating-point output, is refused. The sliced copies must also have the parameters the budget counts
+(:class:`~hf_snapvit.architectures.budget.ModelShape`), and what their forwards compute (counted by
+``torch.utils.flop_counter``) must match its GFLOP formula: each neuron's cost within 15 %, each head's between its
+projections and its full attention (15 % either way), and the whole within a factor of three. A spec that fails is
+forgotten and the model refused in a few lines: the model, the modules found, the reason, the fix. Parameters that a
+prunable projection shares with another module (:mod:`.ties`) are refused for every spec, registered ones included.
 """
 
 from __future__ import annotations
 
 import copy
+import statistics
 import warnings
 from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from transformers import PreTrainedModel
 
 from ..architectures import (ArchitectureSpec, get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim,
-                            num_heads)
+                             num_heads)
+from ..architectures.budget import backbone_parameters, model_shape
 from ..architectures.discovery import adopt_discovered, discovery_guesses, forget_discovered, is_discovered
 from ..architectures.embedding import dummy_inputs
 from ..errors import UnsupportedArchitectureError
 from .slicing import slice_model_
+from .ties import shared_parameters
 
-KEEP_FRACTIONS = (0.75, 0.4)
+#: The two proof slices: (fraction of heads kept, fraction of FFN neurons kept). Crossed, so that the FLOPs they
+#: remove tell a head's cost from a neuron's.
+SLICES = ((0.75, 0.4), (0.4, 0.75))
+NOISE = 0.1  # the proof copy's noise, relative to each parameter's root mean square
+# How far a unit's measured cost may stray from the formula's: the formula's errors of this size (EoMT's last blocks
+# also attend over its queries) are tolerated; a block or FFN run twice is 100 % off.
+_TOLERANCE = 0.15
+_BATCH = 1  # FLOPs per input: a batch of several can cost more per input (Pixtral attends over all its images)
 _PROVEN: set[int] = set()
+_COUNT_FIX = ("If the token count is wrong, register an ArchitectureSpec (hf_snapvit.register_architecture) whose "
+              "num_patches and extra_tokens give the tokens its blocks see")
+_SPEC_FIX = ("If these are the wrong modules, describe the right ones with hf_snapvit.ArchitectureSpec and call "
+             "hf_snapvit.register_architecture(spec).")
 
 
-def _output(model: PreTrainedModel, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+class _Unprovable(Exception):
+    """Why no spec can be proven on this model (``final``: no other guess would change that), and the fix."""
+
+    def __init__(self, why: str, fix: str, final: bool = True) -> None:
+        super().__init__(why)
+        self.why, self.fix, self.final = why, fix, final
+
+
+def _collect(value: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            found.append(value.detach().float().flatten())
+    elif isinstance(value, dict):
+        for item in value.values():
+            _collect(item, found)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _collect(item, found)
+    return found
+
+
+def float_output(model: PreTrainedModel, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """Every floating-point tensor of one forward's output, flattened into one (hidden states, logits, feature maps,
     heatmaps: whatever the model returns)."""
     # The same random draws in every forward (ViTMAE shuffles its patches by random noise), without touching the
@@ -36,24 +79,55 @@ def _output(model: PreTrainedModel, inputs: dict[str, torch.Tensor]) -> torch.Te
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         out = model(**inputs)
-    found: list[torch.Tensor] = []
-
-    def collect(value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            if value.is_floating_point():
-                found.append(value.detach().float().flatten())
-        elif isinstance(value, dict):
-            for item in value.values():
-                collect(item)
-        elif isinstance(value, (tuple, list)):
-            for item in value:
-                collect(item)
-
-    collect(out)
+    found = _collect(out, [])
+    if not sum(t.numel() for t in found):
+        raise _Unprovable(f"its forward returns no floating-point tensor (it returned {type(out).__name__}), so no "
+                          "output can show that a slice is right",
+                          "Return the model's features (a tensor or a ModelOutput) from its forward.")
     return torch.cat(found)
 
 
-def _masked(model: PreTrainedModel, spec: ArchitectureSpec, keep: list[tuple[np.ndarray, np.ndarray]]):
+_output = float_output  # the name the tests compare outputs with
+
+
+def _sdpa_flops(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """The two matrix products of one scaled-dot-product attention (``torch.utils.flop_counter`` counts the GPU
+    kernels, not the one CPUs run)."""
+    *batch, length, width = query
+    return 2 * int(np.prod(batch)) * length * key[-2] * (width + value[-1])
+
+
+_CPU_SDPA = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_COUNTED = {} if _CPU_SDPA is None or _CPU_SDPA in flop_registry else {_CPU_SDPA: _sdpa_flops}
+
+
+def _counted(model: PreTrainedModel, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, float]:
+    """:func:`float_output` and the FLOPs its forward computed per input (matrix products and convolutions)."""
+    with FlopCounterMode(display=False, custom_mapping=_COUNTED) as counter:
+        output = _output(model, inputs)
+    return output, counter.get_total_flops() / _BATCH
+
+
+def _perturbed(model: PreTrainedModel, seed: int) -> PreTrainedModel:
+    """A float32 copy of ``model`` in eval mode whose every parameter carries seeded Gaussian noise of ``NOISE``
+    times its root mean square (a parameter that is all zeros: the median one's), without gradients; the caller's
+    model and random state are untouched."""
+    base = copy.deepcopy(model).eval().float().requires_grad_(False)
+    parameters = [p for p in base.parameters() if p.is_floating_point() and p.numel()]
+    scales = [float(p.detach().float().square().mean().sqrt()) for p in parameters]
+    typical = statistics.median([s for s in scales if s > 0] or [1.0])
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter, scale in zip(parameters, scales):
+            noise = torch.randn(parameter.shape, generator=generator).to(parameter.device)
+            parameter.add_(noise * (NOISE * (scale if scale > 0 else typical)))
+    return base
+
+
+def masked_copy(model: PreTrainedModel, spec: ArchitectureSpec,
+                keep: list[tuple[np.ndarray, np.ndarray]]) -> PreTrainedModel:
+    """A copy of ``model`` whose heads and FFN neurons outside ``keep`` (per block) are zeroed out: their
+    output-projection columns, so they add nothing. What a slice must equal."""
     masked = copy.deepcopy(model)
     with torch.no_grad():
         for layer, (heads, neurons) in zip(get_layers(masked, spec), keep):
@@ -68,23 +142,88 @@ def _masked(model: PreTrainedModel, spec: ArchitectureSpec, keep: list[tuple[np.
     return masked
 
 
+def _difference(output: torch.Tensor, reference: torch.Tensor) -> float:
+    """The largest absolute difference; a value that is not finite where the (finite) reference is counts as
+    infinitely far."""
+    if output.shape != reference.shape:
+        return float("inf")
+    difference = (output - reference).abs()
+    return float(difference.nan_to_num(nan=float("inf")).max()) if difference.numel() else 0.0
+
+
+def _finite(reference: torch.Tensor) -> None:
+    bad = int((~torch.isfinite(reference)).sum())
+    if bad:
+        raise _Unprovable(f"{bad} of its {reference.numel()} output values on seeded random inputs are infinite or "
+                          "NaN, and only finite outputs can show that a slice is right",
+                          "Make the model's forward return finite values (check its weights and its configured "
+                          "input size).")
+
+
+def _check_counts(base: PreTrainedModel, widths: list[tuple[int, int]], dense_flops: float,
+                  slices: list[tuple[list[tuple[int, int]], int, float]]) -> None:
+    """Refuse where the sliced copies' parameters (``slices``: kept widths, parameters, FLOPs per input) or the
+    FLOPs their forwards computed disagree with the model's :class:`ModelShape`, which budgets are resolved with."""
+    shape = model_shape(base, dense=(max(h for h, _ in widths), max(f for _, f in widths)))
+    excluded = sum(p.numel() for p in base.parameters()) - backbone_parameters(base)
+    for kept, params, _ in slices:
+        expected = shape.num_params([h for h, _ in kept], [f for _, f in kept]) + excluded
+        if params != expected:
+            raise _Unprovable(f"sliced to {kept[0][0]} heads and {kept[0][1]} neurons per block, it has {params} "
+                              f"parameters where the budget counts {expected}", _SPEC_FIX, final=False)
+    heads, neurons = [h for h, _ in widths], [f for _, f in widths]
+    predicted = shape.flops(heads, neurons) - shape.softmax_flops(heads)
+    if not predicted / 3 <= dense_flops <= 3 * predicted:  # a sanity check: the formula leaves out stems and heads
+        raise _Unprovable(
+            f"its forward computes {dense_flops:.4g} FLOPs per input where hf_snapvit's formula for "
+            f"{len(widths)} blocks of {shape.num_tokens} tokens counts {predicted:.4g} ("
+            f"{'its blocks see fewer tokens' if dense_flops < predicted else 'the blocks are a small part of it'}),"
+            " so GFLOP budgets would be wrong",
+            _COUNT_FIX + "; hf_snapvit cannot budget a model whose transformer blocks are a small part of it.")
+    removed = np.array([[sum(heads) - sum(h for h, _ in kept), sum(neurons) - sum(f for _, f in kept)]
+                        for kept, _, _ in slices], dtype=float)
+    saved = np.array([dense_flops - flops for _, _, flops in slices])
+    proj, attention, neuron = shape.unit_flops()
+    if np.linalg.matrix_rank(removed) == 2:
+        head, per_neuron = np.linalg.solve(removed, saved)
+    else:  # every head kept: what the slices save is the neurons'
+        head, per_neuron = None, saved.sum() / max(removed[:, 1].sum(), 1.0)
+    if abs(per_neuron - neuron) > _TOLERANCE * neuron:
+        raise _Unprovable(
+            f"removing one FFN neuron saves {per_neuron:.4g} FLOPs per input where hf_snapvit's formula counts "
+            f"{neuron} ({shape.num_tokens} tokens; an FFN called more than once, or a block run more than once, "
+            "breaks it), so GFLOP budgets would be wrong",
+            _COUNT_FIX + "; hf_snapvit cannot budget a forward that runs a block or an FFN more than once.")
+    if head is not None and not (1 - _TOLERANCE) * proj <= head <= (1 + _TOLERANCE) * (proj + attention):
+        raise _Unprovable(
+            f"removing one head saves {head:.4g} FLOPs per input where hf_snapvit's formula counts {proj} for its "
+            f"projections plus up to {attention} for attention over {shape.num_tokens} tokens, so GFLOP budgets "
+            "would be wrong", _COUNT_FIX + "; hf_snapvit cannot budget attention run more than once.", final=False)
+
+
 def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, atol: float = 1e-4,
                seed: int = 0) -> dict[str, Any]:
-    """Check ``spec`` (default: the model's) on ``model``, which is left unchanged; the largest differences found.
+    """Check ``spec`` (default: the model's) on a perturbed copy of ``model``, which is left unchanged (its random
+    state too); the largest differences found.
 
     Raises:
-        UnsupportedArchitectureError: a slice that differs from masking, a reordering that changes the outputs, or
-            a slice the model cannot run, naming the spec's modules and the fix.
+        UnsupportedArchitectureError: a slice that differs from masking, a reordering that changes the outputs, a
+            slice the model cannot run, parameter or FLOP counts the budget formulas do not predict, shared
+            parameters, or outputs that are not finite: in a few lines naming the model, the spec's modules, the
+            reason and the fix.
     """
     spec = spec or get_spec(model)
     if get_spec(model) is not spec:
         raise ValueError("prove_spec proves the spec get_spec(model) returns, which slicing uses; register or adopt "
                          "the spec to prove first.")
-    base = copy.deepcopy(model).eval().float()
+    check_shared(model, spec)
     rng = np.random.default_rng(seed)
     try:
-        inputs = dummy_inputs(base, 2, seed=seed)
-        reference = _output(base, inputs)
+        base = _perturbed(model, seed)
+        device = next(iter(base.parameters())).device
+        inputs = {name: value.to(device) for name, value in dummy_inputs(base, _BATCH, seed=seed).items()}
+        reference, dense_flops = _counted(base, inputs)
+        _finite(reference)
         widths = []
         for layer in get_layers(base, spec):
             mlp, variant = get_mlp(layer, spec)
@@ -93,43 +232,70 @@ def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, 
         # A spec that keeps every head never reorders them (rankings of such models leave them in place).
         reordered = slice_model_(copy.deepcopy(base), [(np.arange(h)[::-1].copy() if spec.prune_heads else
                                                         np.arange(h), np.arange(n)[::-1].copy()) for h, n in widths])
-        differences = {"reordered": float((_output(reordered, inputs) - reference).abs().max())}
-        params = sum(p.numel() for p in base.parameters())
-        for fraction in KEEP_FRACTIONS:
-            keep = [(np.sort(rng.choice(h, max(1, round(fraction * h)) if spec.prune_heads else h, replace=False)),
-                     np.sort(rng.choice(n, max(1, round(fraction * n)), replace=False))) for h, n in widths]
+        differences = {"reordered": _difference(_output(reordered, inputs), reference)}
+        slices = []
+        for head_fraction, neuron_fraction in SLICES:
+            keep = [(np.sort(rng.choice(h, max(1, round(head_fraction * h)) if spec.prune_heads else h,
+                                        replace=False)),
+                     np.sort(rng.choice(n, max(1, round(neuron_fraction * n)), replace=False))) for h, n in widths]
             sliced = slice_model_(copy.deepcopy(base), keep)
-            if sum(p.numel() for p in sliced.parameters()) >= params:
-                raise AssertionError(f"slicing to {fraction:.0%} of the units removed no parameter")
-            differences[f"keep {fraction:g}"] = float((_output(sliced, inputs) - _output(_masked(base, spec, keep),
-                                                                                          inputs)).abs().max())
+            output, flops = _counted(sliced, inputs)
+            name = f"heads {head_fraction:g}, neurons {neuron_fraction:g}"
+            differences[name] = _difference(output, _output(masked_copy(base, spec, keep), inputs))
+            slices.append(([(len(h), len(n)) for h, n in keep], sum(p.numel() for p in sliced.parameters()), flops))
+    except _Unprovable as error:
+        raise _refusal(model, spec, error.why, error.fix, final=error.final) from None
     except Exception as error:  # noqa: BLE001 - any failure of a guessed spec is a refusal, with its cause
-        raise _refusal(spec, f"slicing with it failed ({type(error).__name__}: {error})") from error
-    scale = float(reference.abs().max()) or 1.0
-    bad = {name: value for name, value in differences.items() if value > atol * max(1.0, scale)}
+        cause = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise _refusal(model, spec, f"slicing with it failed ({type(error).__name__}: {cause[:200]})") from error
+    scale = float(reference.abs().max()) if reference.numel() else 0.0
+    bad = {name: value for name, value in differences.items() if not value <= atol * max(1.0, scale)}
     if bad:
-        raise _refusal(spec, f"the sliced model differs from the masked one by {bad} (max |output| {scale:.3g})")
+        name, value = max(bad.items(), key=lambda item: item[1])
+        what = "reordering every unit changes its outputs" if name == "reordered" else (
+            f"the model sliced to {name} differs from the masked one")
+        raise _refusal(model, spec, f"{what} by up to {value:.3g} (its outputs reach {scale:.3g})")
+    try:
+        _check_counts(base, widths, dense_flops, slices)
+    except _Unprovable as error:
+        raise _refusal(model, spec, error.why, error.fix, final=error.final) from None
     return differences
 
 
-def _refusal(spec: ArchitectureSpec, why: str) -> UnsupportedArchitectureError:
-    found = {name: getattr(spec, name) for name in ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj",
-                                                    "mlp", "head_width", "qkv_blocks")}
+def _refusal(model: PreTrainedModel, spec: ArchitectureSpec, why: str, fix: str = _SPEC_FIX, *,
+             final: bool = False) -> UnsupportedArchitectureError:
+    """The refusal of ``model`` with ``spec``: the model, the modules found, the one reason, the fix."""
     variant = spec.mlp_variants[0]
+    found = {name: getattr(spec, name) for name in ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj",
+                                                    "mlp")}
     error = UnsupportedArchitectureError(
-        f"hf_snapvit discovered the structure of this {spec.model_type!r} model as {found}, FFN "
-        f"{list(variant.in_proj)} -> {variant.out_proj!r}, but {why}. Describe it yourself with "
-        "hf_snapvit.ArchitectureSpec (these fields, with the paths that are right) and call "
-        "hf_snapvit.register_architecture(spec).")
-    error.why = why
+        f"hf_snapvit cannot prune this {type(model).__name__} ({spec.model_type!r}): {why}.\n"
+        f"Modules found: {found}, FFN {list(variant.in_proj)} -> {variant.out_proj!r}.\n{fix}")
+    error.why, error.final = why, final
     return error
 
 
+def check_shared(model: PreTrainedModel, spec: ArchitectureSpec | None = None) -> None:
+    """Refuse ``model`` if a prunable projection of ``spec`` (default: the model's) shares a parameter with another
+    module (:func:`~hf_snapvit.surgery.ties.shared_parameters`): slicing one unit would cut another."""
+    spec = spec or get_spec(model)
+    shared = shared_parameters(model, spec)
+    if shared:
+        listed = "; ".join(shared[:3]) + (f"; and {len(shared) - 3} more" if len(shared) > 3 else "")
+        raise _refusal(model, spec, f"its prunable weights are shared with other modules ({listed}), so slicing one "
+                       "unit would cut another",
+                       "Untie them before ranking (give each module its own copy, e.g. module.weight = "
+                       "torch.nn.Parameter(module.weight.detach().clone()), and drop them from _tied_weights_keys).",
+                       final=True)
+
+
 def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
-    """The model's spec, proven first if it was discovered rather than registered (once per spec and process): the
-    first of discovery's guesses that passes is kept (the last keeps every head, with a warning); if none does, the
-    first one's failure is raised, with why keeping every head did not help."""
+    """The model's spec, after checking that no prunable projection shares its parameters (every spec), and proven
+    first if it was discovered rather than registered (once per spec and process): the first of discovery's
+    guesses that passes is kept (the last keeps every head, with a warning); if none does, the first one's failure
+    is raised, with why keeping every head did not help."""
     spec = get_spec(model)
+    check_shared(model, spec)
     if spec.task is not None:  # a task model: its encoder's spec is the one discovered (or registered)
         ensure_proven(model.get_submodule(spec.encoder))
         return get_spec(model)
@@ -138,6 +304,9 @@ def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
     try:
         prove_spec(model, spec)
     except UnsupportedArchitectureError as first:
+        if getattr(first, "final", False):  # no other guess changes why (outputs, ties, the FFN's cost)
+            forget_discovered(spec.model_type, model)
+            raise
         # Only a failed first guess pays for discovering the others (one traced forward each).
         last = None
         for guess in (g for g in discovery_guesses(model) if g != spec):
@@ -153,8 +322,9 @@ def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
                               f"only; with fewer heads, {getattr(first, 'why', first)}.", UserWarning, stacklevel=3)
             return guess
         forget_discovered(spec.model_type, model)
-        if last is not None and getattr(last, "why", None):
-            raise UnsupportedArchitectureError(f"{first} Keeping every head does not help: {last.why}.") from first
+        why = getattr(last, "why", None)
+        if why and why != getattr(first, "why", None):
+            raise _refusal(model, spec, f"{first.why}. Keeping every head does not help: {why}") from first
         raise first
     _PROVEN.add(id(spec))
     return spec
