@@ -125,9 +125,12 @@ _SAVED: dict[str, Saved | str] = {}
 
 @pytest.fixture
 def saved(family, tmp_path_factory) -> Saved:
-    """The family's :class:`Saved`, made once per session; a family the proof refuses is skipped (its row on the
-    supported-models page says refused, and why)."""
+    """The family's :class:`Saved`, made when its first test runs; a family the proof refuses is skipped (its row on
+    the supported-models page says refused, and why). Only the latest family's models are kept: the tests run family
+    by family, and 63 families' loaded models would hold over a gigabyte."""
     if family.name not in _SAVED:
+        for name in [name for name, kept in _SAVED.items() if not isinstance(kept, str)]:
+            del _SAVED[name]
         _SAVED[family.name] = _save(family, tmp_path_factory.mktemp("contract"))
     if isinstance(_SAVED[family.name], str):
         pytest.skip(_SAVED[family.name])
