@@ -218,8 +218,8 @@ def test_snapvit_ranks_qwen2_vl_from_images_through_its_own_processor():
     assert ranking.provenance["method"] == "snapvit" and ranking.keep_counts(0.2).sparsity > 0.15
 
 
-def test_blip2_whole_ranks_on_what_its_qformer_reads_keeps_every_head_and_generates(tmp_path):
-    torch.manual_seed(0)
+def blip2_whole() -> transformers.Blip2ForConditionalGeneration:
+    """BLIP-2 whole: its vision tower, Q-Former and a one-block OPT."""
     config = transformers.Blip2Config(
         vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                            image_size=32, patch_size=8),
@@ -228,10 +228,21 @@ def test_blip2_whole_ranks_on_what_its_qformer_reads_keeps_every_head_and_genera
         text_config=dict(model_type="opt", hidden_size=32, num_hidden_layers=1, num_attention_heads=4, ffn_dim=37,
                          vocab_size=128, word_embed_proj_dim=32, max_position_embeddings=64),
         num_query_tokens=4, image_token_index=100)
-    model = _perturbed(transformers.Blip2ForConditionalGeneration(config))
+    return transformers.Blip2ForConditionalGeneration(config)
+
+
+def blip2_whole_inputs(model: transformers.PreTrainedModel) -> dict:
+    """Four image tokens (the Q-Former's queries) and four text tokens, one image."""
     ids = torch.cat([torch.full((1, 4), 100), torch.tensor([[2, 5, 6, 7]])], 1)
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-              "pixel_values": torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))}
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+            "pixel_values": torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))}
+
+
+def test_blip2_whole_ranks_on_what_its_qformer_reads_keeps_every_head_and_generates(tmp_path):
+    torch.manual_seed(0)
+    model = _perturbed(blip2_whole())
+    inputs = blip2_whole_inputs(model)
+    ids = inputs["input_ids"]
     ranking = hs.rank(model, method="magnitude", show_progress=False)
     stored = hs.save_elastic(model, ranking, tmp_path, model_card=False)
     counts = stored.keep_counts(0.15)

@@ -3,8 +3,11 @@
 For every registered backbone and every family that discovery serves, a tiny random model is built in code, its spec
 is looked up (registered) or discovered, and the spec is proven on it (``hf_snapvit.surgery.proof.prove_spec``:
 reordering every unit changes nothing, and slicing to 75 % and 40 % of the units equals masking the rest). The table
-says what the spec prunes and the proof's result. Task models are listed from the registry with the encoder and
-features they read. ``tests/test_supported_models.py`` checks that the committed page is what this script writes.
+says what the spec prunes, the proof's result, and what tests/test_output_contract.py checks for the family: the
+forwards stock transformers runs for its dense model (tests/output_fields.py's ``stock_gaps``, the probe that test
+skips by) and the loads it compares field by field with the masked model. Task models are listed from the registry
+with the encoder and features they read and their contract. ``tests/test_supported_models.py`` checks that the
+committed page is what this script writes.
 
     python utils/supported_models.py                 # rewrites docs/supported-models.md
     python utils/supported_models.py --check         # exit 1 if the page differs
@@ -16,6 +19,7 @@ import argparse
 import importlib
 import os
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -138,7 +142,51 @@ def row(family: str) -> str:
     heads = f"heads of `{'.'.join(filter(None, (spec.layers, '*', spec.attention)))}`{fused}"
     pruned = f"{heads if spec.prune_heads else 'every head kept (`prune_heads=False`)'}, {ffn}{tables}"
     units = "" if spec.prune_heads else " of its FFN neurons"
-    return f"| {family} | `{name}` | {source} | {pruned} | proven: sliced = masked at 75 % and 40 %{units} |"
+    return (f"| {family} | `{name}` | {source} | {pruned} | proven: sliced = masked at 75 % and 40 %{units}; "
+            f"{contract(family)} |")
+
+
+def _contract_families() -> dict[str, object]:
+    """tests/families.py's families by name (the tests folder holds the contract test's helpers)."""
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    import families
+
+    return {family.name: family for family in families.FAMILIES}
+
+
+def contract(name: str) -> str:
+    """What tests/test_output_contract.py checks for the family ``name`` of tests/families.py: every output field
+    equal to the masked model's, in the forwards stock transformers runs for the dense model, for each load."""
+    import output_fields
+
+    family = _contract_families()[name]
+    model = family.build()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gaps = output_fields.stock_gaps(model, family.inputs(model))
+    loads = list(LOADS) + (["remote code"] if output_fields.remote_code_gap(model) is None else [])
+    return f"contract: {', '.join(k for k in output_fields.KINDS if k not in gaps)} = masked ({', '.join(loads)})"
+
+
+# The loads tests/test_output_contract.py compares (besides sparsity 0 = the untouched model), remote code aside.
+LOADS = ("sliced", "switchable", "to_sliced", "re-saved")
+
+
+def task_contract(model_type: str) -> str:
+    """The contract of the task models of ``model_type`` that tests/families.py builds."""
+    found = [(name, f) for name, f in _contract_families().items() if getattr(f, "model_type", None) == model_type
+             and name.startswith("task ")]
+    return "; ".join(f"{contract(name)} (`{name}`)" for name, _ in found) or "not in the contract test"
+
+
+def _others() -> str:
+    """The contract test's families that are no row of the page (variants with another head, a user's own model)."""
+    by_class: dict[str, list[str]] = {}
+    for name, family in _contract_families().items():
+        if name not in FAMILIES and not name.startswith("task "):
+            by_class.setdefault(family.class_name, []).append(name)
+    return ", ".join(f"`{cls}` ({', '.join(names)})" for cls, names in by_class.items())
 
 
 def page() -> str:
@@ -154,6 +202,26 @@ def page() -> str:
         "([architecture.md](architecture.md#models-no-registry-knows)). A refused family names what did not match.",
         "Their `*ForImageClassification` variants and dual-tower models use the same specs.",
         "",
+        "*contract* names what `tests/test_output_contract.py` checks on the same tiny model, its weights perturbed:",
+        "every field of the output (last hidden state, pooled output, logits, each hidden state, each attention,",
+        "each tuple position) equals the dense model's with the dropped heads and neurons masked, for the forwards",
+        "listed: *outputs* (the default call), *hidden states* (`output_hidden_states=True`), *attentions*",
+        "(`output_attentions=True`, eager attention; a pruned block's attention maps hold its kept heads, in rank",
+        "order, and are compared with the masked model's at those heads),",
+        "*tuples* (`return_dict=False`), *other resolution* (1.5 times the side, with `interpolate_pos_encoding=True`",
+        "where the forward takes it) and *masked patches* (`bool_masked_pos`), on the family's own inputs (video",
+        "clips, patch sequences, grids). A forward is left out where stock transformers cannot run it for the dense",
+        "model (the test skips it naming why). The loads: `ElasticViTModel.from_pretrained(path, sparsity=s)`",
+        "(*sliced*), `switchable=True` after six switches up and down, compared at each size (*switchable*), its",
+        "`to_sliced()`, the sliced checkpoint saved and loaded again (*re-saved*), and that checkpoint loaded by",
+        "`transformers.AutoModel*.from_pretrained(path, trust_remote_code=True)` (*remote code*, where the class is",
+        "one transformers exports); sparsity 0 equals the untouched model in every field. For a task model the",
+        "fields are those of the task model's output: its predictions, and the hidden states and attentions",
+        "transformers returns with them (a VLM's are its language model's, beside its tower's in `image_outputs`).",
+        "",
+        *textwrap.wrap(f"The contract test also checks {_others()}, with every forward stock transformers runs for "
+                       "them.", 115),
+        "",
         "| family | class | spec | what is pruned | verified |",
         "|---|---|---|---|---|",
         *(row(family) for family in FAMILIES),
@@ -162,9 +230,9 @@ def page() -> str:
         "",
         "Only the vision encoder is pruned; the budget counts the blocks whose outputs the task reads.",
         "",
-        "| task model | encoder | encoder config | features read |",
-        "|---|---|---|---|",
-        *(f"| {t} | `{task.encoder}` | `{task.encoder_config}` | {task.features} |"
+        "| task model | encoder | encoder config | features read | verified |",
+        "|---|---|---|---|---|",
+        *(f"| {t} | `{task.encoder}` | `{task.encoder_config}` | {task.features} | {task_contract(t)} |"
           for t, task in sorted(_TASKS.items())),
         "",
     ]
