@@ -17,7 +17,8 @@ from safetensors.torch import load_file, save_file
 from transformers import ViTConfig
 
 import hf_snapvit as hs
-from hf_snapvit.architectures.budget import ModelShape, model_shape, skeleton
+from hf_snapvit.architectures.budget import ModelShape, model_shape
+from hf_snapvit.architectures.skeleton import skeleton
 from hf_snapvit.elastic.checkpoint import CheckpointReader
 from helpers import CASES
 

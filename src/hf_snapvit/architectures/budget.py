@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Sequence
 
@@ -19,10 +18,11 @@ import torch.nn as nn
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from . import (ffn_inputs, get_attention, get_backbone, get_layers, get_mlp, get_projection, get_spec, head_dim,
-                            head_tables, model_class, num_heads, used_layers, vision_config)
+                            head_tables, num_heads, used_layers, vision_config)
 from ..errors import BudgetError, ConfigError, RankingFormatError, SnapViTError, UnsupportedArchitectureError
 from .inputs import patch_side
-from .limits import MAX_UNITS, check_config_sizes, out_of_range
+from .limits import MAX_UNITS, out_of_range
+from .skeleton import skeleton
 
 
 #: FFN widths are rounded to this multiple by default. GPU GEMM kernels (bf16/fp16 tensor cores, int8, TensorRT) want
@@ -344,42 +344,6 @@ def uneven_widths(model: PreTrainedModel, needs: str) -> SnapViTError:
         f"This {type(model).__name__} ({model.config.model_type}) is not a plain ViT: its config builds blocks of "
         f"different widths (heads {heads}, FFN neurons {neurons}): hierarchical stages. hf_snapvit prunes vision "
         "transformers whose blocks repeat at one width; prune a plain ViT backbone instead.")
-
-
-def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
-    """The stock transformers model for ``config`` on the meta device: shapes only, no memory, no weights.
-
-    The class is taken from ``config.architectures`` (falling back to ``AutoModel``), so a checkpoint of a
-    ``ViTForImageClassification`` gives a ``ViTForImageClassification``.
-    """
-    from accelerate import init_empty_weights
-
-    check_config_sizes(config)
-    cls = model_class(config)
-    if cls.__module__.startswith("transformers.models.auto"):
-        build = lambda: cls.from_config(config, **kwargs)  # noqa: E731
-    else:
-        build = lambda: cls._from_config(config, **kwargs)  # noqa: E731
-    from transformers.initialization import no_init_weights
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # Meta tensors hold no data, so initialising them is wasted time.
-        try:
-            with init_empty_weights(), no_init_weights():
-                model = build()
-        except RuntimeError as error:
-            if "meta" not in str(error):
-                raise
-            # A model that runs part of itself while it is built (timm's hybrid ViTs run their convolutional stem
-            # on a blank image to size the patch embedding) cannot be built on the meta device: build it in memory,
-            # still without initialising its weights.
-            with no_init_weights():
-                model = build()
-        # Built without weights, the model has not tied what its class shares (SAM's positional embedding, tied
-        # word embeddings): tie now, or the skeleton counts the shared parameters twice.
-        model.tie_weights()
-        return model
 
 
 def estimate_gflops(

@@ -13,7 +13,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ..architectures import get_spec
-from ..architectures.budget import layer_widths, model_shape, resolve_width_multiple, skeleton
+from ..architectures.budget import layer_widths, model_shape, resolve_width_multiple
+from ..architectures.skeleton import skeleton
 from ..architectures.stored import require_stored_spec
 from ..elastic.checkpoint import (HUB_KWARGS, CheckpointReader, check_ranking, elastic_entries, fused_row_blocks,
                                   load_sliced_state_dict, read_config, stored_widths)
@@ -106,13 +107,7 @@ class ElasticViTModel:
         resized = any(v is not None for v in (sparsity, target_params, target_gflops))
         fitting = (correction_data, correction), (recovery_data, recovery)
         _check_fit_arguments(*fitting, layout, budget=resized, switchable=switchable)
-        build_kwargs["dtype"] = _dtype(build_kwargs["dtype"], config)
-        if layout is not None:
-            del config.elastic_layout  # the skeleton is built dense, then sliced
-        model = skeleton(config, **build_kwargs)
-        get_spec(model)  # a spec config.json stores is held to the skeleton, field by field, before it slices
-        dense_shape = model_shape(model)
-        check_stored_spec_loads(model, ranking, dense_shape)
+        model, dense_shape = _dense_skeleton(config, layout, ranking, build_kwargs)
         reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
         check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader,
                       sliced=layout is not None, resized=resized)
@@ -128,6 +123,20 @@ class ElasticViTModel:
                     prefix)
         model.config._name_or_path = str(pretrained_model_name_or_path)
         return finish_sliced(model, counts, multiple, dense_shape)
+
+
+def _dense_skeleton(config: Any, layout: dict | None, ranking: ElasticRanking | None,
+                    build_kwargs: dict[str, Any]) -> tuple[PreTrainedModel, Any]:
+    """The dense meta-device model the checkpoint's config describes and its shape, with a spec config.json stores
+    held to it field by field (and to the ranking) before anything is sliced."""
+    build_kwargs["dtype"] = _dtype(build_kwargs["dtype"], config)
+    if layout is not None:
+        del config.elastic_layout  # the skeleton is built dense, then sliced
+    model = skeleton(config, **build_kwargs)
+    get_spec(model)
+    dense_shape = model_shape(model)
+    check_stored_spec_loads(model, ranking, dense_shape)
+    return model, dense_shape
 
 
 def _load_sized(model: PreTrainedModel, counts: KeepCounts, stored: tuple[list[int], list[int]],
