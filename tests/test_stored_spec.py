@@ -195,7 +195,12 @@ EDITS = [
     ("plain", "head-width-the-count", _set(head_width="n_heads"), ("head_width", "head_count_attrs")),
     ("plain", "head-width-the-size", _set(head_width="all_head_size"), ("head_width", "head_count_attrs")),
     ("plain", "head-width-a-linear", _set(head_width="to_q"), ("head_width",)),
-    ("plain", "head-width-int", _set(head_width=8), ("head_width",)),
+    # An integer head_width is the width itself (a forward that splits by a constant): 8 is this model's; 5 is none.
+    ("plain", "head-width-int", _set(head_width=8), ()),
+    ("plain", "head-width-wrong-int", _set(head_width=5), ("head_width",)),
+    ("plain", "head-width-negative", _set(head_width=-8), ("head_width",)),
+    ("plain", "head-rows-a-norm", _set(head_rows=["n1"]), ("head_rows",)),
+    ("plain", "frames-in-batch-of-an-image-model", _set(frames_in_batch=2), ("frames_in_batch",)),
     ("plain", "head-width-from-the-count", _set(head_width=""), ()),  # rows over n_heads: the same width
     ("plain", "head-count-renamed", _set(head_count_attrs=["num_heads"]), ("head_count_attrs",)),
     ("plain", "head-count-empty", _set(head_count_attrs=[]), ("head_count_attrs",)),

@@ -10,15 +10,15 @@ the registry and installs itself there, so the registry never imports it.
 """
 
 from .parts import (ffn_inputs, ffn_rows, find_attribute, get_attention, get_backbone, get_layers, get_mlp,
-                    get_projection, head_dim, head_tables, num_heads, qkv_projections, qkv_rows, row_blocks)
+                    get_projection, head_dim, head_rows, head_tables, num_heads, qkv_projections, qkv_rows, row_blocks,
+                    set_attribute)
 from .registry import (ArchitectureSpec, EmbeddingKind, FeatureKind, MlpSpec, TaskModelSpec, get_spec, model_class,
                        register_architecture, register_task_model, supported_model_types, task_model_spec,
                        used_layers, vision_config)
 from . import discovery, families, task_models  # noqa: E402,F401  (registers the specs, installs discovery)
 
 __all__ = ["ArchitectureSpec", "EmbeddingKind", "FeatureKind", "MlpSpec", "TaskModelSpec", "ffn_inputs", "ffn_rows",
-           "find_attribute",
-           "get_attention", "get_backbone", "get_layers", "get_mlp", "get_projection", "get_spec", "head_dim",
-           "head_tables", "model_class", "num_heads", "qkv_projections", "qkv_rows", "register_architecture",
-           "register_task_model", "row_blocks", "supported_model_types", "task_model_spec", "used_layers",
-           "vision_config"]
+           "find_attribute", "get_attention", "get_backbone", "get_layers", "get_mlp", "get_projection", "get_spec",
+           "head_dim", "head_rows", "head_tables", "model_class", "num_heads", "qkv_projections", "qkv_rows",
+           "register_architecture", "register_task_model", "row_blocks", "set_attribute", "supported_model_types",
+           "task_model_spec", "used_layers", "vision_config"]

@@ -27,13 +27,14 @@ import json
 import torch.nn as nn
 from transformers import PretrainedConfig
 
-from ..errors import UnsupportedArchitectureError
-from .inputs import takes_grid
+from ..errors import DataError, UnsupportedArchitectureError
+from .inputs import names_size, on_inferred_side, patch_side, pixel_shape, position_side, takes_grid
+from .matching import match_block
 from .registry import (SPEC_KEY, ArchitectureSpec, MlpSpec, on_unregistered, supported_model_types,
                        vision_config)
 from .stored import check_stored_spec, spec_from_dict, spec_to_dict  # noqa: F401 (spec_to_dict: saving.py)
-from .structure import by_role, head_attributes, patch_count, traced_heads, uneven_blocks
-from .tracing import classifier_paths, trace_block
+from .structure import head_attributes, patch_count, shape_attributes, traced_heads, uneven_blocks
+from .tracing import Trace, classifier_paths, trace
 
 # Specs of unregistered models, by model type and structure (_structure_key): read from a checkpoint's config.json or
 # discovered in a model. One model type can hold many structures (every timm model is a "timm_wrapper").
@@ -45,23 +46,52 @@ _NOT_STRUCTURE = frozenset({"_name_or_path", "architectures", "transformers_vers
                             "id2label", "label2id", "num_labels", "problem_type", "label_names", "num_classes"})
 
 
-def _block_stack(root: nn.Module, model: nn.Module) -> tuple[str, nn.Module]:
-    """The dotted path and the ``nn.ModuleList`` or ``nn.Sequential`` of same-class blocks holding the most
-    parameters, refused where it is not the stack of a plain ViT (blocks of one width and structure)."""
-    best: tuple[int, str, nn.Module] | None = None
+def _stacks(root: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every ``nn.ModuleList`` or ``nn.Sequential`` of same-class modules holding parameters, largest first."""
+    found = []
     for name, module in root.named_modules():
         if (isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > 0
                 and len({type(m) for m in module}) == 1):
             size = sum(p.numel() for p in module.parameters())
-            if size and (best is None or size > best[0]):
-                best = (size, name, module)
-    if best is None:
+            if size:
+                found.append((size, name, module))
+    return [(name, module) for _, name, module in sorted(found, key=lambda item: -item[0])]
+
+
+def _block_stack(model: nn.Module, stacks: list[tuple[str, nn.Module]],
+                 shape: tuple[int, ...]) -> tuple[str, nn.Module, Trace]:
+    """The stack of blocks: of the stacks whose first block the forward runs, the one holding the most parameters
+    (a larger stack the forward never runs holds no computation to prune), refused where it is not a plain ViT's
+    (blocks of one width and structure); with the trace of its first block."""
+    if not stacks:
         raise _not_plain(model, "it has no repeated block stack (an nn.ModuleList or nn.Sequential of one class)")
-    uneven = uneven_blocks(best[2]) if getattr(model.config, "elastic_layout", None) is None else ""
+    found, ran = trace(model, stacks[0][1][0], shape, watch=tuple(stack[0] for _, stack in stacks))
+    if id(stacks[0][1][0]) not in ran:  # its first block did not run: the largest stack that did
+        used = [(name, stack) for name, stack in stacks[1:] if id(stack[0]) in ran]
+        if not used:
+            raise _not_plain(model, f"its forward runs none of its block stacks ({', '.join(n for n, _ in stacks[:3])}"
+                                    ")")
+        stacks = used
+        found, _ = trace(model, stacks[0][1][0], shape)
+    name, layers = stacks[0]
+    uneven = uneven_blocks(layers) if getattr(model.config, "elastic_layout", None) is None else ""
     if uneven:  # a model hf_snapvit sliced records its widths; only a model built this way is hierarchical
-        raise _not_plain(model, f"the blocks of {best[1] or 'its top level'} ({len(best[2])} "
-                                f"{type(best[2][0]).__name__}) {uneven}")
-    return best[1], best[2]
+        raise _not_plain(model, f"the blocks of {name or 'its top level'} ({len(layers)} "
+                                f"{type(layers[0]).__name__}) {uneven}")
+    return name, layers, found
+
+
+def _input_shape(model: nn.Module) -> tuple[tuple[int, ...], int]:
+    """The blank input discovery traces with, and the side it inferred from the position embedding where the config
+    names none (0 otherwise)."""
+    shape = pixel_shape(model.config, 1)
+    if names_size(vision_config(model.config)):
+        return shape, 0
+    try:
+        side = position_side(model, patch_side(model))
+    except DataError:  # no patch size anywhere: the model takes any size, or the trace refuses it
+        side = 0
+    return (*shape[:-2], side, side) if side else shape, side
 
 
 def _not_plain(model: nn.Module, why: str) -> UnsupportedArchitectureError:
@@ -80,28 +110,33 @@ def _takes_images(model: nn.Module) -> None:
             f"{parameters[:3]}, not pixel_values, so it is not a vision transformer hf_snapvit can prune.")
 
 
-def _parent(paths: list[str]) -> str:
-    """The closest common parent of dotted paths (``""``: the block itself)."""
-    parts = [p.split(".")[:-1] for p in paths]
-    common = []
-    for names in zip(*parts):
-        if len(set(names)) > 1:
-            break
-        common.append(names[0])
-    return ".".join(common)
-
-
 def _relative(path: str, parent: str) -> str:
     return path[len(parent) + 1:] if parent else path
 
 
-def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> ArchitectureSpec:
+def _traced_stack(model: nn.Module, stacks: list[tuple[str, nn.Module]]) -> tuple[str, nn.Module, Trace, int, int]:
+    """The block stack and its first block's trace (:func:`_block_stack`), the input side inferred (0: the config's)
+    and the frames per clip a video tower takes in its batch (0: it takes ``[B, T, C, H, W]`` clips, or images)."""
+    shape, side = _input_shape(model)
+    try:
+        return (*_block_stack(model, stacks, shape), side, 0)
+    except UnsupportedArchitectureError as error:
+        if len(shape) != 5 or not isinstance(error.__cause__, Exception):
+            raise
+        try:  # a video tower that takes each clip's frames in the batch (X-CLIP's [B·T, C, H, W])
+            return (*_block_stack(model, stacks, shape[1:]), side, shape[1])
+        except UnsupportedArchitectureError:
+            raise error from error.__cause__
+
+
+def discover_spec(model: nn.Module, *, any_size_name: bool = False, tables: bool = True) -> ArchitectureSpec:
     """The spec of ``model`` found in its module tree and one forward pass (not yet proven); ``any_size_name``: see
-    :func:`head_attributes` (the second guess, when the first fails its proof).
+    :func:`head_attributes` (the second guess, when the first fails its proof); ``tables``: whether per-head layers
+    and tables are sliced with the heads (a guess without them follows, when the first fails).
 
     Raises:
         UnsupportedArchitectureError: naming what could not be matched (no block stack, no q/k/v/o projections, no
-            FFN), with the fix: a registered :class:`ArchitectureSpec`.
+            FFN, no head count) and the fix.
     """
     _takes_images(model)
     config = vision_config(model.config)
@@ -109,60 +144,51 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False) -> Architect
     # Embedding calls the backbone with pixel_values; timm's model inside TimmWrapper* takes x: use the wrapper.
     whole = base is not model and "pixel_values" not in inspect.signature(base.forward).parameters
     base = model if whole else base
-    layers_path, layers = _block_stack(base, model)
-    splits: list = []
-    calls, tokens = trace_block(model, layers[0], splits)
-    problem = "hf_snapvit could not match"
-    fused = _is_fused(calls)
-    if len(calls) < (3 if fused else 5):
-        raise UnsupportedArchitectureError(
-            f"{problem} attention and FFN projections in block 0 of {layers_path} ({type(layers[0]).__name__}): its "
-            f"forward called {len(calls)} nn.Linear layers ({[n for n, _ in calls]}). Register an ArchitectureSpec.")
-    hidden = calls[0][1].in_features
-    q, k, v = (calls[0],) * 3 if fused else by_role(calls[:3])
-    after = 1 if fused else 3  # the calls after the query, key and value projections
-    width = q[1].out_features // (3 if fused else 1)
-    if not fused and any(m.in_features != hidden or m.out_features != width for _, m in (q, k, v)):
-        raise UnsupportedArchitectureError(
-            f"{problem} query, key and value projections in block 0 of {layers_path}: the first three nn.Linear "
-            f"calls are {[(n, m.in_features, m.out_features) for n, m in (q, k, v)]}, expected three {hidden} -> "
-            f"{width}. Register an ArchitectureSpec naming them.")
-    o = calls[after]
-    rest = calls[after + 1:]
-    ups = [(n, m) for n, m in rest if m.in_features == hidden and m.out_features != hidden]
-    # A packed FFN (timm's GluMlp) computes value and gate in one projection of twice the neurons.
-    downs = [(n, m) for n, m in rest if m.out_features == hidden and ups
-             and ups[0][1].out_features in (m.in_features, 2 * m.in_features)]
-    if o[1].in_features != width or o[1].out_features != hidden or not ups or not downs:
-        raise UnsupportedArchitectureError(
-            f"{problem} an output projection ({width} -> {hidden}) and an FFN ({hidden} -> n -> {hidden}) in block 0 "
-            f"of {layers_path}; its nn.Linear calls after q/k/v: {[(n, m.in_features, m.out_features) for n, m in rest]}"
-            ". Register an ArchitectureSpec naming them.")
-    attention = _parent([q[0], k[0], v[0], o[0]])
+    layers_path, layers, found, side, frames = _traced_stack(model, _stacks(base))
     block = layers[0]
+    where = f"block 0 of {layers_path or 'the model'} ({type(block).__name__}) of this {type(model).__name__}"
+    match = match_block(found, where)
+    attention, width = match.attention, match.width
+    owner = block.get_submodule(attention) if attention else block
+    q = match.qkv[0]
     # The head count the config or the attention module names, else the one its forward splits the query into.
-    heads = _head_count(config, block.get_submodule(attention) if attention else block) or traced_heads(
-        splits, q[1].out_features, width)
+    traced = traced_heads(found.splits, q[1].out_features, width)
+    heads = _head_count(config, owner) or traced
     if heads <= 0 or width % heads:
         raise UnsupportedArchitectureError(
-            f"{problem} the head count of {type(model).__name__}: config.num_attention_heads is {heads or 'missing'} "
-            f"for an attention width of {width}, the attention module keeps no num_heads, and its forward splits "
-            "no query into heads. Set config.num_attention_heads, or register an ArchitectureSpec.")
-    ups = ups[:2] if len(ups) > 1 and ups[1][1].out_features == ups[0][1].out_features else ups[:1]
-    mlp = _parent([*(n for n, _ in ups), downs[0][0]])
-    counts, sizes, head_width = head_attributes(block.get_submodule(attention) if attention else block, heads,
-                                                 width // heads, any_size_name)
-    patches = patch_count(model, tokens)
+            f"hf_snapvit found no head count for {type(model).__name__}: config.num_attention_heads is "
+            f"{heads or 'missing'} for an attention width of {width}, {attention or 'the block'} keeps no num_heads, "
+            "and its forward splits no query into heads. Set config.num_attention_heads.")
+    counts, sizes, head_width = head_attributes(owner, heads, width // heads, any_size_name)
+    if not counts and not head_width:
+        if traced != heads:  # nothing to follow the heads by: no attribute, no split of q seen
+            raise UnsupportedArchitectureError(
+                f"{type(owner).__name__} of {type(model).__name__} keeps no attribute naming one head's width "
+                f"({width // heads}) or the head count ({heads}), and its forward splits no query into heads, so "
+                "hf_snapvit cannot follow its heads. Register an ArchitectureSpec whose head_width names the width.")
+        head_width = width // heads  # the forward splits by this constant: one head's width, whatever their count
+    # Layers of one output row per head inside the attention: what computes each head's position bias.
+    rows = [n for n, m in match.side if _under(n, attention) and m.out_features == heads] if tables else []
+    inside = [_relative(n, attention).split(".") for n in rows]  # the modules that compute the biases
+    counts += shape_attributes(owner, [".".join(parts[:i]) for parts in inside for i in range(1, len(parts))], heads)
+    tokens = found.tokens  # per image: a clip's frames in the batch are counted by ModelShape.frames
+    patches = patch_count(model, tokens, found.patches // max(1, frames))
     extra = max(0, tokens - patches)
+    mlp = match.mlp
     return ArchitectureSpec(
         model_type=model.config.model_type, layers=layers_path, attention=attention,
-        q_proj=_relative(q[0], attention), k_proj=_relative(k[0], attention), v_proj=_relative(v[0], attention),
-        o_proj=_relative(o[0], attention), mlp=mlp,
-        mlp_variants=(MlpSpec(tuple(_relative(n, mlp) for n, _ in ups), _relative(downs[0][0], mlp)),),
+        q_proj=_relative(match.qkv[0][0], attention), k_proj=_relative(match.qkv[1][0], attention),
+        v_proj=_relative(match.qkv[2][0], attention), o_proj=_relative(match.o[0], attention), mlp=mlp,
+        mlp_variants=(MlpSpec(tuple(_relative(n, mlp) for n, _ in match.ups), _relative(match.down[0], mlp)),),
         embedding="pooled", extra_tokens=lambda c, e=extra: e, num_patches=lambda c, n=patches: n,
-        head_count_attrs=counts, head_size_attrs=sizes, head_width=head_width, token_subsets=False,
-        qkv_blocks=(0, 1, 2) if fused else (0, 0, 0), grid_inputs=takes_grid(model), backbone="" if whole else None,
-        excluded_from_budget=classifier_paths(model) if whole else ())
+        head_count_attrs=tuple(dict.fromkeys(counts)), head_size_attrs=sizes, head_width=head_width,
+        token_subsets=False, qkv_blocks=(0, 1, 2) if match.fused else (0, 0, 0), grid_inputs=takes_grid(model),
+        backbone="" if whole else None, excluded_from_budget=classifier_paths(model) if whole else (),
+        head_rows=tuple(rows), frames_in_batch=frames, image_size=side)
+
+
+def _under(name: str, path: str) -> bool:
+    return not path or name.startswith(path + ".")
 
 
 def _head_count(config: PretrainedConfig, attention: nn.Module) -> int:
@@ -176,15 +202,6 @@ def _head_count(config: PretrainedConfig, attention: nn.Module) -> int:
     return 0
 
 
-def _is_fused(calls: list[tuple[str, nn.Linear]]) -> bool:
-    """Whether the block's first projection is one fused qkv: three times as many outputs as the next projection
-    (the output projection) takes and gives back, where separate ones would have called two more of its width."""
-    if len(calls) < 2:
-        return False
-    first, second = calls[0][1], calls[1][1]
-    return first.out_features == 3 * second.in_features and second.out_features == first.in_features
-
-
 def discovery_guesses(model: nn.Module) -> list[ArchitectureSpec]:
     """The specs discovery proposes for ``model``, most likely first (distinct ones only); the last keeps every head,
     for an attention whose forward cannot run with fewer (timm's EVA reshapes its output to the model width), so
@@ -192,6 +209,8 @@ def discovery_guesses(model: nn.Module) -> list[ArchitectureSpec]:
     first = discover_spec(model)
     second = discover_spec(model, any_size_name=True)
     guesses = [first] if second.head_size_attrs == first.head_size_attrs else [first, second]
+    if first.head_rows:  # a layer that merely has one output per head need not be each head's own
+        guesses.append(discover_spec(model, tables=False))
     return [*guesses, dataclasses.replace(first, prune_heads=False)]
 
 
@@ -229,12 +248,9 @@ def unregistered_spec(model_or_config: object, config: PretrainedConfig | None,
         return same_type[0]
     else:
         raise UnsupportedArchitectureError(
-            f"model_type={model_type!r} is not supported by hf_snapvit. Supported: {', '.join(supported_model_types())}"
-            ". Pass the model itself (hf_snapvit.rank(model, ...)) and its structure is discovered and proven; or "
-            "describe where its blocks, q/k/v/o projections and FFN live with hf_snapvit.ArchitectureSpec and call "
-            "hf_snapvit.register_architecture(spec); for a task model built on a supported backbone, describe where "
-            "its encoder lives with hf_snapvit.TaskModelSpec and call hf_snapvit.register_task_model(spec)."
-        )
+            f"model_type={model_type!r} is not registered with hf_snapvit, and a config alone shows no structure to "
+            "discover: pass the model itself (hf_snapvit.rank(model, ...)), or register_architecture / "
+            f"register_task_model a spec for it. Supported: {', '.join(supported_model_types())}.")
     _DISCOVERED[key] = spec
     return spec
 
@@ -262,4 +278,15 @@ def forget_discovered(model_type: str, model: nn.Module | None = None) -> None:
             del _DISCOVERED[key]
 
 
+def _inferred_side(config: PretrainedConfig) -> int | None:
+    """The side discovery inferred for a model of ``config`` (or of its vision config) whose config names none."""
+    vision = vision_config(config)
+    for owner in (config,) if vision is config else (config, vision):
+        spec = _DISCOVERED.get(_structure_key(owner, getattr(owner, "model_type", None)))
+        if spec is not None and spec.image_size:
+            return spec.image_size
+    return None
+
+
 on_unregistered(unregistered_spec, forget_discovered)
+on_inferred_side(_inferred_side)

@@ -18,7 +18,7 @@ import torch.nn as nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from . import ArchitectureSpec, get_backbone, get_layers, get_spec, vision_config
-from .inputs import grid_patchify, pixel_shape
+from .inputs import flatten_frames, grid_patchify, pixel_shape
 from ..errors import DataError
 
 
@@ -62,11 +62,14 @@ def unpatchify(patches: torch.Tensor, patch_size: int, spatial_shapes: torch.Ten
 
 def forward_inputs(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None = None) -> dict:
     """``inputs`` as ``model.forward`` (or its vision encoder) takes them: ``[B, C, H, W]`` pixels become patch
-    sequences (with their mask and grid) for backbones that take those (SigLIP2), and a task model that reads hidden
-    states (LLaVA) asks for them; anything else passes through. Returns a new dict."""
+    sequences (with their mask and grid) for backbones that take those (SigLIP2), clips are flattened into frames
+    for a tower that takes them so (``frames_in_batch``), and a task model that reads hidden states (LLaVA) asks for
+    them; anything else passes through. Returns a new dict."""
     spec = spec or get_spec(model)
     kwargs = dict(inputs)
     pixels = kwargs.get("pixel_values")
+    if spec.frames_in_batch and pixels is not None:  # X-CLIP's tower: [B, T, C, H, W] clips as [B·T, C, H, W]
+        kwargs["pixel_values"] = pixels = flatten_frames(pixels, spec.frames_in_batch)
     if spec.patch_inputs and pixels is not None and pixels.ndim == 4:
         kwargs.update(patchify(pixels, int(vision_config(model.config).patch_size)))
     if spec.grid_inputs and pixels is not None and pixels.ndim == 4:
@@ -80,12 +83,14 @@ def forward_inputs(model: nn.Module, inputs: dict, spec: ArchitectureSpec | None
 
 
 def dummy_inputs(model: PreTrainedModel, batch_size: int, *, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Seeded random ``pixel_values`` of the model's configured input size (``[B, C, H, W]``, ``[B, T, C, H, W]``
-    for video models; patch sequences for backbones that take them, e.g. SigLIP2)."""
+    """Seeded random ``pixel_values`` of the model's configured input size, as its forward takes them
+    (``[B, C, H, W]``; ``[B, T, C, H, W]`` for video models, ``[B·T, C, H, W]`` for a tower that takes each clip's
+    frames in its batch; patch sequences for backbones that take them, e.g. SigLIP2)."""
     config = vision_config(model.config)
     generator = torch.Generator().manual_seed(seed)
-    pixels = torch.randn(pixel_shape(model.config, batch_size), generator=generator)
     spec = get_spec(model)
+    pixels = flatten_frames(torch.randn(pixel_shape(model.config, batch_size), generator=generator),
+                            spec.frames_in_batch)
     if spec.patch_inputs:
         return patchify(pixels, int(config.patch_size))
     return grid_patchify(pixels, model.config) if spec.grid_inputs else {"pixel_values": pixels}
@@ -132,8 +137,14 @@ def output_embedding(out: Any, last_tokens: torch.Tensor, spec: ArchitectureSpec
     """The ``[B, D]`` embedding of one forward: :func:`pooled_embedding` of the backbone's output ``out``, or where
     that holds none (:func:`returns_embedding`) the token mean of ``last_tokens``, its last block's output."""
     if not returns_embedding(out, spec):
-        return last_tokens.flatten(1, -2).mean(1)  # the tokens its last block hands the task's head
+        return per_clip(last_tokens.flatten(1, -2).mean(1), spec)  # the tokens its last block hands the task's head
     return pooled_embedding(out, spec, config, grid_thw)
+
+
+def per_clip(embedding: torch.Tensor, spec: ArchitectureSpec) -> torch.Tensor:
+    """Per-frame embeddings ``[B·T, D]`` of a tower that takes each clip's frames in its batch (``frames_in_batch``)
+    as each clip's, the mean of its frames' ``[B, D]``; others as they are."""
+    return embedding.unflatten(0, (-1, spec.frames_in_batch)).mean(1) if spec.frames_in_batch else embedding
 
 
 def returns_embedding(out: Any, spec: ArchitectureSpec) -> bool:
@@ -196,9 +207,9 @@ def pooled_embedding(out: Any, spec: ArchitectureSpec, config: PretrainedConfig 
     if spec.embedding == "pooled":
         pooled = getattr(out, "pooler_output", None)
         if pooled is not None:
-            return pooled
+            return per_clip(pooled, spec)
         last = out.last_hidden_state  # tokens [B, N, D], or a [B, C, h, w] feature map (SAM's neck)
-        return last.mean((2, 3)) if last.ndim == 4 else last.mean(1)
+        return per_clip(last.mean((2, 3)) if last.ndim == 4 else last.mean(1), spec)
     if spec.embedding == "cls_dist_mean":
         return out.last_hidden_state[:, :2].mean(1)
     return out.last_hidden_state[:, 0]

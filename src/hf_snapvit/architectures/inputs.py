@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -15,19 +16,26 @@ from ..errors import DataError
 from .registry import vision_config
 
 DEFAULT_SIDE = 224  # pixels, for a tower whose config names no image size
+# How discovery tells the input side it inferred for a model whose config names none (installed by .discovery).
+_INFERRED: dict[str, Callable[[PretrainedConfig], int | None]] = {}
+
+
+def on_inferred_side(lookup: Callable[[PretrainedConfig], int | None]) -> None:
+    """Install how :func:`pixel_shape` finds the side discovery inferred for a config that names none."""
+    _INFERRED["side"] = lookup
 
 
 def pixel_shape(config: PretrainedConfig, batch_size: int) -> tuple[int, ...]:
     """The shape of ``pixel_values`` the model was configured for: ``[B, C, H, W]``, or ``[B, T, C, H, W]`` for a
-    video model (its config has ``num_frames``: VideoMAE's tubelet input). The side is the config's ``image_size``
-    (or its patch grid), else a timm model's input size (:func:`_timm_side`), else :data:`DEFAULT_SIDE` px in whole
-    patches (and merge windows) where the config names a patch size."""
+    video model (its config has ``num_frames``: VideoMAE's tubelet input; a tower that takes the frames flattened
+    into the batch gets them so at its call, :func:`flatten_frames`). The side is the config's ``image_size`` (or
+    its patch grid), else a timm model's input size (:func:`_timm_side`), else the side discovery inferred from the
+    model's position embedding (:func:`position_side`, stored as ``elastic_spec["image_size"]``), else
+    :data:`DEFAULT_SIDE` px in whole patches (and merge windows) where the config names a patch size."""
     vision = vision_config(config)
-    size, patch = getattr(vision, "image_size", None), _integer(getattr(vision, "patch_size", None))
-    if size is None and getattr(vision, "num_patches", None) is not None and patch:
-        size = math.isqrt(int(vision.num_patches)) * patch
+    size, patch = _named_side(vision), _integer(getattr(vision, "patch_size", None))
     if size is None:
-        size = _timm_side(vision)
+        size = _inferred_side(config)
     if size is None:  # a tower of any resolution (Qwen2-VL): 224 px, in whole merge windows of patches
         step = (patch or 1) * int(getattr(vision, "spatial_merge_size", 1) or 1)
         size = max(step, DEFAULT_SIDE // step * step)
@@ -37,6 +45,49 @@ def pixel_shape(config: PretrainedConfig, batch_size: int) -> tuple[int, ...]:
     if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0:
         return (batch_size, frames, channels, side, side)
     return (batch_size, channels, side, side)
+
+
+def _named_side(vision: PretrainedConfig) -> int | tuple | list | None:
+    """The side a vision config names: its ``image_size`` (or patch grid), else a timm model's input size."""
+    size, patch = getattr(vision, "image_size", None), _integer(getattr(vision, "patch_size", None))
+    if size is None and getattr(vision, "num_patches", None) is not None and patch:
+        size = math.isqrt(int(vision.num_patches)) * patch
+    return size if size is not None else _timm_side(vision)
+
+
+def names_size(vision: PretrainedConfig) -> bool:
+    """Whether a vision config names the input size (:func:`pixel_shape` does not fall back to a guess)."""
+    return _named_side(vision) is not None
+
+
+def _inferred_side(config: PretrainedConfig) -> int | None:
+    """The side a checkpoint's stored spec records, or that discovery inferred for this config, else ``None``."""
+    stored = getattr(config, "elastic_spec", None)
+    if isinstance(stored, dict) and _integer(stored.get("image_size")):
+        return _integer(stored["image_size"])
+    return _INFERRED["side"](config) if "side" in _INFERRED else None
+
+
+def position_side(model: nn.Module, patch: int) -> int:
+    """The input side a model's position embedding fixes, where its config names none: the first parameter named
+    for positions (not relative ones) with a row per token, ``[..., N, D]``, whose ``N`` is a square grid of patches
+    after the fewest leading tokens (class, registers), times the patch side ``patch``; 0 if there is none."""
+    for name, parameter in model.named_parameters():
+        lower = name.lower()
+        if "pos" not in lower or "rel" in lower or parameter.ndim < 2:
+            continue
+        rows = int(parameter.shape[-2])
+        for extra in range(min(rows, 9)):
+            if (side := math.isqrt(rows - extra)) and side * side == rows - extra:
+                return side * patch
+        return 0
+    return 0
+
+
+def flatten_frames(pixels: torch.Tensor, frames_in_batch: int) -> torch.Tensor:
+    """``[B, T, C, H, W]`` clips as a tower that takes every clip's frames in the batch wants them
+    (``frames_in_batch`` = T: X-CLIP's ``[B·T, C, H, W]``); other pixels as they are."""
+    return pixels.flatten(0, 1) if frames_in_batch and pixels.ndim == 5 else pixels
 
 
 def _integer(value: object) -> int | None:
@@ -65,13 +116,18 @@ def _timm_side(config: PretrainedConfig) -> int | None:
     return _integer(default.input_size[-1]) if default is not None and default.input_size else None
 
 
+def patch_conv(model: nn.Module) -> nn.Module | None:
+    """The model's patch embedding: its first convolution whose stride equals its kernel, else ``None``."""
+    return next((m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))
+                 and tuple(m.stride) == tuple(m.kernel_size)), None)
+
+
 def patch_side(model: nn.Module) -> int:
     """One patch's side in pixels: the config's ``patch_size``, else the kernel of the model's first convolution
     whose stride equals its kernel (the patch embedding of a model whose config names no patch size: timm's)."""
     size = getattr(vision_config(model.config), "patch_size", None)
     if size is None:
-        conv = next((m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))
-                     and tuple(m.stride) == tuple(m.kernel_size)), None)
+        conv = patch_conv(model)
         size = conv.kernel_size[-1] if conv is not None else None
     if size is None:
         raise DataError(f"{type(model).__name__} names no patch_size in its config and has no patch-embedding "

@@ -15,10 +15,33 @@ def _get(module: nn.Module, path: str) -> nn.Module:
 
 
 def find_attribute(owner: object, path: str) -> object:
-    """What the dotted ``path`` names inside ``owner`` (a module, parameter or plain attribute), ``None`` if absent."""
+    """What the dotted ``path`` names inside ``owner`` (a module, parameter or plain attribute; ``"bias_shape[-1]"``:
+    an entry of a tuple attribute), ``None`` if absent."""
     for name in path.split(".") if path else ():
+        name, _, index = name.partition("[")
         owner = getattr(owner, name, None)
+        if index:
+            try:
+                owner = owner[int(index.rstrip("]"))]
+            except (TypeError, IndexError, ValueError):
+                return None
     return owner
+
+
+def set_attribute(owner: object, path: str, value: object) -> None:
+    """Set what the dotted ``path`` names inside ``owner`` (see :func:`find_attribute`) to ``value``, if it exists;
+    a tuple entry is set by replacing the tuple."""
+    parent, _, name = path.rpartition(".")
+    owner = find_attribute(owner, parent)
+    name, _, index = name.partition("[")
+    if not hasattr(owner, name):
+        return
+    if not index:
+        setattr(owner, name, value)
+        return
+    entries = list(getattr(owner, name))
+    entries[int(index.rstrip("]"))] = value
+    setattr(owner, name, type(getattr(owner, name))(entries))
 
 
 def get_projection(module: nn.Module, path: str) -> nn.Linear:
@@ -35,6 +58,11 @@ def head_tables(layer: nn.Module, spec: ArchitectureSpec) -> list[tuple[nn.Modul
         if isinstance(getattr(module, name, None), nn.Parameter):
             found.append((module, name))
     return found
+
+
+def head_rows(layer: nn.Module, spec: ArchitectureSpec) -> list[nn.Linear]:
+    """The ``nn.Linear`` layers of the spec's ``head_rows`` that this block has: one output row per head."""
+    return [m for m in (find_attribute(layer, path) for path in spec.head_rows) if isinstance(m, nn.Linear)]
 
 
 def get_backbone(model: nn.Module, spec: ArchitectureSpec | None = None) -> nn.Module:
@@ -124,6 +152,8 @@ def qkv_rows(attention: nn.Module, spec: ArchitectureSpec, role: int) -> tuple[n
 
 def head_dim(attention: nn.Module, spec: ArchitectureSpec) -> int:
     """Width of one head. Read from the module, so it stays right after heads are removed."""
+    if isinstance(spec.head_width, int):  # a constant the forward splits by
+        return spec.head_width
     if spec.head_width:
         return int(find_attribute(attention, spec.head_width))
     counts = [c for c in (find_attribute(attention, path) for path in spec.head_count_attrs) if isinstance(c, int)]

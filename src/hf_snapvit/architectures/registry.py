@@ -62,7 +62,9 @@ class ArchitectureSpec:
             every one present.
         head_size_attrs: The same for attributes that hold heads × head width (``all_head_size``).
         head_width: Dotted path of the attention-module attribute that holds one head's width (``""``: the module
-            keeps none, and the width is the query rows over the first of ``head_count_attrs`` it has, as in SAM).
+            keeps none, and the width is the query rows over the first of ``head_count_attrs`` it has, as in SAM),
+            or the width itself (an ``int``) where the module keeps neither and its forward splits the query into
+            heads of that constant width (``unflatten(-1, (-1, 64))``).
         qkv_blocks: The row block of its projection that query, key and value each take: ``(0, 1, 2)`` where
             ``q_proj``, ``k_proj`` and ``v_proj`` name one fused projection whose rows are [query heads | key heads |
             value heads] (SAM, BLIP-2, timm); ``(0, 0, 0)`` for three separate projections. A projection named by
@@ -72,10 +74,19 @@ class ArchitectureSpec:
             head floor is all of them) and only FFN neurons are pruned.
         head_tables: Dotted paths from a block to parameters whose last dimension has one entry per head (BEiT's
             relative position bias table): sliced and reordered with the heads, and counted in each head's cost.
+        head_rows: Dotted paths from a block to ``nn.Linear`` layers with one output row per head (the last layer of
+            timm's relative-position MLP, ``attn.rel_pos.mlp.fc2``, which computes each head's position bias): their
+            rows and bias entries are sliced and reordered with the heads, and counted in each head's cost.
         unsupported_config: ``(attribute, value, reason and fix)`` of config settings hf_snapvit cannot prune;
             :func:`get_layers` refuses a model that has one.
         patch_inputs: The backbone takes flattened patch sequences with a mask and the patch grid (SigLIP2's
             variable-resolution inputs) instead of ``[B, C, H, W]`` images; :func:`image_embedding` patchifies images.
+        frames_in_batch: The backbone takes video clips of this many frames flattened into the batch,
+            ``[B·T, C, H, W]`` (X-CLIP's vision tower), where ``pixel_values`` of the config's shape are
+            ``[B, T, C, H, W]`` clips: hf_snapvit's clips are flattened at the call, and a clip's embedding is the
+            mean of its frames'. ``0``: it takes what :func:`~hf_snapvit.architectures.inputs.pixel_shape` says.
+        image_size: The input side in pixels discovery inferred from the position embedding of a model whose config
+            names none (``0``: the config names it, or the model takes any size).
         grid_inputs: The backbone takes every image's patches in one sequence, flattened in merge-window order, with
             each image's ``grid_thw`` (Qwen2-VL's vision tower: ``forward(hidden_states, grid_thw)``) instead of
             ``[B, C, H, W]`` images; :func:`~hf_snapvit.architectures.inputs.grid_patchify` turns images into that.
@@ -108,12 +119,15 @@ class ArchitectureSpec:
     )
     head_count_attrs: tuple[str, ...] = ("num_heads", "num_attention_heads")
     head_size_attrs: tuple[str, ...] = ("all_head_size",)
-    head_width: str = "head_dim"
+    head_width: str | int = "head_dim"
     qkv_blocks: tuple[int, int, int] = (0, 0, 0)
     prune_heads: bool = True
     head_tables: tuple[str, ...] = ()
+    head_rows: tuple[str, ...] = ()
     unsupported_config: tuple[tuple[str, object, str], ...] = ()
     patch_inputs: bool = False
+    frames_in_batch: int = 0
+    image_size: int = 0
     grid_inputs: bool = False
     token_subsets: bool = True
     inference_config: tuple[tuple[str, object], ...] = ()

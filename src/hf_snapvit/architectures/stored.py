@@ -20,24 +20,29 @@ import torch.nn as nn
 from transformers import PretrainedConfig
 
 from ..errors import UnsupportedArchitectureError
-from .inputs import takes_grid
+from .inputs import pixel_shape, takes_grid
 from .parts import find_attribute
 from .registry import SPEC_KEY, ArchitectureSpec, MlpSpec, supported_model_types, task_model_spec, vision_config
 from .structure import by_role, head_attributes, patch_count
-from .tracing import trace_block
+from .tracing import trace
 
 SPEC_FORMAT = 1
-_PATH_FIELDS = ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "mlp", "head_width")
-_FIELDS = frozenset({"format", *_PATH_FIELDS, "mlp_in", "mlp_out", "embedding", "head_count_attrs",
+_PATH_FIELDS = ("layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "mlp")
+# Fields written only where they differ from their default (specs saved before them read as the default).
+_OPTIONAL = {"head_tables": (), "head_rows": (), "frames_in_batch": 0, "image_size": 0}
+_FIELDS = frozenset({"format", *_PATH_FIELDS, "head_width", "mlp_in", "mlp_out", "embedding", "head_count_attrs",
                      "head_size_attrs", "extra_tokens", "num_patches", "qkv_blocks", "grid_inputs", "backbone",
-                     "prune_heads", "excluded_from_budget"})
+                     "prune_heads", "excluded_from_budget", *_OPTIONAL})
 FIX = "Re-save the checkpoint with hf_snapvit.save_elastic, or register an ArchitectureSpec for this model."
 
 
 def spec_to_dict(spec: ArchitectureSpec, config: PretrainedConfig) -> dict[str, Any]:
     """The data form of a discovered spec, stored as ``config.json["elastic_spec"]``."""
     variant = spec.mlp_variants[0]
+    optional = {name: list(value) if isinstance(value, tuple) else value
+                for name, value in ((name, getattr(spec, name)) for name in _OPTIONAL) if value != _OPTIONAL[name]}
     return {"format": SPEC_FORMAT, **{name: getattr(spec, name) for name in _PATH_FIELDS},
+            "head_width": spec.head_width, **optional,
             "mlp_in": list(variant.in_proj), "mlp_out": variant.out_proj, "embedding": spec.embedding,
             "head_count_attrs": list(spec.head_count_attrs), "head_size_attrs": list(spec.head_size_attrs),
             "extra_tokens": int(spec.extra_tokens(config)), "num_patches": int(spec.num_patches(config)),
@@ -62,13 +67,16 @@ def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None 
     for name in (*_PATH_FIELDS, "mlp_out", "embedding"):
         if not isinstance(data.get(name), str):
             raise fail(f"needs a string {name!r}, got {data.get(name)!r}")
-    for name in ("mlp_in", "head_count_attrs", "head_size_attrs", "excluded_from_budget"):
-        value = data.get(name, [] if name == "excluded_from_budget" else None)  # absent in specs saved before it
+    width = data.get("head_width")
+    if not isinstance(width, str) and (isinstance(width, bool) or not isinstance(width, int) or width <= 0):
+        raise fail(f"needs a string (an attribute path) or a positive integer 'head_width', got {width!r}")
+    for name in ("mlp_in", "head_count_attrs", "head_size_attrs", "excluded_from_budget", "head_tables", "head_rows"):
+        value = data.get(name, [] if name in ("excluded_from_budget", "head_tables", "head_rows") else None)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or (name == "mlp_in"
                                                                                          and not value):
             raise fail(f"needs a list of strings {name!r}, got {value!r}")
-    for name in ("extra_tokens", "num_patches"):
-        value = data.get(name)
+    for name in ("extra_tokens", "num_patches", "frames_in_batch", "image_size"):
+        value = data.get(name, _OPTIONAL.get(name))
         if isinstance(value, bool) or not isinstance(value, int) or value < (name == "num_patches"):
             raise fail(f"needs a {'positive' if name == 'num_patches' else 'non-negative'} integer {name!r}, got "
                        f"{value!r}")
@@ -89,7 +97,9 @@ def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None 
     if data["embedding"] not in ("cls", "pooled", "cls_dist_mean"):
         raise fail(f"has embedding {data['embedding']!r}; expected 'cls', 'pooled' or 'cls_dist_mean'")
     return ArchitectureSpec(
-        model_type=model_type, **{name: data[name] for name in _PATH_FIELDS},
+        model_type=model_type, **{name: data[name] for name in _PATH_FIELDS}, head_width=width,
+        head_tables=tuple(data.get("head_tables", ())), head_rows=tuple(data.get("head_rows", ())),
+        frames_in_batch=data.get("frames_in_batch", 0), image_size=data.get("image_size", 0),
         mlp_variants=(MlpSpec(tuple(data["mlp_in"]), data["mlp_out"]),), embedding=data["embedding"],
         head_count_attrs=tuple(data["head_count_attrs"]), head_size_attrs=tuple(data["head_size_attrs"]),
         extra_tokens=lambda c, e=data["extra_tokens"]: e, num_patches=lambda c, n=data["num_patches"]: n,
@@ -144,6 +154,10 @@ def check_stored_spec(model: nn.Module, spec: ArchitectureSpec) -> None:
     if spec.grid_inputs != takes_grid(model):
         raise refuse("grid_inputs", spec.grid_inputs, f"the model's forward takes {'' if takes_grid(model) else 'no '}"
                      "patch sequences with their grid_thw")
+    clip = pixel_shape(model.config, 1)
+    if spec.frames_in_batch not in (0, clip[1] if len(clip) == 5 else 0):
+        raise refuse("frames_in_batch", spec.frames_in_batch, "expected 0, or the config's num_frames for a video "
+                     f"tower that takes each clip's frames in its batch (its clips are {list(clip[1:])})")
     backbone = _backbone(model, spec)
     for path in spec.excluded_from_budget:
         if not path or not isinstance(find_attribute(backbone, path), nn.Module):
@@ -242,7 +256,22 @@ def _block(block: nn.Module, index: int, spec: ArchitectureSpec, refuse: _Refusa
         raise refuse("mlp_in", list(variant.in_proj), f"it leaves out {left}, which block {index}'s FFN also "
                      f"computes its {neurons} neurons with")
     heads = _heads(attention, index, width, spec, refuse)
+    _per_head(block, index, spec, heads, refuse)
     return heads, width
+
+
+def _per_head(block: nn.Module, index: int, spec: ArchitectureSpec, heads: int, refuse: _Refusal) -> None:
+    """The per-head tables (a parameter whose last dimension has one entry per head) and layers (an ``nn.Linear`` of
+    one output row per head) the spec names in one block."""
+    for field, kind, size in (("head_tables", nn.Parameter, lambda t: t.shape[-1] if t.ndim else 0),
+                              ("head_rows", nn.Linear, lambda m: m.out_features)):
+        for path in getattr(spec, field):
+            found = find_attribute(block, path)
+            if not isinstance(found, kind) or size(found) != heads:
+                what = f"{_what(found)}" + (f" of {size(found)}" if isinstance(found, kind) else "")
+                raise refuse(field, list(getattr(spec, field)), f"{path!r} names {what} in block {index}, expected "
+                             f"{'a parameter' if kind is nn.Parameter else 'an nn.Linear'} of one "
+                             f"{'entry' if kind is nn.Parameter else 'output row'} per head ({heads})")
 
 
 def _integer(owner: nn.Module, path: str) -> int | None:
@@ -258,7 +287,9 @@ def _heads(attention: nn.Module, index: int, width: int, spec: ArchitectureSpec,
                 raise refuse(field, list(getattr(spec, field)), f"{path!r} is {find_attribute(attention, path)!r} in "
                              f"block {index}, expected a positive integer")
     counts = [_integer(attention, path) for path in spec.head_count_attrs]
-    if spec.head_width:
+    if isinstance(spec.head_width, int):  # a constant the forward splits by
+        head_dim = spec.head_width
+    elif spec.head_width:
         head_dim = _integer(attention, spec.head_width)
         if head_dim is None:
             raise refuse("head_width", spec.head_width, f"in block {index} it is "
@@ -280,10 +311,7 @@ def _heads(attention: nn.Module, index: int, width: int, spec: ArchitectureSpec,
                 raise refuse(field, list(getattr(spec, field)), f"{path!r} is {_integer(attention, path)} in block "
                              f"{index}, expected {expected} ({heads} heads of width {head_dim}{by})")
     if index == 0:  # every attribute discovery finds for these heads must change with them
-        try:
-            must = head_attributes(attention, heads, head_dim, any_size_name=False)[:2]
-        except UnsupportedArchitectureError:
-            must = ((), ())
+        must = head_attributes(attention, heads, head_dim, any_size_name=False)[:2]
         for field, names in zip(("head_count_attrs", "head_size_attrs"), must):
             if missing := [name for name in names if name not in getattr(spec, field)]:
                 raise refuse(field, list(getattr(spec, field)), f"it lacks {missing}, which hold "
@@ -295,11 +323,13 @@ def _heads(attention: nn.Module, index: int, width: int, spec: ArchitectureSpec,
 def _check_forward(model: nn.Module, block: nn.Module, spec: ArchitectureSpec, refuse: _Refusal) -> None:
     """What one forward shows (where the model's forward can run on its device): the projections run as a block's
     do, and the tokens the block sees are the spec's patch and other tokens."""
+    clip = pixel_shape(model.config, 1)
     try:
-        calls, tokens = trace_block(model, block)
+        found, _ = trace(model, block, clip[1:] if spec.frames_in_batch else clip)
+        calls, tokens, traced = found.calls, found.tokens, found.patches // max(1, spec.frames_in_batch)
     except UnsupportedArchitectureError:  # a forward the meta device cannot run (one that reads a value): no trace
-        calls, tokens = None, 0
-    patches = patch_count(model, tokens) if tokens or not takes_grid(model) else spec.num_patches(model.config)
+        calls, tokens, traced = None, 0, 0
+    patches = patch_count(model, tokens, traced) if tokens or not takes_grid(model) else spec.num_patches(model.config)
     if spec.num_patches(model.config) != patches:
         raise refuse("num_patches", spec.num_patches(model.config), f"an image of the configured size gives "
                      f"{patches} patch tokens")
@@ -356,7 +386,7 @@ def require_stored_spec(config: PretrainedConfig, source: str | os.PathLike) -> 
 
 # Which stored fields decide each ModelShape entry a ranking records.
 _DECIDED_BY = {"num_layers": "layers", "num_heads": "head_count_attrs/head_width", "head_dim": "head_width",
-               "hidden_size": "o_proj", "intermediate_size": "mlp_out", "params_per_head": "q_proj/k_proj/v_proj",
+               "frames": "frames_in_batch", "hidden_size": "o_proj", "intermediate_size": "mlp_out", "params_per_head": "q_proj/k_proj/v_proj",
                "params_per_neuron": "mlp_in/mlp_out", "fixed_params": "excluded_from_budget",
                "num_tokens": "extra_tokens/num_patches", "num_patches": "num_patches", "ffn_matrices": "mlp_in",
                "head_flops": "backbone"}

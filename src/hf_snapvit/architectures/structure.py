@@ -10,7 +10,6 @@ from collections import Counter
 
 import torch.nn as nn
 
-from ..errors import UnsupportedArchitectureError
 from .inputs import patch_side, pixel_shape, takes_grid
 from .registry import vision_config
 from .tracing import Split
@@ -37,9 +36,11 @@ def by_role(calls: list[tuple[str, nn.Linear]]) -> list[tuple[str, nn.Linear]]:
 def head_attributes(attention: nn.Module, heads: int, width: int,
                     any_size_name: bool) -> tuple[tuple[str, ...], tuple[str, ...], str]:
     """The attention module's attributes holding the head count, heads × head width, and one head's width (``""`` if
-    it keeps none, when it keeps the count): those whose names contain "head"; with ``any_size_name`` also the
-    attention module's own integers equal to heads × head width whatever their name (an ``embed_dim`` that a forward
-    reshapes to)."""
+    it keeps none): those whose names contain "head", each taken by its value, or where values coincide (a head
+    width equal to the head count) by its name (:func:`_head_role`); with ``any_size_name`` also the attention
+    module's own integers equal to heads × head width whatever their name (an ``embed_dim`` that a forward reshapes
+    to). All empty where the module keeps none of them (the forward may split by constants: see
+    :func:`traced_heads`)."""
     counts, sizes, widths = [], [], []
     for prefix, module in attention.named_modules():
         for name, value in vars(module).items():
@@ -50,18 +51,41 @@ def head_attributes(attention: nn.Module, heads: int, width: int,
                 if any_size_name and not prefix and value == heads * width:
                     sizes.append(path)
                 continue
-            if value == heads:
-                counts.append(path)
-            elif value == heads * width:
-                sizes.append(path)
-            elif value == width:
-                widths.append(path)
-    if not widths and not counts:
-        raise UnsupportedArchitectureError(
-            f"{type(attention).__name__} keeps no attribute naming one head's width ({width}) or the head count "
-            f"({heads}), so hf_snapvit cannot follow its heads. Register an ArchitectureSpec whose head_width names "
-            "it.")
+            found = _head_role(name, value, heads, width)
+            {"count": counts, "size": sizes, "width": widths}.get(found, []).append(path)
     return tuple(counts), tuple(sizes), widths[0] if widths else ""  # "": the width is rows over the head count
+
+
+def _head_role(name: str, value: int, heads: int, width: int) -> str | None:
+    """Whether an attribute named ``name`` holding ``value`` is the head ``count``, heads × head width (``size``) or
+    one head's ``width``: by its value, and where several fit (4 heads of width 4), by its name (``head_dim``,
+    ``head_size``, ``head_width``: a width; ``num_heads``, ``n_heads``, ``head_count``: a count; ``all_head_size``:
+    heads × width)."""
+    roles = [role for role, fits in (("count", heads), ("size", heads * width), ("width", width)) if fits == value]
+    if len(roles) > 1:
+        lower = name.lower()
+        if lower.startswith(("num", "n_")) or "count" in lower or lower.endswith("heads"):
+            named = "count"
+        elif any(word in lower for word in ("dim", "size", "width")):
+            named = "size" if lower.startswith(("all_", "total_", "inner_")) else "width"
+        else:
+            named = roles[0]
+        roles = [named] if named in roles else roles
+    return roles[0] if roles else None
+
+
+def shape_attributes(attention: nn.Module, owners: list[str], heads: int) -> tuple[str, ...]:
+    """Entries of tuple attributes that hold the head count last (``rel_pos.bias_shape[-1]``: timm's
+    relative-position modules view their bias to it) in the modules ``owners`` (paths inside ``attention``) that
+    compute each head's position bias: they change with the heads."""
+    found = []
+    for owner in dict.fromkeys(owners):
+        module = attention.get_submodule(owner) if owner else attention
+        for name, value in vars(module).items():
+            if (isinstance(value, tuple) and len(value) > 1 and all(isinstance(v, int) for v in value)
+                    and value[-1] == heads):
+                found.append(f"{owner}.{name}[-1]" if owner else f"{name}[-1]")
+    return tuple(found)
 
 
 def traced_heads(splits: list[Split], rows: int, width: int) -> int:
@@ -78,9 +102,11 @@ def traced_heads(splits: list[Split], rows: int, width: int) -> int:
     return 0
 
 
-def patch_count(model: nn.Module, tokens: int) -> int:
-    """Patch tokens of one input at the configured size: the patch grid (times the tubelets of a video model), or for
-    a tower that takes every patch in one sequence, the ``tokens`` its block sees."""
+def patch_count(model: nn.Module, tokens: int, traced: int = 0) -> int:
+    """Patch tokens of one input at the configured size (of one frame, for a tower that takes a clip's frames in its
+    batch): the patch grid (times the tubelets of a video model), or for a tower that takes every patch in one
+    sequence, the ``tokens`` its block sees. Where that grid holds more patches than the block sees ``tokens`` (a
+    hybrid's stem downsamples before its patch embedding), the ``traced`` patches the patch embedding gave it."""
     if takes_grid(model):
         return tokens
     config = vision_config(model.config)
@@ -88,7 +114,7 @@ def patch_count(model: nn.Module, tokens: int) -> int:
     frames, tubelet = getattr(config, "num_frames", None), getattr(config, "tubelet_size", None)
     if isinstance(frames, int) and isinstance(tubelet, int) and tubelet > 0:
         patches *= frames // tubelet
-    return patches
+    return traced if tokens and patches > tokens and 0 < traced <= tokens else patches
 
 
 def uneven_blocks(layers: nn.Module) -> str:

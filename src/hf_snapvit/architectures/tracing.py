@@ -5,14 +5,18 @@ is traced too: tensors its ``__init__`` left on the CPU (rotary tables) are move
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
+from transformers import PretrainedConfig
 
 from ..errors import UnsupportedArchitectureError
-from .inputs import blank_inputs, pixel_shape
+from .inputs import blank_inputs, names_size, patch_conv, pixel_shape
+from .registry import vision_config
 
 
 _RESHAPES = frozenset({torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.unflatten,
@@ -23,13 +27,14 @@ Split = tuple[int, tuple[int, ...], tuple[int, ...]]
 
 class _LinearCalls(TorchFunctionMode):
     """Records which of a block's ``nn.Linear`` weights each ``F.linear`` call uses: through the layer's own forward,
-    or applied to its weight directly (timm's EVA attention adds separate query and value biases that way); and,
-    while the block's first run is ``inside``, the shapes each reshape takes and gives."""
+    or applied to its weight directly (timm's EVA attention adds separate query and value biases that way), with the
+    tokens of its input; and, while the block's first run is ``inside``, the shapes each reshape takes and gives."""
 
     def __init__(self, block: nn.Module, meta: bool) -> None:
         super().__init__()
         self.owners = {id(m.weight): (n, m) for n, m in block.named_modules() if isinstance(m, nn.Linear)}
         self.calls: list[tuple[str, nn.Linear]] = []
+        self.tokens: dict[str, int] = {}
         self.splits: list[Split] = []
         self.inside, self.meta = False, meta
 
@@ -41,6 +46,9 @@ class _LinearCalls(TorchFunctionMode):
             weight = kwargs.get("weight", args[1] if len(args) > 1 else None)
             if id(weight) in self.owners:
                 self.calls.append(self.owners[id(weight)])
+                source = args[0] if args else kwargs.get("input")
+                self.tokens.setdefault(self.owners[id(weight)][0], int(source.shape[-2]) if getattr(
+                    source, "ndim", 0) >= 2 else 1)
         out = func(*args, **kwargs)
         if self.inside and func in _RESHAPES and args and isinstance(args[0], torch.Tensor) and isinstance(
                 out, torch.Tensor):
@@ -52,21 +60,46 @@ def _to_meta(value: object) -> object:
     return value.to("meta") if isinstance(value, torch.Tensor) and value.device.type != "meta" else value
 
 
-def trace_block(model: nn.Module, block: nn.Module,
-                splits: list[Split] | None = None) -> tuple[list[tuple[str, nn.Linear]], int]:
-    """The block's ``nn.Linear`` layers in the order one forward uses their weights, and the number of tokens it
-    sees; ``splits`` (a list, if given) gets the reshapes of its first run (:data:`Split`)."""
-    shape = pixel_shape(model.config, 1)
+@dataclass
+class Trace:
+    """What one forward showed of a block (:func:`trace`)."""
+
+    calls: list[tuple[str, nn.Linear]]  #: the block's ``nn.Linear`` layers, in the order their weights were first used
+    tokens: int  #: tokens per image its first run saw (``[B, N, D]`` hidden states, or one image's ``[N, D]``)
+    hidden: int  #: the width of its input hidden states (0: not a tensor)
+    call_tokens: dict[str, int] = field(default_factory=dict)  #: the tokens each layer's first input held
+    splits: list[Split] = field(default_factory=list)  #: the reshapes of its first run
+    patches: int = 0  #: the patch grid the patch embedding (:func:`patch_conv`) gave the input, 0 if none ran
+
+
+def trace(model: nn.Module, block: nn.Module, shape: tuple[int, ...] | None = None,
+          watch: tuple[nn.Module, ...] = ()) -> tuple[Trace, set[int]]:
+    """One forward of ``model`` on blank ``pixel_values`` of ``shape`` (default: :func:`pixel_shape`'s, one image)
+    and what it showed of ``block``; with the ids of the modules of ``watch`` that ran.
+
+    Raises:
+        UnsupportedArchitectureError: the forward fails on that input, naming it and the cause.
+    """
+    shape = tuple(shape or pixel_shape(model.config, 1))
     device = next(model.parameters()).device
     recorder = _LinearCalls(block, meta=device.type == "meta")
-    tokens: list[int] = []
+    tokens: list[tuple[int, int]] = []
+    ran: set[int] = set()
+    grid: list[int] = []
 
     def enter(module: nn.Module, args: tuple, kwargs: dict) -> None:
         tokens.append(_tokens(args, kwargs))
         recorder.inside = len(tokens) == 1
 
+    def patches(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        if not grid and isinstance(output, torch.Tensor) and output.ndim >= 3:  # [B, C, *grid] for one input
+            grid.append(output.numel() // int(output.shape[1]))
+
     hooks = [block.register_forward_pre_hook(enter, with_kwargs=True),
              block.register_forward_hook(lambda *_: setattr(recorder, "inside", False))]
+    hooks += [m.register_forward_pre_hook(lambda module, args: ran.add(id(module))) for m in watch]
+    if (conv := patch_conv(model)) is not None:
+        hooks.append(conv.register_forward_hook(patches))
     dtype = next(model.parameters()).dtype
     training = model.training
     model.eval()  # a training-mode forward would update running statistics of the caller's model
@@ -74,30 +107,51 @@ def trace_block(model: nn.Module, block: nn.Module,
         with torch.no_grad(), recorder:
             model(**blank_inputs(model, torch.zeros(shape, dtype=dtype, device=device)))
     except Exception as error:  # noqa: BLE001 - any failure means the model cannot be discovered this way
+        cause = " ".join(f"{type(error).__name__}: {error}".split())
         raise UnsupportedArchitectureError(
             f"hf_snapvit could not run one forward of {type(model).__name__} on blank pixel_values of shape "
-            f"{list(shape)} to discover its structure ({type(error).__name__}: {error}). Describe it with "
-            "hf_snapvit.ArchitectureSpec and call hf_snapvit.register_architecture(spec).") from error
+            f"{list(shape)} to discover its structure ({cause[:160]}). {_input_fix(model.config)}") from error
     finally:
         model.train(training)
         for hook in hooks:
             hook.remove()
-    if splits is not None:
-        splits.extend(recorder.splits)
     seen, order = set(), []
     for name, module in recorder.calls:  # the first call of each layer (one block runs once per forward)
         if name not in seen:
             seen.add(name)
             order.append((name, module))
-    return order, tokens[0] if tokens else 0
+    first = tokens[0] if tokens else (0, 0)
+    return Trace(order, first[0], first[1], recorder.tokens, recorder.splits, grid[0] if grid else 0), ran
 
 
-def _tokens(args: tuple, kwargs: dict) -> int:
-    """Tokens per image a block sees: ``[B, N, D]`` hidden states, or one image's ``[N, D]`` sequence."""
+def _input_fix(config: PretrainedConfig) -> str:
+    """What makes a blank forward run: the input sizes the config names."""
+    vision = vision_config(config)
+    if not names_size(vision):
+        return ("Its config names no image_size: set config.image_size (and patch_size) to the input size the model "
+                "takes.")
+    frames = " and num_frames" if getattr(vision, "num_frames", None) else ""
+    return f"Check that config.image_size, num_channels{frames} are the input the model takes."
+
+
+def trace_block(model: nn.Module, block: nn.Module, splits: list[Split] | None = None,
+                shape: tuple[int, ...] | None = None) -> tuple[list[tuple[str, nn.Linear]], int]:
+    """The block's ``nn.Linear`` layers in the order one forward uses their weights, and the number of tokens it
+    sees (:func:`trace`); ``splits`` (a list, if given) gets the reshapes of its first run (:data:`Split`)."""
+    found, _ = trace(model, block, shape)
+    if splits is not None:
+        splits.extend(found.splits)
+    return found.calls, found.tokens
+
+
+def _tokens(args: tuple, kwargs: dict) -> tuple[int, int]:
+    """Tokens per image a block sees (``[B, N, D]`` hidden states, or one image's ``[N, D]`` sequence) and their
+    width."""
     hidden = args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
-    if not isinstance(hidden, torch.Tensor):
-        return 0
-    return int(hidden.shape[1]) if hidden.dim() == 3 else int(hidden.shape[0]) if hidden.dim() == 2 else 0
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() == 0:
+        return 0, 0
+    count = int(hidden.shape[1]) if hidden.dim() == 3 else int(hidden.shape[0]) if hidden.dim() == 2 else 0
+    return count, int(hidden.shape[-1])
 
 
 def classifier_paths(model: nn.Module) -> tuple[str, ...]:

@@ -29,7 +29,8 @@ REMOTE_FILE = f"{REMOTE_MODULE}.py"
 # Copied verbatim (their source, not called from here, hence the private names too), in this order: each needs only the ones before it, numpy, torch and transformers.
 _SOURCES = (
     architectures.MlpSpec, architectures.ArchitectureSpec, architectures.parts._get, architectures.find_attribute,
-    architectures.get_projection, architectures.row_blocks, architectures.qkv_projections, architectures.head_tables,
+    architectures.set_attribute, architectures.get_projection, architectures.row_blocks, architectures.qkv_projections,
+    architectures.head_tables, architectures.head_rows,
     architectures.get_backbone, architectures.get_layers, architectures.get_attention, architectures.get_mlp,
     architectures.head_dim, architectures.ffn_inputs, slicing._as_index, slicing._take, slicing.set_head_count_,
     slicing.slice_heads_, slicing.slice_head_tables_, slicing.slice_neurons_, slicing.slice_model_, slicing.prefixes,
@@ -37,7 +38,7 @@ _SOURCES = (
 )
 _STRUCTURAL_FIELDS = ("model_type", "layers", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "mlp",
                       "mlp_variants", "backbone", "head_count_attrs", "head_size_attrs", "head_width", "qkv_blocks",
-                      "head_tables", "unsupported_config", "encoder")
+                      "head_tables", "head_rows", "unsupported_config", "encoder")
 # Auto classes a sliced model can be loaded with, most specific first.
 _AUTO_CLASSES = (("AutoModelForImageClassification", modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES),
                  ("AutoModelForDepthEstimation", modeling_auto.MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES),

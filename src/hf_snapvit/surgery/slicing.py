@@ -3,8 +3,8 @@
 One operation serves three purposes: permuting a dense model into rank order (keep every unit, reordered),
 slicing a model to a budget (keep a prefix of that order), and building the shapes of a meta-device skeleton before
 weights are read. Only the q/k/v rows (in each row block of a fused ``qkv``), the o_proj columns, the FFN input rows,
-the FFN output columns and the heads' entries of per-head tables (BEiT's relative position bias) change; block
-outputs, norms, embeddings and task heads keep their width.
+the FFN output columns, the heads' entries of per-head tables (BEiT's relative position bias) and the rows of per-head
+layers (timm's relative-position MLP) change; block outputs, norms, embeddings and task heads keep their width.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
-from ..architectures import (ArchitectureSpec, ffn_inputs, find_attribute, get_attention, get_layers, get_mlp,
-                             get_projection, get_spec, head_dim, head_tables, qkv_projections)
+from ..architectures import (ArchitectureSpec, ffn_inputs, get_attention, get_layers, get_mlp, get_projection,
+                             get_spec, head_dim, head_rows, head_tables, qkv_projections, set_attribute)
 
 IndexLike = Sequence[int] | np.ndarray | torch.Tensor
 
@@ -66,12 +66,15 @@ def slice_heads_(attention: nn.Module, spec: ArchitectureSpec, keep: IndexLike, 
 def slice_head_tables_(layer: nn.Module, spec: ArchitectureSpec, keep: IndexLike,
                        source: nn.Module | None = None) -> None:
     """Keep the entries of the heads ``keep`` (in that order) in the block's per-head tables (the last dimension of
-    BEiT's relative position bias), in place (taken from ``source``, a dense twin block, if given)."""
+    BEiT's relative position bias) and the rows of its per-head layers (``head_rows``: timm's relative-position
+    MLP), in place (taken from ``source``, a dense twin block, if given)."""
     origins = head_tables(source if source is not None else layer, spec)
     for (owner, name), (origin, _) in zip(head_tables(layer, spec), origins):
         table = getattr(origin, name)
         index = _as_index(keep, table.device)
         setattr(owner, name, nn.Parameter(table.data.index_select(-1, index), requires_grad=table.requires_grad))
+    for linear, origin in zip(head_rows(layer, spec), head_rows(source if source is not None else layer, spec)):
+        _take(linear, _as_index(keep, origin.weight.device), 0, origin)
 
 
 def set_head_count_(attention: nn.Module, spec: ArchitectureSpec, count: int, width: int) -> None:
@@ -79,10 +82,7 @@ def set_head_count_(attention: nn.Module, spec: ArchitectureSpec, count: int, wi
     ones infer heads from the tensor, so keep both right."""
     for paths, value in ((spec.head_count_attrs, count), (spec.head_size_attrs, count * width)):
         for path in paths:
-            owner, _, name = path.rpartition(".")
-            owner = find_attribute(attention, owner)
-            if hasattr(owner, name):
-                setattr(owner, name, value)
+            set_attribute(attention, path, value)
 
 
 def slice_neurons_(layer: nn.Module, spec: ArchitectureSpec, keep: IndexLike, source: nn.Module | None = None) -> None:

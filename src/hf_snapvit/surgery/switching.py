@@ -8,8 +8,9 @@ column prefixes are strided, which matrix products take without a copy). Switchi
 integers per block and never copies, allocates or frees a weight. Parameters keep their full shape, so
 ``state_dict`` stays the dense checkpoint and gradients reach exactly the active prefix. A per-head table (BEiT's
 relative position bias) is stored in rank order too: its module still builds every head's bias, and a
-:class:`HeadPrefix` hook passes on the first heads' only. A :class:`SwitchGate` keeps switches and forward passes of
-different threads apart, so that no forward pass computes some blocks at one size and the rest at another.
+:class:`HeadPrefix` hook passes on the first heads' only; a layer of one row per head (timm's relative-position
+MLP) is a :class:`PrefixLinear` that computes the first heads' rows. A :class:`SwitchGate` keeps switches and forward
+passes of different threads apart, so that no forward pass computes some blocks at one size and the rest at another.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from ..architectures import (ArchitectureSpec, ffn_inputs, get_attention, get_layers, get_mlp, get_projection, get_spec,
-                             head_dim, head_tables, num_heads, qkv_projections)
+from ..architectures import (ArchitectureSpec, ffn_inputs, get_attention, get_layers, get_mlp, get_projection,
+                             get_spec, head_dim, head_rows, head_tables, num_heads, qkv_projections)
 from ..errors import BudgetError, UnsupportedArchitectureError
 from .slicing import OUTPUT_KINDS, set_head_count_
 
@@ -101,6 +102,7 @@ class SwitchBlock:
     tables: tuple[tuple[nn.Module, HeadPrefix], ...] = ()
     row_blocks: tuple[int, ...] = ()  # per q/k/v projection: 3 for a fused qkv (query, key, value), else 1
     ffn_blocks: tuple[int, ...] = ()  # per FFN input projection: 2 for a packed value and gate, else 1
+    head_rows: tuple[nn.Linear, ...] = ()  # layers of one output row per head (a relative-position MLP's last)
 
 
 def switch_blocks(model: PreTrainedModel) -> list[SwitchBlock]:
@@ -117,7 +119,7 @@ def switch_blocks(model: PreTrainedModel) -> list[SwitchBlock]:
         ffn_in, ffn_blocks = zip(*ffn_inputs(mlp, variant))
         blocks.append(SwitchBlock(attention, qkv, get_projection(attention, spec.o_proj), ffn_in,
                                   get_projection(mlp, variant.out_proj), head_dim(attention, spec), tables,
-                                  row_blocks, ffn_blocks))
+                                  row_blocks, ffn_blocks, tuple(head_rows(layer, spec))))
     return blocks
 
 
@@ -133,7 +135,7 @@ def make_switchable_(model: PreTrainedModel) -> list[SwitchBlock]:
     """
     blocks = switch_blocks(model)
     for index, block in enumerate(blocks):
-        for linear in (*block.qkv, block.o_proj, *block.ffn_in, block.ffn_out):
+        for linear in (*block.qkv, block.o_proj, *block.ffn_in, block.ffn_out, *block.head_rows):
             if type(linear) not in (nn.Linear, PrefixLinear):
                 raise UnsupportedArchitectureError(
                     f"Block {index} has a {type(linear).__module__}.{type(linear).__name__} projection; a switchable "
@@ -142,7 +144,7 @@ def make_switchable_(model: PreTrainedModel) -> list[SwitchBlock]:
                 )
     remove_head_prefixes_(model)
     for block in blocks:
-        for linear in (*block.qkv, block.o_proj, *block.ffn_in, block.ffn_out):
+        for linear in (*block.qkv, block.o_proj, *block.ffn_in, block.ffn_out, *block.head_rows):
             linear.__class__ = PrefixLinear
         for linear, count in zip((*block.qkv, *block.ffn_in), (*block.row_blocks, *block.ffn_blocks)):
             linear.row_blocks = count  # read by PrefixLinear.active
@@ -173,6 +175,8 @@ def set_widths_(spec: ArchitectureSpec, blocks: Sequence[SwitchBlock], heads: Se
         block.ffn_out.in_features = int(f)
         for _, hook in block.tables:
             hook.heads = int(h)
+        for linear in block.head_rows:
+            linear.out_features = int(h)
         set_head_count_(block.attention, spec, int(h), block.head_width)
 
 
