@@ -18,7 +18,7 @@ import torch.nn as nn
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from . import (ffn_inputs, get_attention, get_backbone, get_layers, get_mlp, get_projection, get_spec, head_dim,
-                            head_tables, num_heads, used_layers, vision_config)
+               head_rows, head_tables, num_heads, used_layers, vision_config)
 from ..errors import BudgetError, ConfigError, RankingFormatError, SnapViTError, UnsupportedArchitectureError
 from .inputs import patch_side
 from .limits import MAX_UNITS, out_of_range
@@ -111,6 +111,8 @@ class ModelShape:
             GFLOPs are their vision encoder's.
         used_layers: Blocks, from the first, whose output the task reads (``None``: all). The rest keep only the
             ranking's floors at any budget below dense (LLaVA reads the second-to-last block).
+        frames: Images per input: the frames of one clip for a video tower that takes them in its batch (X-CLIP's
+            ``[B·T, C, H, W]``: every block runs on each frame's ``num_tokens``; FLOPs are per clip), else 1.
     """
 
     model_type: str
@@ -129,6 +131,7 @@ class ModelShape:
     ffn_matrices: int
     head_flops: int = 0
     used_layers: int | None = None
+    frames: int = 1
 
     def __post_init__(self) -> None:
         if self.used_layers is None:
@@ -158,24 +161,24 @@ class ModelShape:
         heads = self.dense_heads if heads is None else heads
         neurons = self.dense_neurons if neurons is None else neurons
         n, d, dk = self.num_tokens, self.hidden_size, self.head_dim
-        total = 2 * self.num_patches * self.patch_size**2 * self.num_channels * d + self.head_flops
+        total = 2 * self.num_patches * self.patch_size**2 * self.num_channels * d
         for h, f in zip(heads, neurons):
             a = dk * h
             total += 2 * n * 3 * d * a + 2 * n * n * a + 3 * h * n * n + 2 * n * n * a + 2 * n * a * d
             total += 2 * n * d * f * self.ffn_matrices
-        return total
+        return total * self.frames + self.head_flops
 
     def unit_flops(self) -> tuple[int, int, int]:
         """What one unit costs in :meth:`flops`, less the softmax (no matrix product, which FLOP counters such as
         ``torch.utils.flop_counter`` do not see): one head's projections (its q/k/v rows and o_proj columns,
         ``8·n·d·d_key``), its attention products (QK logits and reduction, ``4·n²·d_key``), and one FFN neuron
         (``2·n·d·m``)."""
-        n, d, dk = self.num_tokens, self.hidden_size, self.head_dim
-        return 8 * n * d * dk, 4 * n * n * dk, 2 * n * d * self.ffn_matrices
+        n, d, dk, t = self.num_tokens, self.hidden_size, self.head_dim, self.frames
+        return 8 * n * d * dk * t, 4 * n * n * dk * t, 2 * n * d * self.ffn_matrices * t
 
     def softmax_flops(self, heads: Sequence[int] | None = None) -> int:
         """The softmax terms of :meth:`flops` (``3·n²`` per head) for ``heads[l]`` heads in block ``l``."""
-        return 3 * self.num_tokens**2 * sum(self.dense_heads if heads is None else heads)
+        return 3 * self.num_tokens**2 * sum(self.dense_heads if heads is None else heads) * self.frames
 
     def gflops(self, heads: Sequence[int] | None = None, neurons: Sequence[int] | None = None) -> float:
         """:meth:`flops` in units of 10⁹."""
@@ -191,7 +194,8 @@ class ModelShape:
         if not isinstance(data, dict):
             raise RankingFormatError(f"shape must be a JSON object, got {type(data).__name__}.")
         names = [f.name for f in fields(cls)]
-        if missing := [name for name in names if name not in data and name not in ("head_flops", "used_layers")]:
+        if missing := [name for name in names if name not in data and name not in ("head_flops", "used_layers",
+                                                                                     "frames")]:
             raise RankingFormatError(f"shape has no {missing}.")
         values = {name: data[name] for name in names if name in data}
         if not isinstance(values["model_type"], str) or not values["model_type"]:
@@ -241,6 +245,7 @@ def _unit_costs(layer: nn.Module, spec) -> tuple[int, int, int, int, int]:
         proj = get_projection(attention, name)
         per_head += hd * (proj.in_features + (1 if proj.bias is not None else 0))
     per_head += sum(getattr(owner, name).shape[:-1].numel() for owner, name in head_tables(layer, spec))
+    per_head += sum(m.in_features + (1 if m.bias is not None else 0) for m in head_rows(layer, spec))  # one row each
     mlp, variant = get_mlp(layer, spec)
     out_proj = get_projection(mlp, variant.out_proj)
     per_neuron = out_proj.out_features
@@ -324,6 +329,7 @@ def model_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[int
         ffn_matrices=sum(blocks for _, blocks in ffn_inputs(mlp, variant)) + 1,
         head_flops=head_flops,
         used_layers=min(len(layers), used_layers(config, spec)),
+        frames=max(1, spec.frames_in_batch),
     )
 
 
