@@ -249,7 +249,9 @@ def _block(block: nn.Module, index: int, spec: ArchitectureSpec, refuse: _Refusa
             raise refuse("mlp_in", list(variant.in_proj), f"{path!r} gives {linear.out_features} rows in block "
                          f"{index} for {neurons} FFN neurons (the inputs of mlp_out {variant.out_proj!r}): expected "
                          f"{neurons}, or {2 * neurons} (value and gate)")
-    named = {id(m) for _, m in modules}
+    # Another attention of the block (TimeSformer's temporal one, of the attention's class) holds no FFN input.
+    named = {id(m) for _, m in modules} | {id(m) for other in mlp.modules() if type(other) is type(attention)
+                                           and other is not mlp for m in other.modules()}
     left = [name for name, m in mlp.named_modules() if isinstance(m, nn.Linear) and id(m) not in named
             and m.in_features == hidden and m.out_features in (neurons, 2 * neurons)]
     if left:  # an FFN input the spec leaves out would keep every row while its neurons go

@@ -1,0 +1,239 @@
+"""More of the wild (issue 63, point 5): video towers that take a clip's frames in the batch (X-CLIP), attention
+with a relative-position MLP of one output row per head (timm's ``vit_relpos_*``, and a model of ours whose heads can
+go), two attentions in one block (TimeSformer's temporal and spatial ones), and the parallel blocks discovery refuses
+in a line (timm's ``*_18x2_*`` and ``*_xp_*``). Each is ranked, saved and loaded as a user would, the sliced and the
+switchable model held to the masked dense one, or refused naming the reason with nothing written."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import transformers
+from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+import hf_snapvit as hs
+from hf_snapvit.architectures import discovery, get_spec
+from hf_snapvit.architectures.embedding import dummy_inputs, image_embedding
+from hf_snapvit.elastic.remote_code import remote_module_source
+from hf_snapvit.surgery import proof
+from hf_snapvit.surgery.slicing import slice_model_
+from helpers import masked_copy
+
+timm = pytest.importorskip("timm", reason="timm is part of the [test] extra")
+SMALL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+             patch_size=8)
+
+
+@pytest.fixture(autouse=True)
+def fresh_discoveries(monkeypatch):
+    """Each test discovers from scratch, as a new process would."""
+    monkeypatch.setattr(discovery, "_DISCOVERED", {})
+    monkeypatch.setattr(proof, "_PROVEN", set())
+
+
+def _perturbed(model: PreTrainedModel) -> PreTrainedModel:
+    """``model`` in eval mode, every weight moved off its init (zero biases would hide a wrong slice)."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    return model.eval()
+
+
+def xclip() -> PreTrainedModel:
+    torch.manual_seed(0)
+    return _perturbed(transformers.XCLIPVisionModel(transformers.XCLIPVisionConfig(**SMALL, num_frames=2)))
+
+
+def timesformer() -> PreTrainedModel:
+    torch.manual_seed(0)
+    return _perturbed(transformers.TimesformerModel(transformers.TimesformerConfig(**SMALL, num_frames=2)))
+
+
+def timm_vit(architecture: str, **arguments) -> PreTrainedModel:
+    torch.manual_seed(0)
+    config = transformers.TimmWrapperConfig(architecture=architecture, num_labels=5, pretrained_cfg={
+        "input_size": [3, 32, 32]}, model_args=dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4,
+                                                    mlp_ratio=1.5, **arguments))
+    return _perturbed(transformers.TimmWrapperForImageClassification(config))
+
+
+class RelPosConfig(PretrainedConfig):
+    model_type = "hf_snapvit_test_relpos"
+
+    def __init__(self, width=32, depth=2, heads=4, ffn=48, image_size=32, patch_size=8, num_channels=3, **kwargs):
+        super().__init__(**kwargs)
+        self.width, self.depth, self.num_attention_heads, self.ffn = width, depth, heads, ffn
+        self.image_size, self.patch_size, self.num_channels = image_size, patch_size, num_channels
+
+
+class RelPosAttention(nn.Module):
+    """timm's relative-position attention, merging its heads to whatever width they have (timm's own merges to the
+    model width, so its heads cannot go): the bias comes from timm's ``RelPosMlp``, whose last layer has one output
+    row per head and which views the bias to ``bias_shape`` (ending in the head count)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.num_heads, self.head_dim = config.num_attention_heads, config.width // config.num_attention_heads
+        self.qkv, self.proj = nn.Linear(config.width, 3 * config.width), nn.Linear(config.width, config.width)
+        side = config.image_size // config.patch_size
+        self.rel_pos = timm.layers.RelPosMlp(window_size=(side, side), num_heads=self.num_heads, hidden_dim=16,
+                                             prefix_tokens=1)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.rel_pos.get_bias())
+        return self.proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class RelPosBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n1, self.n2 = nn.LayerNorm(config.width), nn.LayerNorm(config.width)
+        self.attn = RelPosAttention(config)
+        self.mlp = nn.Sequential(nn.Linear(config.width, config.ffn), nn.GELU(), nn.Linear(config.ffn, config.width))
+
+    def forward(self, x):
+        x = x + self.attn(self.n1(x))
+        return x + self.mlp(self.n2(x))
+
+
+class RelPosModel(PreTrainedModel):
+    config_class = RelPosConfig
+    base_model_prefix = "relpos"
+    main_input_name = "pixel_values"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.patchify = nn.Conv2d(config.num_channels, config.width, config.patch_size, config.patch_size)
+        self.cls = nn.Parameter(torch.zeros(1, 1, config.width))
+        self.blocks = nn.ModuleList(RelPosBlock(config) for _ in range(config.depth))
+        self.norm = nn.LayerNorm(config.width)
+        self.post_init()
+
+    def forward(self, pixel_values, **kwargs):
+        x = self.patchify(pixel_values).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x)
+        return BaseModelOutputWithPooling(last_hidden_state=x, pooler_output=x[:, 0])
+
+
+AutoConfig.register(RelPosConfig.model_type, RelPosConfig, exist_ok=True)
+AutoModel.register(RelPosConfig, RelPosModel, exist_ok=True)
+
+
+def relpos_model() -> RelPosModel:
+    torch.manual_seed(0)
+    return _perturbed(RelPosModel(RelPosConfig()))
+
+
+def _outputs(model, inputs) -> torch.Tensor:
+    return proof.float_output(model, inputs)
+
+
+def _rank_save_load(model, folder):
+    """Rank and save ``model``; its loads at two sparsities (a third and two thirds of the largest the ranking
+    allows) sliced and switchable, each compared with the masked dense model on the inputs it takes."""
+    ranking = hs.rank(model, method="magnitude", show_progress=False)
+    stored = hs.save_elastic(model, ranking, folder, model_card=False)
+    discovery._DISCOVERED.clear()
+    sparsities = tuple(round(f * stored.max_sparsity_for(None), 4) for f in (1 / 3, 2 / 3))
+    inputs = dummy_inputs(model, 2, seed=3)
+    switchable = hs.ElasticViTModel.from_pretrained(folder, switchable=True)
+    for sparsity in (*sparsities, sparsities[0], 0.0):  # down, further down, up, back to dense
+        masked = masked_copy(model, ranking.keep_indices(stored.keep_counts(sparsity)))
+        want = _outputs(masked, inputs)
+        if sparsity in sparsities:
+            sliced = hs.ElasticViTModel.from_pretrained(folder, sparsity=sparsity)
+            torch.testing.assert_close(_outputs(sliced, inputs), want, rtol=1e-4, atol=1e-5)
+        switchable.set_budget(sparsity=sparsity)
+        torch.testing.assert_close(_outputs(switchable, inputs), want, rtol=1e-4, atol=1e-5)
+    return ranking, stored
+
+
+def test_xclip_takes_each_clips_frames_in_its_batch_and_loads_sliced_equal_to_masking(tmp_path):
+    model = xclip()
+    spec = get_spec(model)
+    # Its config has num_frames, but its forward takes [B·T, C, H, W]; its own attention, not the message one.
+    assert (spec.frames_in_batch, spec.attention) == (2, "self_attn")
+    assert dummy_inputs(model, 3)["pixel_values"].shape == (6, 3, 32, 32)
+    clips = torch.randn(3, 2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():  # clips are flattened at the call, and each clip's embedding is its frames' mean
+        frames = model(pixel_values=clips.flatten(0, 1)).pooler_output
+        torch.testing.assert_close(image_embedding(model, {"pixel_values": clips}), frames.view(3, 2, -1).mean(1))
+    ranking, stored = _rank_save_load(model, tmp_path)
+    assert stored.floors()[0] < stored.shape.num_heads and stored.shape.frames == 2
+    # The ranking's data come as clips: a data-driven method calibrates on [N, T, C, H, W].
+    assert hs.rank(model, method="snip", data=clips, show_progress=False).shape == stored.shape
+
+
+@pytest.mark.parametrize("architecture", ["vit_relpos_small_patch16_224", "vit_relpos_base_patch16_cls_224"])
+def test_timm_relative_position_vits_keep_their_heads_and_load_sliced_equal_to_masking(architecture, tmp_path):
+    model = timm_vit(architecture)
+    spec = get_spec(model)
+    assert spec.head_rows == ("attn.rel_pos.mlp.fc2",) and spec.q_proj == "qkv" and spec.o_proj == "proj"
+    with pytest.warns(UserWarning, match="keeps every attention head"):  # its forward merges heads to the width
+        _, stored = _rank_save_load(model, tmp_path)
+    assert stored.floors()[0] == stored.shape.num_heads
+
+
+def test_a_relative_position_mlp_is_sliced_with_the_heads(tmp_path):
+    model = relpos_model()
+    spec = get_spec(model)
+    assert spec.head_rows == ("attn.rel_pos.mlp.fc2",) and "rel_pos.bias_shape[-1]" in spec.head_count_attrs
+    ranking, stored = _rank_save_load(model, tmp_path)
+    assert stored.floors()[0] < stored.shape.num_heads  # heads are pruned, each with its bias row
+    # A head's parameters: its q/k/v rows and biases, its output columns, and its row of the MLP's last layer.
+    assert stored.shape.params_per_head == 3 * 8 * 33 + 32 * 8 + 16 + 1
+    sparsity = round(stored.max_sparsity_for(None) / 2, 4)
+    sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=sparsity)
+    kept = stored.keep_counts(sparsity).heads
+    assert [b.attn.rel_pos.mlp.fc2.out_features for b in sliced.blocks] == kept
+    assert [b.attn.rel_pos.bias_shape[-1] for b in sliced.blocks] == kept
+
+
+def test_the_remote_code_module_slices_per_head_rows_as_hf_snapvit_does():
+    model = relpos_model()
+    spec = get_spec(model)
+    namespace: dict = {}
+    exec(compile(remote_module_source(spec, {"AutoModel": "ViTModel"}), "remote", "exec"), namespace)
+    keep = [(np.array([2, 0]), np.arange(0, 48, 2)), (np.array([3, 1, 0]), np.arange(20))]
+    ours, theirs = slice_model_(copy.deepcopy(model), keep), namespace["slice_model_"](copy.deepcopy(model), keep)
+    inputs = dummy_inputs(model, 2, seed=1)
+    torch.testing.assert_close(_outputs(theirs, inputs), _outputs(ours, inputs))
+    torch.testing.assert_close(_outputs(ours, inputs), _outputs(masked_copy(model, keep), inputs), rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_timesformer_prunes_its_spatial_attention_blocks_ffn_and_keeps_the_temporal_one(tmp_path):
+    model = timesformer()
+    spec = get_spec(model)
+    # Two attentions per block: the spatial one attends over each frame's patches, the temporal one over each
+    # patch's two frames; the block's FFN follows the spatial one.
+    assert (spec.attention, spec.mlp, spec.mlp_variants[0].in_proj) == ("attention", "", ("intermediate.dense",))
+    with pytest.warns(UserWarning, match="keeps every attention head"):  # it splits the input width into heads
+        _, stored = _rank_save_load(model, tmp_path)
+    assert stored.floors()[0] == stored.shape.num_heads
+
+
+@pytest.mark.parametrize("architecture, reason", [
+    ("vit_small_patch16_18x2_224", r"two attention modules in one block \(attns\.0\.attn, attns\.1\.attn\)"),
+    ("vit_base_patch16_xp_224", r"one projection \(in_proj, 32 -> 144\) computes q, k, v and the FFN input"),
+])
+def test_parallel_blocks_are_refused_in_a_line_naming_why(architecture, reason, tmp_path):
+    model = timm_vit(architecture)
+    error = pytest.raises(hs.UnsupportedArchitectureError, hs.rank, model, method="magnitude", show_progress=False)
+    message = str(error.value)
+    assert len(message) <= 400 and "\n" not in message and "ArchitectureSpec" not in message, message
+    assert re.search(reason, message), message
+    assert not any(tmp_path.iterdir())
