@@ -227,7 +227,8 @@ def test_timesformer_prunes_its_spatial_attention_blocks_ffn_and_keeps_the_tempo
 
 
 @pytest.mark.parametrize("architecture, reason", [
-    ("vit_small_patch16_18x2_224", r"two attention modules in one block \(attns\.0\.attn, attns\.1\.attn\)"),
+    ("vit_small_patch16_18x2_224", r"two attention modules in one block \(attns\.0\.attn, attns\.1\.attn\) over "
+                                   "the same tokens"),
     ("vit_base_patch16_xp_224", r"one projection \(in_proj, 32 -> 144\) computes q, k, v and the FFN input"),
 ])
 def test_parallel_blocks_are_refused_in_a_line_naming_why(architecture, reason, tmp_path):

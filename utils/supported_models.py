@@ -73,6 +73,10 @@ FAMILIES = {
     "blip_2_vision_model": ("Blip2VisionModel", "Blip2VisionConfig", {**S, **I}),
     "eomt": ("EomtForUniversalSegmentation", "EomtConfig",  # needs scipy (transformers builds EoMT's loss with it)
              {**S, **I, "num_queries": 4, "num_blocks": 1, "num_register_tokens": 2}),
+    # A video tower whose config has num_frames but whose forward takes each clip's frames in its batch.
+    "xclip_vision_model": ("XCLIPVisionModel", "XCLIPVisionConfig", {**S, **I, "num_frames": 2}),
+    # Two attentions per block (temporal, then spatial): the block's own, the spatial one, is found.
+    "timesformer": ("TimesformerModel", "TimesformerConfig", {**S, **I, "num_frames": 2}),
     "qwen2_vl_vision": ("models.qwen2_vl.modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel",
                         "Qwen2VLVisionConfig", dict(depth=2, embed_dim=32, hidden_size=48, num_heads=4, mlp_ratio=2,
                                                     spatial_merge_size=2, temporal_patch_size=2, **I)),
@@ -95,6 +99,12 @@ FAMILIES.update({  # one model_type (timm_wrapper) for every timm architecture: 
     "timm_wrapper: ViT, rotary": _timm("vit_small_patch16_rope_224"),
     "timm_wrapper: EVA-02 Ti/S": _timm("eva02_tiny_patch14_224"),
     "timm_wrapper: EVA-02 B/L (FFN norm)": _timm("eva02_base_patch14_224"),
+    "timm_wrapper: ViT, relative positions (MLP)": _timm("vit_relpos_small_patch16_224"),
+    "timm_wrapper: ViT, relative positions, class token": _timm("vit_relpos_base_patch16_cls_224"),
+    # A ResNet stem before the patch embedding: the tokens are those it leaves (wide enough that blocks dominate).
+    "timm_wrapper: hybrid ViT (ResNet stem)": _timm("vit_tiny_r_s16_p8_224", embed_dim=192, mlp_ratio=4),
+    "timm_wrapper: ViT 18x2 (two attentions per block)": _timm("vit_small_patch16_18x2_224"),
+    "timm_wrapper: ViT xp (parallel-scaling blocks)": _timm("vit_base_patch16_xp_224"),
 })
 
 

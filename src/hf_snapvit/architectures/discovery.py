@@ -146,8 +146,8 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False, tables: bool
     base = model if whole else base
     layers_path, layers, found, side, frames = _traced_stack(model, _stacks(base))
     block = layers[0]
-    where = f"block 0 of {layers_path or 'the model'} ({type(block).__name__}) of this {type(model).__name__}"
-    match = match_block(found, where)
+    match = match_block(found, f"{type(model).__name__} ({model.config.model_type})",
+                        f"{layers_path or 'the model'} ({type(block).__name__})")
     attention, width = match.attention, match.width
     owner = block.get_submodule(attention) if attention else block
     q = match.qkv[0]

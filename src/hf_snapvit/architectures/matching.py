@@ -85,8 +85,9 @@ def _prefixes(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(len(parts))]
 
 
-def match_block(trace: Trace, where: str) -> Match:
-    """The projections of the block ``trace`` shows (``where``: its place in the model, for refusals).
+def match_block(trace: Trace, model: str, block: str) -> Match:
+    """The projections of the block ``trace`` shows (``model``: the model's name, ``block``: the block's place in
+    it, for refusals).
 
     Raises:
         UnsupportedArchitectureError: the calls hold no attention and FFN, two attentions over the same tokens, or one
@@ -103,8 +104,9 @@ def match_block(trace: Trace, where: str) -> Match:
         if len(widest) > 1:
             names = [parent([n for n, _ in group[0]]) or "the block" for group in widest]
             raise UnsupportedArchitectureError(
-                f"{where} has two attention modules in one block ({', '.join(names)}), over the same tokens: "
-                "hf_snapvit prunes blocks of one attention and one FFN (timm's *_18x2_* blocks run two of each).")
+                f"This {model} is not a ViT hf_snapvit can prune: block 0 of {block} has two attention modules in "
+                f"one block ({', '.join(names)}) over the same tokens (timm's *_18x2_* blocks run two attentions and "
+                "two FFNs); hf_snapvit prunes blocks of one attention and one FFN.")
         groups = widest
     if groups:
         projections, fused = groups[0]
@@ -112,7 +114,8 @@ def match_block(trace: Trace, where: str) -> Match:
         after = touching.index(projections[-1]) + 1
         rest = [call for call in touching[after:] if call[0] not in others]
     else:
-        projections, fused, rest = _in_order(touching, hidden, where)
+        where = f"block 0 of {block} of this {model}"
+        projections, fused, rest = _in_order(touching, hidden, model, where)
     *qkv, o = projections
     q = qkv[0]
     width = o[1].in_features
@@ -123,7 +126,7 @@ def match_block(trace: Trace, where: str) -> Match:
     if not ups or not downs:
         raise UnsupportedArchitectureError(
             f"hf_snapvit found no FFN ({hidden} -> n -> {hidden}) after the attention's output projection {o[0]!r} "
-            f"in {where}; its nn.Linear calls after it: {[(n, m.in_features, m.out_features) for n, m in rest][:6]}. "
+            f"in block 0 of {block} of this {model}; its nn.Linear calls after it: {[(n, m.in_features, m.out_features) for n, m in rest][:6]}. "
             "Register an ArchitectureSpec naming the FFN's projections.")
     ups = ups[:2] if len(ups) > 1 and ups[1][1].out_features == ups[0][1].out_features else ups[:1]
     qkv_calls = (q, q, q) if fused else tuple(qkv)
@@ -131,23 +134,23 @@ def match_block(trace: Trace, where: str) -> Match:
                  parent([*(n for n, _ in ups), downs[0][0]]), width, side)
 
 
-def _in_order(calls: list[Call], hidden: int, where: str) -> tuple[list[Call], bool, list[Call]]:
+def _in_order(calls: list[Call], hidden: int, model: str, where: str) -> tuple[list[Call], bool, list[Call]]:
     """q, k and v (or one fused qkv) as the first calls, then the output projection: ``(projections, fused, the
     calls after them)``."""
     shared = _shared_input(calls, hidden)
     if shared:
         raise UnsupportedArchitectureError(
-            f"{where}: one projection ({shared}) computes q, k, v and the FFN input at once (a parallel-scaling "
-            "block, as timm's *_xp_* ViTs have), which hf_snapvit cannot slice into heads and neurons; prune a ViT "
-            "whose attention and FFN have projections of their own.")
+            f"This {model} is not a ViT hf_snapvit can prune: in {where.split(' of this ')[0]}, one projection "
+            f"({shared}) computes q, k, v and the FFN input at once (a parallel-scaling block, as timm's *_xp_* ViTs "
+            "have), which cannot be cut into heads and neurons.")
     first, second = (calls + [None, None])[:2]
     fused = first is not None and second is not None and first[1].out_features == 3 * second[1].in_features and \
         second[1].out_features == first[1].in_features
     if len(calls) < (3 if fused else 5):
         raise UnsupportedArchitectureError(
-            f"hf_snapvit found no attention and FFN in {where}: its forward calls {len(calls)} nn.Linear layers of "
-            f"its width ({[n for n, _ in calls][:6]}), a ViT block has 4 or more (query, key, value, output, "
-            "FFN); it is not a vision transformer block hf_snapvit can prune.")
+            f"This {model} is not a vision transformer hf_snapvit can prune: {where.split(' of this ')[0]} runs "
+            f"{len(calls)} nn.Linear layers of its width ({[n for n, _ in calls][:6]}), where a ViT block runs an "
+            "attention (query, key, value, output projections) and an FFN.")
     width = first[1].out_features // (3 if fused else 1)
     qkv = [first] * 3 if fused else by_role(calls[:3])
     if not fused and any(m.in_features != hidden or m.out_features != width for _, m in qkv):
