@@ -24,6 +24,7 @@ from hf_snapvit.architectures.embedding import dummy_inputs, image_embedding
 from hf_snapvit.elastic.remote_code import remote_module_source
 from hf_snapvit.surgery import proof
 from hf_snapvit.surgery.slicing import slice_model_
+import zoo_cases
 from helpers import masked_copy
 
 timm = pytest.importorskip("timm", reason="timm is part of the [test] extra")
@@ -238,3 +239,15 @@ def test_parallel_blocks_are_refused_in_a_line_naming_why(architecture, reason, 
     assert len(message) <= 400 and "\n" not in message and "ArchitectureSpec" not in message, message
     assert re.search(reason, message), message
     assert not any(tmp_path.iterdir())
+
+
+def test_a_forward_that_splits_q_into_a_constant_head_count_keeps_every_head(tmp_path):
+    # No attribute names the heads; the forward splits q into (4, -1): the width the trace shows (8) is a guess that
+    # the proof refuses (with fewer heads the split gives heads of another width), so every head is kept.
+    case = zoo_cases.Case("const-count-no-attributes", "head-dim",
+                          {"attn": dict(count_attr=None, width_attr=None, split="const_count")})
+    model = case.build()
+    assert get_spec(model).head_width == 8
+    with pytest.warns(UserWarning, match="keeps every attention head"):
+        _, stored = _rank_save_load(model, tmp_path)
+    assert stored.floors()[0] == stored.shape.num_heads

@@ -29,7 +29,7 @@ from transformers import PretrainedConfig
 
 from ..errors import DataError, UnsupportedArchitectureError
 from .inputs import names_size, on_inferred_side, patch_side, pixel_shape, position_side, takes_grid
-from .matching import match_block
+from .matching import match_block, under
 from .registry import (SPEC_KEY, ArchitectureSpec, MlpSpec, on_unregistered, supported_model_types,
                        vision_config)
 from .stored import check_stored_spec, spec_from_dict, spec_to_dict  # noqa: F401 (spec_to_dict: saving.py)
@@ -168,7 +168,7 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False, tables: bool
                 "hf_snapvit cannot follow its heads. Register an ArchitectureSpec whose head_width names the width.")
         head_width = width // heads  # the forward splits by this constant: one head's width, whatever their count
     # Layers of one output row per head inside the attention: what computes each head's position bias.
-    rows = [n for n, m in match.side if _under(n, attention) and m.out_features == heads] if tables else []
+    rows = [n for n, m in match.side if under(n, attention) and m.out_features == heads] if tables else []
     inside = [_relative(n, attention).split(".") for n in rows]  # the modules that compute the biases
     counts += shape_attributes(owner, [".".join(parts[:i]) for parts in inside for i in range(1, len(parts))], heads)
     tokens = found.tokens  # per image: a clip's frames in the batch are counted by ModelShape.frames
@@ -185,10 +185,6 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False, tables: bool
         token_subsets=False, qkv_blocks=(0, 1, 2) if match.fused else (0, 0, 0), grid_inputs=takes_grid(model),
         backbone="" if whole else None, excluded_from_budget=classifier_paths(model) if whole else (),
         head_rows=tuple(rows), frames_in_batch=frames, image_size=side)
-
-
-def _under(name: str, path: str) -> bool:
-    return not path or name.startswith(path + ".")
 
 
 def _head_count(config: PretrainedConfig, attention: nn.Module) -> int:

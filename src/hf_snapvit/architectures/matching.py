@@ -51,7 +51,8 @@ def parent(paths: list[str]) -> str:
     return ".".join(common)
 
 
-def _under(name: str, path: str) -> bool:
+def under(name: str, path: str) -> bool:
+    """Whether the dotted ``name`` lies inside the module at ``path`` (``""``: the block)."""
     return not path or name.startswith(path + ".")
 
 
@@ -73,7 +74,7 @@ def _attentions(calls: list[Call], hidden: int) -> list[tuple[list[Call], bool]]
     """Every distinct set of calls that one module of the block holds exactly and that is an attention's."""
     found: dict[tuple[str, ...], tuple[list[Call], bool]] = {}
     for path in dict.fromkeys(p for name, _ in calls for p in _prefixes(name)):
-        own = [call for call in calls if _under(call[0], path)]
+        own = [call for call in calls if under(call[0], path)]
         match = _attention(own, hidden)
         if match is not None:
             found.setdefault(tuple(name for name, _ in own), match)
