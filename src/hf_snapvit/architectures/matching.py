@@ -125,10 +125,11 @@ def match_block(trace: Trace, model: str, block: str) -> Match:
     downs = [(n, m) for n, m in rest if m.out_features == hidden and ups
              and ups[0][1].out_features in (m.in_features, 2 * m.in_features)]
     if not ups or not downs:
+        after = [(n, m.in_features, m.out_features) for n, m in rest][:6]
         raise UnsupportedArchitectureError(
             f"hf_snapvit found no FFN ({hidden} -> n -> {hidden}) after the attention's output projection {o[0]!r} "
-            f"in block 0 of {block} of this {model}; its nn.Linear calls after it: {[(n, m.in_features, m.out_features) for n, m in rest][:6]}. "
-            "Register an ArchitectureSpec naming the FFN's projections.")
+            f"in block 0 of {block} of this {model}; its nn.Linear calls after it: {after}. Register an "
+            "ArchitectureSpec naming the FFN's projections.")
     ups = ups[:2] if len(ups) > 1 and ups[1][1].out_features == ups[0][1].out_features else ups[:1]
     qkv_calls = (q, q, q) if fused else tuple(qkv)
     return Match(qkv_calls, o, tuple(ups), downs[0], fused, parent([n for n, _ in projections]),

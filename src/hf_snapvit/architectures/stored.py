@@ -384,24 +384,3 @@ def require_stored_spec(config: PretrainedConfig, source: str | os.PathLike) -> 
         f"has no {SPEC_KEY!r} (the proven structure save_elastic stores), and hf_snapvit does not slice by a guess. "
         "Re-save it with hf_snapvit.save_elastic (AutoModel.from_pretrained reads it dense), or register an "
         f"ArchitectureSpec for {kind!r}.")
-
-
-# Which stored fields decide each ModelShape entry a ranking records.
-_DECIDED_BY = {"num_layers": "layers", "num_heads": "head_count_attrs/head_width", "head_dim": "head_width",
-               "frames": "frames_in_batch", "hidden_size": "o_proj", "intermediate_size": "mlp_out", "params_per_head": "q_proj/k_proj/v_proj",
-               "params_per_neuron": "mlp_in/mlp_out", "fixed_params": "excluded_from_budget",
-               "num_tokens": "extra_tokens/num_patches", "num_patches": "num_patches", "ffn_matrices": "mlp_in",
-               "head_flops": "backbone"}
-
-
-def spec_disagreement(ranked: Any, found: Any) -> UnsupportedArchitectureError | None:
-    """The error for a stored spec that gives another :class:`~.budget.ModelShape` (``found``) than the one its
-    checkpoint's ranking records (``ranked``) in an entry the spec decides, else ``None``."""
-    differ = [name for name in _DECIDED_BY if getattr(ranked, name) != getattr(found, name)]
-    if not differ:
-        return None
-    text = "; ".join(f"{name}={getattr(found, name)} by its {_DECIDED_BY[name]}, the ranking's "
-                     f"{getattr(ranked, name)}" for name in differ[:3])
-    return UnsupportedArchitectureError(
-        f"config.json's {SPEC_KEY!r} and 'elastic_ranking' describe different models: {text}. One of them was "
-        f"edited or comes from another checkpoint. {FIX}")

@@ -5,13 +5,14 @@ for, and that a model cut by it still runs, before any weight is read."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from transformers import PreTrainedModel
 
 from ..architectures import get_layers, get_spec
 from ..architectures.budget import ModelShape, layer_widths
 from ..architectures.registry import SPEC_KEY
-from ..architectures.stored import FIX, spec_disagreement
+from ..architectures.stored import FIX
 from ..architectures.tracing import trace_block
 from ..elastic.ranking import ElasticRanking
 from ..errors import UnsupportedArchitectureError
@@ -59,3 +60,25 @@ def _check_cuts(model: PreTrainedModel) -> None:
             f"{type(model).__name__}: with half its heads and FFN neurons it cannot run ({failure[:160]}). A field "
             "naming what changes with them (head_count_attrs, head_size_attrs, head_width, q_proj, k_proj, v_proj, "
             f"o_proj, mlp_in, mlp_out) leaves something out. {FIX}")
+
+
+# Which stored fields decide each ModelShape entry a ranking records.
+_DECIDED_BY = {"num_layers": "layers", "num_heads": "head_count_attrs/head_width", "head_dim": "head_width",
+               "frames": "frames_in_batch", "hidden_size": "o_proj", "intermediate_size": "mlp_out",
+               "params_per_head": "q_proj/k_proj/v_proj/head_rows",
+               "params_per_neuron": "mlp_in/mlp_out", "fixed_params": "excluded_from_budget",
+               "num_tokens": "extra_tokens/num_patches", "num_patches": "num_patches", "ffn_matrices": "mlp_in",
+               "head_flops": "backbone"}
+
+
+def spec_disagreement(ranked: Any, found: Any) -> UnsupportedArchitectureError | None:
+    """The error for a stored spec that gives another :class:`~hf_snapvit.architectures.budget.ModelShape` (``found``) than the one its
+    checkpoint's ranking records (``ranked``) in an entry the spec decides, else ``None``."""
+    differ = [name for name in _DECIDED_BY if getattr(ranked, name) != getattr(found, name)]
+    if not differ:
+        return None
+    text = "; ".join(f"{name}={getattr(found, name)} by its {_DECIDED_BY[name]}, the ranking's "
+                     f"{getattr(ranked, name)}" for name in differ[:3])
+    return UnsupportedArchitectureError(
+        f"config.json's {SPEC_KEY!r} and 'elastic_ranking' describe different models: {text}. One of them was "
+        f"edited or comes from another checkpoint. {FIX}")
