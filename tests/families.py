@@ -1,8 +1,8 @@
 """Every family hf_snapvit serves, as one list of tiny models and their inputs, gathered from the builders the tests
 and the supported-models page already have: the page's rows (registered and discovered backbones, timm's ViTs), the
 registered variants of :data:`helpers.CASES`, the task models of test_task_models and test_task_models_discovered,
-the discovered families of test_discovery (with a user's own model) and test_fused_qkv, and models with a mask token
-(which take ``bool_masked_pos``). tests/test_output_contract.py checks the contract on each;
+the discovered families of test_discovery (with a user's own model), test_discovery_wild and test_fused_qkv, and
+models with a mask token (which take ``bool_masked_pos``). tests/test_output_contract.py checks the contract on each;
 utils/supported_models.py says so on the page."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import transformers
 from hf_snapvit.architectures.embedding import dummy_inputs
 
 import test_discovery
+import test_discovery_wild
 import test_fused_qkv
 import test_task_models
 import test_task_models_discovered
@@ -95,6 +96,8 @@ def _families() -> list[Family]:
     families += [Family(f"own model {name}", _perturbed(functools.partial(
         test_discovery.CustomModel, test_discovery.CustomConfig(**options)))) for name, options in own]
     families += [Family(f"fused {name}", _perturbed(build)) for name, (build, *_) in test_fused_qkv.FAMILIES.items()]
+    # A relative-position MLP of one output row per head, sliced with the heads (timm's own keeps every head).
+    families += [Family("own model relative-position MLP", test_discovery_wild.relpos_model)]
     families += [Family(name, _perturbed(build)) for name, build in _MASK_TOKEN.items()]
     unique, seen = [], set()
     for family in families:
