@@ -30,6 +30,7 @@ from transformers import PretrainedConfig
 from ..errors import DataError, UnsupportedArchitectureError
 from .inputs import names_size, on_inferred_side, patch_side, pixel_shape, position_side, takes_grid
 from .matching import match_block, under
+from .parts import find_attribute
 from .registry import (SPEC_KEY, ArchitectureSpec, MlpSpec, on_unregistered, supported_model_types,
                        vision_config)
 from .stored import check_stored_spec, spec_from_dict, spec_to_dict  # noqa: F401 (spec_to_dict: saving.py)
@@ -160,6 +161,8 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False, tables: bool
             f"{heads or 'missing'} for an attention width of {width}, {attention or 'the block'} keeps no num_heads, "
             "and its forward splits no query into heads. Set config.num_attention_heads.")
     counts, sizes, head_width = head_attributes(owner, heads, width // heads, any_size_name)
+    if getattr(model.config, "elastic_layout", None) is None:  # a sliced model's blocks differ by design
+        _one_head_shape(model, layers, attention, [*counts, *([head_width] if isinstance(head_width, str) else [])])
     if not counts and not head_width:
         if traced != heads:  # nothing to follow the heads by: no attribute, no split of q seen
             raise UnsupportedArchitectureError(
@@ -185,6 +188,16 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False, tables: bool
         token_subsets=False, qkv_blocks=(0, 1, 2) if match.fused else (0, 0, 0), grid_inputs=takes_grid(model),
         backbone="" if whole else None, excluded_from_budget=classifier_paths(model) if whole else (),
         head_rows=tuple(rows), frames_in_batch=frames, image_size=side)
+
+
+def _one_head_shape(model: nn.Module, layers: nn.Module, attention: str, paths: list[str]) -> None:
+    """Refuse blocks of one width whose attentions keep different head counts or widths (``paths``): not one
+    repeated block."""
+    for path in filter(None, paths):
+        values = list(dict.fromkeys(find_attribute(b.get_submodule(attention) if attention else b, path)
+                                    for b in layers))
+        if len(values) > 1:
+            raise _not_plain(model, f"its blocks' attentions differ in {path} ({', '.join(map(str, values))})")
 
 
 def _head_count(config: PretrainedConfig, attention: nn.Module) -> int:

@@ -129,5 +129,11 @@ def uneven_blocks(layers: nn.Module) -> str:
               for block in layers]
     if len(set(widths)) > 1:
         return f"differ in width ({', '.join(map(str, dict.fromkeys(widths)))}): hierarchical stages"
-    counts = dict.fromkeys(sum(s.values()) for s in shapes)
-    return f"differ in structure ({' vs '.join(map(str, counts))} projections): stages, not one repeated block"
+    counts = list(dict.fromkeys(sum(s.values()) for s in shapes))
+    if len(counts) > 1:
+        return f"differ in structure ({' vs '.join(map(str, counts))} projections): stages, not one repeated block"
+    other = next(i for i, shape in enumerate(shapes) if shape != shapes[0])
+    first, then = shapes[0], shapes[other]
+    mine, theirs = (sorted((a - b).elements())[:2] for a, b in ((first, then), (then, first)))
+    return (f"differ in their projections' shapes (block 0 has {mine}, block {other} {theirs} weights): not one "
+            "repeated block")
