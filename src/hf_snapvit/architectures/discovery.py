@@ -2,18 +2,17 @@
 one forward pass; and the spec of an unregistered model type, from its checkpoint's ``config.json`` or discovered.
 
 A model whose forward takes no ``pixel_values`` is refused first. The stack of blocks is the ``nn.ModuleList`` (or
-``nn.Sequential``: timm's) of same-class modules holding the most parameters; one whose blocks differ in width or in
-structure (hierarchical stages: Swin, Hiera, Segformer) is refused as no plain ViT. In its first block, the order in
-which one forward uses the ``nn.Linear`` weights (:mod:`.tracing`: through the layer or ``F.linear``) names them:
-three projections from the hidden width to one attention width (query, key, value), or one fused projection to three
-times that width (its rows the query, key and value blocks), one back (the output projection), then the FFN: one or
-two projections out of the hidden width (a gated FFN has two; a packed one, value and gate in one, twice the neurons)
-and one back. The attention and FFN modules are the closest common parents of their projections; the head count is
-the config's or the attention module's, else the one the forward splits the query into
-(:func:`~.structure.traced_heads`). A spec found here is a guess until :func:`hf_snapvit.surgery.proof.prove_spec`
-shows that slicing with it equals masking (the last guess keeps every head, for attention that cannot run with
-fewer); ``save_elastic`` proves it before it writes anything, then stores its data form
-(:func:`~.stored.spec_to_dict`) in the checkpoint's ``config.json`` (``elastic_spec``), so loading needs no
+``nn.Sequential``: timm's) of same-class modules holding the most parameters among those the forward runs; one whose
+blocks differ in width, structure or head count (hierarchical stages: Swin, Hiera, Segformer) is refused as no plain
+ViT. The blank input is the config's (:func:`~.inputs.pixel_shape`), at the side the position embedding fixes where
+the config names none, and for a video tower whose ``[B, T, C, H, W]`` clips fail, each clip's frames in the batch
+(``frames_in_batch``, X-CLIP). Which of the first block's ``nn.Linear`` calls are the query, key, value and output
+projections and the FFN's is :mod:`.matching`'s to tell (:mod:`.tracing` records them); the head count is the
+config's or the attention module's, else the one the forward splits the query into (:func:`~.structure.traced_heads`),
+and the head width an attribute named for it, else the width that split shows. A spec found here is a guess until
+:func:`hf_snapvit.surgery.proof.prove_spec` shows that slicing with it equals masking (the last guess keeps every
+head, for attention that cannot run with fewer); ``save_elastic`` proves it before it writes anything, then stores its
+data form (:func:`~.stored.spec_to_dict`) in the checkpoint's ``config.json`` (``elastic_spec``), so loading needs no
 registration. A stored spec is checked against the model it is applied to before it is used
 (:func:`~.stored.check_stored_spec`).
 """
@@ -130,10 +129,11 @@ def _traced_stack(model: nn.Module, stacks: list[tuple[str, nn.Module]]) -> tupl
             raise error from error.__cause__
 
 
-def discover_spec(model: nn.Module, *, any_size_name: bool = False, tables: bool = True) -> ArchitectureSpec:
+def discover_spec(model: nn.Module, *, any_size_name: bool = False, rows: bool = True) -> ArchitectureSpec:
     """The spec of ``model`` found in its module tree and one forward pass (not yet proven); ``any_size_name``: see
-    :func:`head_attributes` (the second guess, when the first fails its proof); ``tables``: whether per-head layers
-    and tables are sliced with the heads (a guess without them follows, when the first fails).
+    :func:`head_attributes` (the second guess, when the first fails its proof); ``rows``: whether layers of one
+    output row per head (``head_rows``) are sliced with the heads (a guess without them follows, when the first
+    fails).
 
     Raises:
         UnsupportedArchitectureError: naming what could not be matched (no block stack, no q/k/v/o projections, no
@@ -171,8 +171,8 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False, tables: bool
                 "hf_snapvit cannot follow its heads. Register an ArchitectureSpec whose head_width names the width.")
         head_width = width // heads  # the forward splits by this constant: one head's width, whatever their count
     # Layers of one output row per head inside the attention: what computes each head's position bias.
-    rows = [n for n, m in match.side if under(n, attention) and m.out_features == heads] if tables else []
-    inside = [_relative(n, attention).split(".") for n in rows]  # the modules that compute the biases
+    per_head = [n for n, m in match.side if under(n, attention) and m.out_features == heads] if rows else []
+    inside = [_relative(n, attention).split(".") for n in per_head]  # the modules that compute the biases
     counts += shape_attributes(owner, [".".join(parts[:i]) for parts in inside for i in range(1, len(parts))], heads)
     tokens = found.tokens  # per image: a clip's frames in the batch are counted by ModelShape.frames
     patches = patch_count(model, tokens, found.patches // max(1, frames))
@@ -187,7 +187,7 @@ def discover_spec(model: nn.Module, *, any_size_name: bool = False, tables: bool
         head_count_attrs=tuple(dict.fromkeys(counts)), head_size_attrs=sizes, head_width=head_width,
         token_subsets=False, qkv_blocks=(0, 1, 2) if match.fused else (0, 0, 0), grid_inputs=takes_grid(model),
         backbone="" if whole else None, excluded_from_budget=classifier_paths(model) if whole else (),
-        head_rows=tuple(rows), frames_in_batch=frames, image_size=side)
+        head_rows=tuple(per_head), frames_in_batch=frames, image_size=side)
 
 
 def _one_head_shape(model: nn.Module, layers: nn.Module, attention: str, paths: list[str]) -> None:
@@ -219,7 +219,7 @@ def discovery_guesses(model: nn.Module) -> list[ArchitectureSpec]:
     second = discover_spec(model, any_size_name=True)
     guesses = [first] if second.head_size_attrs == first.head_size_attrs else [first, second]
     if first.head_rows:  # a layer that merely has one output per head need not be each head's own
-        guesses.append(discover_spec(model, tables=False))
+        guesses.append(discover_spec(model, rows=False))
     return [*guesses, dataclasses.replace(first, prune_heads=False)]
 
 

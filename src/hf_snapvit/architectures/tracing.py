@@ -1,6 +1,7 @@
 """What one forward of a model shows discovery (:mod:`.discovery`) and the check of a stored spec (:mod:`.stored`):
-the order in which a block uses its ``nn.Linear`` weights, the tokens it sees, how it splits a projection's output
-into heads, and the classifier heads a model inside names itself. A model on the meta device (the loader's skeleton)
+the order in which a block uses its ``nn.Linear`` weights and the tokens each takes, the tokens and width the block
+sees, how it splits a projection's output into heads, the patch grid the patch embedding gives, which of some modules
+ran at all, and the classifier heads a model inside names itself. A model on the meta device (the loader's skeleton)
 is traced too: tensors its ``__init__`` left on the CPU (rotary tables) are moved to meta as they are used."""
 
 from __future__ import annotations
