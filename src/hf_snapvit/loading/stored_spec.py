@@ -11,6 +11,7 @@ from transformers import PreTrainedModel
 
 from ..architectures import get_layers, get_spec
 from ..architectures.budget import ModelShape, layer_widths
+from ..architectures.inputs import pixel_shape
 from ..architectures.registry import SPEC_KEY
 from ..architectures.stored import FIX
 from ..architectures.tracing import trace_block
@@ -43,9 +44,12 @@ def _check_cuts(model: PreTrainedModel) -> None:
     forward the dense skeleton runs."""
     spec = get_spec(model)
 
+    clip = pixel_shape(model.config, 1)  # a tower that takes a clip's frames in its batch gets them so
+
     def fails(whole: PreTrainedModel) -> str:
         try:
-            trace_block(whole.get_submodule(spec.encoder), get_layers(whole, spec)[0])  # a task model's encoder
+            trace_block(whole.get_submodule(spec.encoder), get_layers(whole, spec)[0],  # a task model's encoder
+                        shape=clip[1:] if spec.frames_in_batch else clip)
         except UnsupportedArchitectureError as error:
             return f"{type(error.__cause__).__name__}: {error.__cause__}"
         return ""
@@ -72,8 +76,9 @@ _DECIDED_BY = {"num_layers": "layers", "num_heads": "head_count_attrs/head_width
 
 
 def spec_disagreement(ranked: Any, found: Any) -> UnsupportedArchitectureError | None:
-    """The error for a stored spec that gives another :class:`~hf_snapvit.architectures.budget.ModelShape` (``found``) than the one its
-    checkpoint's ranking records (``ranked``) in an entry the spec decides, else ``None``."""
+    """The error for a stored spec that gives another :class:`~hf_snapvit.architectures.budget.ModelShape`
+    (``found``) than the one its checkpoint's ranking records (``ranked``) in an entry the spec decides, else
+    ``None``."""
     differ = [name for name in _DECIDED_BY if getattr(ranked, name) != getattr(found, name)]
     if not differ:
         return None
