@@ -256,3 +256,11 @@ def test_a_forward_that_splits_q_into_a_constant_head_count_keeps_every_head(tmp
     with pytest.warns(UserWarning, match="keeps every attention head"):
         _, stored = _rank_save_load(model, tmp_path)
     assert stored.floors()[0] == stored.shape.num_heads
+
+
+def test_a_config_without_image_size_whose_model_fixes_one_is_refused_naming_it():
+    model = relpos_model()
+    del model.config.image_size  # its relative-position MLP fixes 4 x 4 patches; no position embedding says so
+    message = str(pytest.raises(hs.UnsupportedArchitectureError, hs.rank, model, method="magnitude",
+                                show_progress=False).value)
+    assert "[1, 3, 224, 224]" in message and "set config.image_size" in message and len(message) <= 500, message
