@@ -166,8 +166,8 @@ def _refused(call, *args, **kwargs) -> str:
     with pytest.raises(hs.UnsupportedArchitectureError) as info:
         call(*args, **kwargs)
     message = str(info.value)
-    assert len(message.splitlines()) <= 4 and len(message) < 700, message
-    assert "ProofModel" in message and "'layers': 'trunk'" in message  # the model and the modules found
+    assert len(message.splitlines()) <= 4 and len(message) <= 500, message
+    assert "ProofModel" in message and "Found blocks trunk.*, attention mixer" in message  # the model, the modules
     return message
 
 
@@ -177,7 +177,8 @@ def test_a_wrong_guess_is_refused_in_a_few_lines_naming_the_modules_the_reason_a
     first, found, fix = message.splitlines()
     assert first == ("hf_snapvit cannot prune this ProofModel ('hf_snapvit_test_proof'): slicing with it failed "
                      "(RuntimeError: mat1 and mat2 shapes cannot be multiplied (17x32 and 24x24)).")
-    assert "'o_proj': 'to_k'" in found and "register_architecture" in fix
+    assert found == "Found blocks trunk.*, attention mixer (to_q, to_k, to_v, to_k), FFN ff (0 -> 2)."
+    assert "register_architecture" in fix
 
 
 def test_a_model_with_infinite_outputs_is_refused_whatever_the_guess(tmp_path):
@@ -252,15 +253,12 @@ def test_registered_specs_are_checked_for_shared_projections_and_shared_other_we
     assert proof.ensure_proven(model) is get_spec(model)
 
 
-@pytest.mark.parametrize("hostile, reason", [
-    ("looped", "removing one FFN neuron saves 6528 FLOPs per input where hf_snapvit's formula counts 2176"),
-    ("ffn-twice", "removing one FFN neuron saves 4352 FLOPs per input where hf_snapvit's formula counts 2176"),
-    ("stem", "its forward computes"),
-])
-def test_forwards_whose_flops_the_budget_formula_does_not_predict_are_refused(tmp_path, hostile, reason):
+@pytest.mark.parametrize("hostile, saves", [("looped", 6528), ("ffn-twice", 4352)])
+def test_forwards_that_run_a_block_or_an_ffn_more_than_once_are_refused(tmp_path, hostile, saves):
     model = _model(hostile)
     message = _refused(hs.save_elastic, model, None, tmp_path / "out")
-    assert reason in message and "GFLOP budgets would be wrong" in message
+    assert (f"removing one FFN neuron saves {saves} FLOPs per input where hf_snapvit's formula counts 2176 for 17 "
+            "tokens: its forward runs a block or an FFN more than once") in message
     assert not (tmp_path / "out").exists()
 
 
@@ -270,7 +268,8 @@ def test_a_mobilevit_whose_transformer_sees_fewer_tokens_than_its_pixels_is_refu
         image_size=64, patch_size=2, hidden_sizes=[32, 48, 64], neck_hidden_sizes=[8, 16, 24, 32, 40, 48, 64]))
     message = str(pytest.raises(hs.UnsupportedArchitectureError, hs.rank, model.eval(), method="magnitude",
                                 show_progress=False).value)
-    assert "for 3 blocks of 1024 tokens counts" in message and "(its blocks see fewer tokens)" in message
+    assert "for 3 blocks of 1024 tokens counts" in message
+    assert "its blocks see fewer tokens than the image has patches (hierarchical stages" in message
 
 
 def test_sliced_flops_and_parameters_are_what_the_model_shape_predicts():

@@ -1,9 +1,14 @@
-"""The stock transformers model a config describes, on the meta device: what loading fills and budgets measure."""
+"""The stock transformers model a config describes, on the meta device: what loading fills and budgets measure; and
+the meta-device twin of a model, whose forward FLOPs are counted at no memory cost."""
 
 from __future__ import annotations
 
+import copy
+import itertools
 import warnings
 
+import torch
+import torch.nn as nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from .limits import check_config_sizes
@@ -44,3 +49,14 @@ def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
         # word embeddings): tie now, or the skeleton counts the shared parameters twice.
         model.tie_weights()
         return model
+
+
+def meta_twin(model: nn.Module) -> nn.Module:
+    """A copy of ``model``'s module tree whose parameters and buffers are meta tensors of the same shapes and dtypes
+    (one shared tensor stays one): it runs a forward shapes-only, without memory for weights, and nothing that
+    forward caches reaches ``model``. Tensors a module keeps as plain attributes are copied as they are."""
+    memo: dict[int, torch.Tensor] = {}
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        meta = torch.empty_like(tensor, device="meta")
+        memo[id(tensor)] = nn.Parameter(meta, requires_grad=False) if isinstance(tensor, nn.Parameter) else meta
+    return copy.deepcopy(model, memo)
