@@ -35,24 +35,25 @@ class PrunableShare:
         num_blocks: Blocks in it.
         params: Its share of the backbone's parameters (those budgets count).
         flops: Its share of the FLOPs one forward computes (``None``: the forward could not be counted).
-        dense: The other stacks, each as ``"path (N blocks)"``.
+        dense: The other stacks, each as ``(path, number of blocks)``.
     """
 
     blocks: str
     num_blocks: int
     params: float
     flops: float | None
-    dense: tuple[str, ...]
+    dense: tuple[tuple[str, int], ...]
 
-    def sentence(self) -> str:
-        """One sentence saying which share of the model is pruned."""
+    def sentence(self, code: str = "") -> str:
+        """Which share of the model is prunable, in one sentence (paths quoted by ``code``: a card's backticks)."""
         flops = "" if self.flops is None else f" and {self.flops:.0%} of its FLOPs"
-        stays = "stays" if len(self.dense) == 1 else "stay"
-        return (f"only part of it is prunable: the block stack {self.blocks} ({self.num_blocks} blocks) holds "
-                f"{self.params:.0%} of the backbone's parameters{flops}; {', '.join(self.dense)} {stays} dense")
+        dense = ", ".join(f"{code}{path}{code} ({count} blocks)" for path, count in self.dense)
+        return (f"only the block stack {code}{self.blocks}{code} ({self.num_blocks} blocks) is prunable: it holds "
+                f"{self.params:.0%} of the backbone's parameters{flops}; {dense} "
+                f"{'stays' if len(self.dense) == 1 else 'stay'} dense")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "dense": list(self.dense)}
+        return {**asdict(self), "dense": [list(stack) for stack in self.dense]}
 
     @classmethod
     def from_dict(cls, data: Any) -> "PrunableShare | None":
@@ -60,7 +61,7 @@ class PrunableShare:
         try:
             share = cls(str(data["blocks"]), int(data["num_blocks"]), float(data["params"]),
                         None if data.get("flops") is None else float(data["flops"]),
-                        tuple(str(d) for d in data["dense"]))
+                        tuple((str(path), int(count)) for path, count in data["dense"]))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
         valid = [share.params, *([] if share.flops is None else [share.flops])]
@@ -122,7 +123,7 @@ def prunable_share(model: nn.Module, flops: ForwardFlops | None = None) -> Pruna
         spent = flops.modules.get(path) or flops.under([f"{path}.{name}" for name, _ in pruned.named_children()])
         flop_share = min(1.0, spent / total) if total else None
     return PrunableShare(path, len(pruned), min(1.0, params), flop_share,
-                         tuple(f"{name} ({count} blocks)" for name, count in stacks))
+                         tuple(stacks))
 
 
 def note_partial(model: nn.Module, ranking: Any, share: PrunableShare | None = None) -> Any:
@@ -135,7 +136,8 @@ def note_partial(model: nn.Module, ranking: Any, share: PrunableShare | None = N
         return ranking
     if model not in _WARNED:
         _WARNED.add(model)
-        warnings.warn(f"{type(model).__name__}: {share.sentence()}.", UserWarning, stacklevel=3)
+        warnings.warn(f"{type(model).__name__}: hf_snapvit prunes part of it; {share.sentence()}.", UserWarning,
+                      stacklevel=3)
     if recorded == share:
         return ranking
     return replace(ranking, provenance={**ranking.provenance, "prunable": share.to_dict()})

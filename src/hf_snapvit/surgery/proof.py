@@ -50,7 +50,7 @@ _TOLERANCE = 0.15
 _HEAD_TOLERANCE = 0.05
 _BATCH = 1  # FLOPs per input: a batch of several can cost more per input (Pixtral attends over all its images)
 _PROVEN: set[int] = set()
-_SPEC_FIX = "If these modules are wrong, register the right ones: hf_snapvit.register_architecture(ArchitectureSpec(...))."
+_SPEC_FIX = "Wrong modules? Register the right ones: hf_snapvit.register_architecture(ArchitectureSpec(...))."
 _FEWER = "its blocks see fewer tokens than the image has patches (hierarchical stages or a downsampling stem)"
 _FEWER_FIX = ("hf_snapvit prunes plain ViTs. If the token count is wrong, register an ArchitectureSpec whose "
               "num_patches and extra_tokens give it.")
@@ -247,7 +247,9 @@ def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, 
         raise _refusal(model, spec, error.why, error.fix, final=error.final) from None
     except Exception as error:  # noqa: BLE001 - any failure of a guessed spec is a refusal, with its cause
         cause = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise _refusal(model, spec, f"slicing with it failed ({type(error).__name__}: {_cut(cause)})") from error
+        refusal = _refusal(model, spec, f"slicing with it failed ({type(error).__name__}: {_cut(cause)})")
+        refusal.short = f"slicing with it failed ({_cut(cause, 60)})"  # as the first of two reasons
+        raise refusal from error
     scale = float(reference.abs().max()) if reference.numel() else 0.0
     bad = {name: value for name, value in differences.items() if not value <= atol * max(1.0, scale)}
     if bad:
@@ -262,7 +264,7 @@ def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, 
     return differences
 
 
-def _cut(text: str, limit: int = 110) -> str:
+def _cut(text: str, limit: int = 100) -> str:
     return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
 
 
@@ -335,7 +337,9 @@ def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
         forget_discovered(spec.model_type, model)
         why = getattr(last, "why", None)
         if why and why != getattr(first, "why", None):
-            raise _refusal(model, spec, f"{first.why}. Keeping every head does not help: {why}") from first
+            # The second reason is the one that stops the model: the first, why heads cannot go, is cut short.
+            first_why = getattr(first, "short", first.why)
+            raise _refusal(model, spec, f"{first_why}. Keeping every head does not help: {why}") from first
         raise first
     _PROVEN.add(id(spec))
     return spec
