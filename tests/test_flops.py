@@ -54,6 +54,14 @@ def test_the_meta_device_count_is_the_count_of_the_model_itself(name):
                                                         for path in counted.modules)
 
 
+def test_a_bfloat16_model_is_counted_shapes_only_as_in_float32(monkeypatch):
+    model = CASE["vit"].build().to(torch.bfloat16)
+    expected = _run(model.float(), dummy_inputs(model, 1))
+    model = model.to(torch.bfloat16)
+    monkeypatch.setattr(measuring, "_evaluating", None)  # the model itself is never run
+    assert measuring.forward_flops(model).total == expected
+
+
 def test_a_forward_that_needs_values_is_counted_on_the_model_and_leaves_it_as_it_was():
     model = CASE["siglip2-vision"].build().train()  # its forward calls .item(): no meta-device twin runs it
     state = {k: v.clone() for k, v in model.state_dict().items()}

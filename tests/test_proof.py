@@ -286,7 +286,7 @@ def test_a_heavy_stem_is_no_reason_to_refuse_and_budgets_count_its_flops():
 
 @pytest.mark.parametrize("hostile, why", [
     # Keys and values from a 4-token memory: one head saves 0.7 of its q/k/v/o rows' FLOPs; before, 0.86 passed.
-    ("memory", "where its q/k/v/o rows alone cost 3.482e+04: some of them see fewer tokens"),
+    ("memory", "where its q/k/v/o rows alone cost 3.482e+04: some see fewer tokens"),
     ("attention-twice", "counts at most 44064: its forward runs attention more than once"),
 ])
 def test_heads_whose_flops_are_not_the_formulas_are_kept_with_a_warning_and_the_dense_count_is_measured(hostile, why):

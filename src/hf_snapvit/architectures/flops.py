@@ -113,7 +113,7 @@ def forward_flops(model: nn.Module, inputs: dict[str, torch.Tensor] | None = Non
     if getattr(model, "hf_device_map", None) is None:  # offloaded weights are not copied, even shapes-only
         try:
             twin = meta_twin(model).eval()
-            return _count(twin, {k: torch.empty_like(v, device="meta") for k, v in inputs.items()})
+            return _count(twin, _on(twin, inputs))  # meta inputs, in the model's dtype
         except Exception:  # noqa: BLE001 - a forward that needs values (.item(), data-dependent shapes): run it
             pass
     if any(p.device.type == "meta" for p in model.parameters()):

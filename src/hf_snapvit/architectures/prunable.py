@@ -3,7 +3,8 @@ blocks in the backbone, which stay dense (DepthPro's second encoder, CaiT's clas
 stages).
 
 A stack here is an ``nn.ModuleList`` or ``nn.Sequential`` of at least two children of one class, each holding at
-least two ``nn.Linear`` (a transformer block has four or more), outside the pruned stack and not containing it. The
+least four ``nn.Linear`` (as a transformer block does: q, k, v, o or a fused qkv and its output, and the FFN's; a
+list of small MLPs does not), outside the pruned stack and not containing it. The
 scan reads the module tree only; the shares of parameters and of the FLOPs one forward computes are measured only
 for a model that has such a stack. :func:`note_partial` warns (once per model) and records the share in the ranking's
 provenance, from which the model card says it.
@@ -77,7 +78,7 @@ def _counted_root(model: nn.Module) -> nn.Module:
 def _repeats(module: nn.Module) -> bool:
     children = list(module.children())
     return (len(children) >= 2 and len({type(child) for child in children}) == 1
-            and all(sum(isinstance(m, nn.Linear) for m in child.modules()) >= 2 for child in children))
+            and all(sum(isinstance(m, nn.Linear) for m in child.modules()) >= 4 for child in children))
 
 
 def other_stacks(model: nn.Module) -> list[tuple[str, int]]:

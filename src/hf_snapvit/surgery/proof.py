@@ -196,7 +196,7 @@ def _check_counts(base: PreTrainedModel, widths: list[tuple[int, int]], dense_fl
     rows = proj * per_neuron / neuron  # its q/k/v/o rows over the tokens the FFN sees
     if head < (1 - _HEAD_TOLERANCE) * rows:
         raise _Unprovable(f"removing one head saves {head:.4g} FLOPs per input where its q/k/v/o rows alone cost "
-                          f"{rows:.4g}: some of them see fewer tokens (keys and values from a memory: cross-attention)",
+                          f"{rows:.4g}: some see fewer tokens (keys and values from a memory: cross-attention)",
                           "hf_snapvit budgets the heads of self-attention, whose projections see every token.",
                           final=False)
 

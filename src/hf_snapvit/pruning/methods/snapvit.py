@@ -119,10 +119,10 @@ class SnapViTPruner:
             UnsupportedArchitectureError: a model no registry knows whose discovered structure fails the proof
                 (:func:`~hf_snapvit.surgery.proof.ensure_proven`), or whose prunable weights are tied or shared.
         """
-        spec = ensure_proven(model)
         heads_now, neurons_now = layer_widths(model)
         if len(set(heads_now)) != 1 or len(set(neurons_now)) != 1:
             raise ConfigError("SnapViT ranks a dense model; this one is already sliced.")
+        spec = ensure_proven(model)  # a model no registry knows: its discovered structure is checked first
         if not spec.prune_heads and self.config.min_head_keep_ratio < 1.0:
             # The model's forward cannot run with fewer heads (or the proof kept them all): every block keeps them.
             self.config = replace(self.config, min_head_keep_ratio=1.0)
