@@ -48,8 +48,9 @@ def _run(model, inputs) -> int:
 def test_the_meta_device_count_is_the_count_of_the_model_itself(name):
     model = CASE[name].build().eval()
     inputs = dummy_inputs(model, 1)
-    counted = measuring.forward_flops(model)
+    counted = measuring.forward_flops(model)  # shapes-only (siglip2's .item() runs it with the weights)
     assert counted.total == _run(model, inputs) > 0
+    assert measuring.forward_flops(model, expected=1e6) == counted  # a small forward, run with the weights
     assert counted.modules[""] == counted.total and any(path.startswith(("encoder.", "vision_model.", "layers"))
                                                         for path in counted.modules)
 
@@ -58,12 +59,14 @@ def test_a_bfloat16_model_is_counted_shapes_only_as_in_float32(monkeypatch):
     model = CASE["vit"].build().to(torch.bfloat16)
     expected = _run(model.float(), dummy_inputs(model, 1))
     model = model.to(torch.bfloat16)
-    monkeypatch.setattr(measuring, "_evaluating", None)  # the model itself is never run
+    monkeypatch.setattr(measuring, "_with_weights", None)  # shapes-only, or not at all
     assert measuring.forward_flops(model).total == expected
 
 
-def test_a_forward_that_needs_values_is_counted_on_the_model_and_leaves_it_as_it_was():
+def test_a_forward_that_needs_values_is_counted_with_the_weights_and_leaves_the_model_as_it_was():
     model = CASE["siglip2-vision"].build().train()  # its forward calls .item(): no meta-device twin runs it
+    fired = []
+    model.register_forward_hook(lambda *args: fired.append(1))
     state = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
     assert measuring.forward_flops(model).total == _run(model.eval(), dummy_inputs(model, 1))
@@ -71,7 +74,18 @@ def test_a_forward_that_needs_values_is_counted_on_the_model_and_leaves_it_as_it
     assert measuring.forward_flops(model).total > 0
     assert model.training and all(m.training for m in model.modules())  # its modes, weights and random state kept
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
-    assert torch.equal(torch.get_rng_state(), rng)
+    assert torch.equal(torch.get_rng_state(), rng) and len(fired) == 1  # the caller's hook: only _run's forward
+
+
+def test_the_count_sees_every_patch_of_a_masked_autoencoder_and_fires_no_hook_of_the_callers():
+    config = transformers.ViTMAEConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                                       image_size=32, patch_size=8, mask_ratio=0.75)
+    model = transformers.ViTMAEModel(config).eval()
+    fired = []
+    model.embeddings.register_forward_hook(lambda *args: fired.append(args[2][0].shape[1]))
+    shape = measuring.measured_shape(model)
+    assert not fired and model.config.mask_ratio == 0.75  # the twin ran, with its own config
+    assert shape.other_flops == 0  # every patch, as it serves images (masked: a quarter of the tokens)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Sequence
 
 import torch.nn as nn
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from . import (ffn_inputs, get_attention, get_backbone, get_layers, get_mlp, get_projection, get_spec, head_dim,
                             head_tables, num_heads, used_layers, vision_config)
@@ -114,8 +114,9 @@ class ModelShape:
             ranking's floors at any budget below dense (LLaVA reads the second-to-last block).
         other_flops: What one forward computes beyond the formulas at any width (a convolutional stem, a neck,
             attention pooling, blocks outside the pruned stack, attention run twice; negative where the blocks
-            compute less, e.g. keys from a small memory), counted by :func:`measured_shape`; 0 where it was not
-            measured (rankings stored before it was). Measured, not structural: shapes that differ only here match.
+            compute less, e.g. keys from a small memory), counted by
+            :func:`~hf_snapvit.architectures.flops.measured_shape`; 0 where it was not measured (rankings stored
+            before it was). Measured, not structural: shapes that differ only here match.
     """
 
     model_type: str
@@ -361,12 +362,3 @@ def uneven_widths(model: PreTrainedModel, needs: str) -> SnapViTError:
         f"This {type(model).__name__} ({model.config.model_type}) is not a plain ViT: its config builds blocks of "
         f"different widths (heads {heads}, FFN neurons {neurons}): hierarchical stages. hf_snapvit prunes vision "
         "transformers whose blocks repeat at one width; prune a plain ViT backbone instead.")
-
-
-def __getattr__(name: str) -> Any:
-    # estimate_gflops and measured_shape count a forward: they live in .flops, which imports this module.
-    if name in ("estimate_gflops", "measured_shape"):
-        from . import flops
-
-        return getattr(flops, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

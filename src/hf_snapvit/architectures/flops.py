@@ -11,8 +11,6 @@ itself at batch 1, in eval mode and without gradients.
 from __future__ import annotations
 
 import contextlib
-import copy
-import itertools
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
@@ -25,11 +23,14 @@ from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from . import get_spec
 from .budget import ModelShape, layer_widths, model_shape
-from .embedding import dummy_inputs
-from .skeleton import meta_twin, skeleton
+from .embedding import dummy_inputs, inference_settings
+from .skeleton import meta_twin, skeleton, twin
 
-#: Parameters beyond which a model whose forward cannot run shapes-only is not materialised to be counted.
+#: Parameters beyond which a meta-device model whose forward cannot run shapes-only is not given weights to count it.
 MAX_MATERIALISED = 10**9
+#: Forwards of at most this many FLOPs (by the formulas) are counted with the model's weights: shapes-only dispatch
+#: costs about as much as 2-5 GFLOPs of a CPU's matrix products (ViT-Tiny at 224 px: 0.05 s run, 0.1 s shapes-only).
+SMALL_FORWARD = 4 * 10**9
 
 
 def _sdpa_flops(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
@@ -100,38 +101,48 @@ def _evaluating(model: nn.Module) -> Iterator[None]:
             module.training = training
 
 
-def forward_flops(model: nn.Module, inputs: dict[str, torch.Tensor] | None = None) -> ForwardFlops:
+def forward_flops(model: nn.Module, inputs: dict[str, torch.Tensor] | None = None, *,
+                  expected: float | None = None) -> ForwardFlops:
     """The FLOPs one forward of ``model`` computes on ``inputs`` (default: seeded dummy inputs of its configured
-    size, one image): on its meta-device twin where that forward runs, else on ``model`` itself (a model
-    on the meta device, such as a budget's skeleton, on an uninitialised copy in memory unless it has more than
-    :data:`MAX_MATERIALISED` parameters). ``model``'s weights, modes and random state are left as they were.
+    size, one image), in eval mode and without gradients, on a twin of ``model``
+    (:func:`~hf_snapvit.architectures.skeleton.twin`, without its hooks): shapes-only on the meta device, or, for a
+    forward the formulas put at no more than :data:`SMALL_FORWARD` FLOPs (``expected``; it runs in less time than
+    dispatching shapes-only takes) and for one that needs values (``.item()``), with the weights it shares with
+    ``model``. A model on the meta device (a budget's skeleton) runs that forward with zero weights, unless it has
+    more than :data:`MAX_MATERIALISED` parameters. ``model`` (its weights, modes, caches) and the random state are
+    left as they were.
 
     Raises:
-        RuntimeError: the forward fails on the model itself too (or a meta-device model is too large to run).
+        RuntimeError: the forward fails both ways (or a meta-device model is too large to run).
     """
     inputs = dummy_inputs(model, 1) if inputs is None else inputs
-    if getattr(model, "hf_device_map", None) is None:  # offloaded weights are not copied, even shapes-only
-        try:
-            twin = meta_twin(model).eval()
-            return _count(twin, _on(twin, inputs))  # meta inputs, in the model's dtype
-        except Exception:  # noqa: BLE001 - a forward that needs values (.item(), data-dependent shapes): run it
-            pass
-    if any(p.device.type == "meta" for p in model.parameters()):
-        if sum(p.numel() for p in model.parameters()) > MAX_MATERIALISED:
-            raise RuntimeError(f"the forward of this {type(model).__name__} cannot run shapes-only, and it is too "
-                               "large to run without its weights")
-        model = _materialised(model)
-    with _evaluating(model):
-        return _count(model, _on(model, inputs))
+    spec = get_spec(model)
+    if getattr(model, "hf_device_map", None) is not None:  # accelerate's offloading hooks hold its weights
+        with _evaluating(model), inference_settings(model, spec):
+            return _count(model, _on(model, inputs))
+
+    def run(copied: nn.Module) -> ForwardFlops:
+        copied.eval()
+        with inference_settings(copied, spec):  # ViTMAE: every patch, as it serves images
+            return _count(copied, _on(copied, inputs))  # on its device (meta: shapes only), in its dtype
+
+    small = expected is not None and expected <= SMALL_FORWARD
+    first, second = (_with_weights, meta_twin) if small else (meta_twin, _with_weights)
+    try:
+        return run(first(model))
+    except Exception:  # noqa: BLE001 - the other way may run it (shapes-only cannot run .item())
+        pass
+    return run(second(model))
 
 
-
-def _materialised(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose meta-device parameters and buffers are zeros in memory (the rest copied)."""
-    memo = {id(t): (nn.Parameter(torch.zeros(t.shape, dtype=t.dtype), requires_grad=False)
-                    if isinstance(t, nn.Parameter) else torch.zeros(t.shape, dtype=t.dtype))
-            for t in itertools.chain(model.parameters(), model.buffers()) if t.device.type == "meta"}
-    return copy.deepcopy(model, memo)
+def _with_weights(model: nn.Module) -> nn.Module:
+    """A twin of ``model`` that holds its weights (zeros in place of meta-device ones)."""
+    if not any(p.device.type == "meta" for p in model.parameters()):
+        return twin(model)
+    if sum(p.numel() for p in model.parameters()) > MAX_MATERIALISED:
+        raise RuntimeError(f"the forward of this {type(model).__name__} cannot run shapes-only, and it is too large "
+                           "to run without its weights")
+    return twin(model, lambda t: torch.zeros(t.shape, dtype=t.dtype) if t.device.type == "meta" else t.detach())
 
 
 def measured_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[int]] | None = None,
@@ -145,7 +156,7 @@ def measured_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[
     if flops is None:
         counted = model.get_submodule(spec.encoder) if spec.task is not None else model
         try:
-            flops = forward_flops(counted)
+            flops = forward_flops(counted, expected=shape.flops())
         except Exception as error:  # noqa: BLE001 - budgets still work, with the formula's GFLOPs
             warnings.warn(f"{type(model).__name__}: hf_snapvit's GFLOPs count its blocks, embedding and head only: "
                           f"its forward could not be counted ({type(error).__name__}: {str(error)[:200]}).",

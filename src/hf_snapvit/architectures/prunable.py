@@ -100,10 +100,11 @@ def other_stacks(model: nn.Module) -> list[tuple[str, int]]:
     return found
 
 
-def prunable_share(model: nn.Module, flops: ForwardFlops | None = None) -> PrunableShare | None:
+def prunable_share(model: nn.Module, flops: ForwardFlops | None = None, *,
+                   expected: float | None = None) -> PrunableShare | None:
     """The share of ``model`` that hf_snapvit prunes, where its backbone has other stacks of repeated blocks
     (:func:`other_stacks`); ``None`` where the pruned stack is the only one. ``flops``: the forward's count, if
-    made (else counted here, for a model with other stacks only)."""
+    made (else counted here, for a model with other stacks only; ``expected``: its FLOPs by the budget)."""
     stacks = other_stacks(model)
     if not stacks:
         return None
@@ -114,7 +115,7 @@ def prunable_share(model: nn.Module, flops: ForwardFlops | None = None) -> Pruna
     params = sum(p.numel() for p in pruned.parameters()) / max(1, backbone_parameters(model))
     if flops is None:
         try:
-            flops = forward_flops(root)
+            flops = forward_flops(root, expected=expected)
         except Exception:  # noqa: BLE001 - the parameters' share is still known
             flops = None
     flop_share = None
@@ -132,7 +133,7 @@ def note_partial(model: nn.Module, ranking: Any, share: PrunableShare | None = N
     of the backbone, and a warning saying so (once per model); else ``ranking`` as it is. A share already recorded
     is not measured again."""
     recorded = PrunableShare.from_dict(ranking.provenance.get("prunable"))
-    share = share or recorded or prunable_share(model)
+    share = share or recorded or prunable_share(model, expected=ranking.shape.flops())
     if share is None:
         return ranking
     if model not in _WARNED:
