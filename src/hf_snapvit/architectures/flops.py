@@ -2,10 +2,11 @@
 
 Budgets count heads and FFN neurons with the paper's formulas (:class:`~hf_snapvit.architectures.budget.ModelShape`);
 what a forward computes beyond them (a convolutional stem, a neck, attention pooling, a second block stack, attention
-run twice) is measured here, once, and stored with the ranking (``ModelShape.other_flops``). The count runs on the
-model's meta-device twin (:func:`~hf_snapvit.architectures.skeleton.meta_twin`: shapes only, so a 7 B model costs
-nothing to count), or, where a forward cannot run shapes-only (``.item()``, data-dependent shapes), on the model
-itself at batch 1, in eval mode and without gradients.
+run twice) is measured here, once, and stored with the ranking (``ModelShape.other_flops``); :func:`estimate_gflops`
+adds it to the formulas. The count runs at batch 1 on a twin of the model without its hooks
+(:mod:`~hf_snapvit.architectures.skeleton`): shapes-only on the meta device, so a 7 B model costs nothing to count;
+with the weights it shares with the model where that is cheaper (a small forward) or needed (``.item()``,
+data-dependent shapes).
 """
 
 from __future__ import annotations
