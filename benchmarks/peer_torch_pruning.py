@@ -34,7 +34,8 @@ from huggingface_hub.utils import tqdm
 
 import _tp_vit
 from _harness import RESULTS, load_classifier, parser, preprocess, timed, write_json
-from hf_snapvit.architectures.budget import ModelShape, backbone_parameters, estimate_gflops, layer_widths, model_shape
+from hf_snapvit.architectures.budget import ModelShape, backbone_parameters, layer_widths, model_shape
+from hf_snapvit.architectures.flops import estimate_gflops
 from hf_snapvit.benchmark import hardware_info, measure_latency
 from hf_snapvit.elastic.ranking import ElasticRanking, Floors
 from hf_snapvit.errors import BudgetError

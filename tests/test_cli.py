@@ -21,7 +21,8 @@ from PIL import Image
 import hf_snapvit
 from hf_snapvit.correction.prefix import applies_at
 from hf_snapvit.correction.prefix_file import PrefixFile
-from hf_snapvit.architectures.budget import backbone_parameters, estimate_gflops, layer_widths
+from hf_snapvit.architectures.budget import backbone_parameters, layer_widths
+from hf_snapvit.architectures.flops import estimate_gflops
 from hf_snapvit.cli import COMMANDS, main
 
 from helpers import output_of, run_at_once, tiny_vit_classifier

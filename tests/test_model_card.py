@@ -12,7 +12,8 @@ import transformers
 from huggingface_hub import ModelCard
 
 import hf_snapvit
-from hf_snapvit.architectures.budget import backbone_parameters, estimate_gflops, layer_widths
+from hf_snapvit.architectures.budget import backbone_parameters, layer_widths
+from hf_snapvit.architectures.flops import estimate_gflops
 from hf_snapvit.errors import ModelCardError
 from hf_snapvit.cards.elastic import (
     HEATMAP_FILENAME,

@@ -19,7 +19,8 @@ from ._version import __version__
 from .architectures import (ArchitectureSpec, MlpSpec, TaskModelSpec, register_architecture, register_task_model,
                             supported_model_types)
 from .architectures.attention import UNPADDED_SDPA, register_unpadded_sdpa
-from .architectures.budget import backbone_parameters, estimate_gflops
+from .architectures.budget import backbone_parameters
+from .architectures.flops import estimate_gflops
 from .correction import CorrectionConfig
 from .data.coverage import CoverageWarning
 from .data.images import load_image_dataset

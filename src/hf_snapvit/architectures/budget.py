@@ -2,8 +2,9 @@
 
 :class:`ModelShape` is everything a budget needs to know about an architecture: how many parameters one head and one
 FFN neuron cost, what the rest of the backbone costs, and the token counts of the paper's GFLOP formulas (appendix,
-"GFLOP definition"). It is computed once from a (possibly meta-device) model and stored in every ranking, so a
-ranking alone can turn a sparsity, parameter or GFLOP budget into per-layer keep counts.
+"GFLOP definition"), plus what one forward computes beyond them (``other_flops``: a stem, a neck, a second block
+stack, measured by :mod:`.flops` when a ranking is made). It is computed once from a (possibly meta-device) model and
+stored in every ranking, so a ranking alone can turn a sparsity, parameter or GFLOP budget into per-layer keep counts.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Sequence
 
 import torch.nn as nn
-from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
 from . import (ffn_inputs, get_attention, get_backbone, get_layers, get_mlp, get_projection, get_spec, head_dim,
                head_rows, head_tables, num_heads, used_layers, vision_config)
@@ -113,6 +114,11 @@ class ModelShape:
             ranking's floors at any budget below dense (LLaVA reads the second-to-last block).
         frames: Images per input: the frames of one clip for a video tower that takes them in its batch (X-CLIP's
             ``[B·T, C, H, W]``: every block runs on each frame's ``num_tokens``; FLOPs are per clip), else 1.
+        other_flops: What one forward computes beyond the formulas at any width (a convolutional stem, a neck,
+            attention pooling, blocks outside the pruned stack, attention run twice; negative where the blocks
+            compute less, e.g. keys from a small memory), counted by
+            :func:`~hf_snapvit.architectures.flops.measured_shape`; 0 where it was not measured (rankings stored
+            before it was). Measured, not structural: shapes that differ only here match.
     """
 
     model_type: str
@@ -132,6 +138,7 @@ class ModelShape:
     head_flops: int = 0
     used_layers: int | None = None
     frames: int = 1
+    other_flops: int = 0
 
     def __post_init__(self) -> None:
         if self.used_layers is None:
@@ -156,7 +163,8 @@ class ModelShape:
 
         Embeddings ``2·n_patch·p²·c·d``; per block, with ``a = d_key·n_heads``: QKV ``2·n·3·d·a``, QK logits
         ``2·n²·a``, softmax ``3·n_heads·n²``, reduction ``2·n²·a``, projection ``2·n·a·d``, FFN
-        ``2·n·d·f·m`` (``m`` weight matrices; the paper's ``16·n·d²`` is ``m = 2, f = 4d``); plus the logits.
+        ``2·n·d·f·m`` (``m`` weight matrices; the paper's ``16·n·d²`` is ``m = 2, f = 4d``); plus the logits and
+        :attr:`other_flops`.
         """
         heads = self.dense_heads if heads is None else heads
         neurons = self.dense_neurons if neurons is None else neurons
@@ -166,7 +174,7 @@ class ModelShape:
             a = dk * h
             total += 2 * n * 3 * d * a + 2 * n * n * a + 3 * h * n * n + 2 * n * n * a + 2 * n * a * d
             total += 2 * n * d * f * self.ffn_matrices
-        return total * self.frames + self.head_flops
+        return total * self.frames + self.head_flops + self.other_flops
 
     def unit_flops(self) -> tuple[int, int, int]:
         """What one unit costs in :meth:`flops`, less the softmax (no matrix product, which FLOP counters such as
@@ -194,27 +202,35 @@ class ModelShape:
         if not isinstance(data, dict):
             raise RankingFormatError(f"shape must be a JSON object, got {type(data).__name__}.")
         names = [f.name for f in fields(cls)]
-        if missing := [name for name in names if name not in data and name not in ("head_flops", "used_layers",
-                                                                                     "frames")]:
+        if missing := [name for name in names if name not in data and name not in _OPTIONAL]:
             raise RankingFormatError(f"shape has no {missing}.")
         values = {name: data[name] for name in names if name in data}
         if not isinstance(values["model_type"], str) or not values["model_type"]:
             raise RankingFormatError(f"shape.model_type={values['model_type']!r} must be a non-empty string.")
         for name, value in values.items():
-            if name != "model_type" and (why := out_of_range(name, value)):
+            if name not in ("model_type", "other_flops") and (why := out_of_range(name, value)):
                 raise RankingFormatError(f"shape.{name}={value!r} {why}.")
+        other = values.get("other_flops", 0)
+        if isinstance(other, bool) or not isinstance(other, numbers.Integral):
+            raise RankingFormatError(f"shape.other_flops={other!r} must be an integer, got {type(other).__name__}.")
         if values.get("used_layers", values["num_layers"]) > values["num_layers"]:
             raise RankingFormatError(f"shape.used_layers={values['used_layers']!r} must be at most shape.num_layers="
                                      f"{values['num_layers']}.")
         if (units := values["num_layers"] * (values["num_heads"] + values["intermediate_size"])) > MAX_UNITS:
             raise RankingFormatError(f"shape.num_layers × (num_heads + intermediate_size) = {units} heads and neurons "
                                      f"is too large: no supported model has more than {MAX_UNITS}.")
-        return cls(**{name: value if name == "model_type" else int(value) for name, value in values.items()})
+        shape = cls(**{name: value if name == "model_type" else int(value) for name, value in values.items()})
+        if shape.flops() <= 0:
+            raise RankingFormatError(f"shape.other_flops={other!r} leaves the dense model {shape.flops()} FLOPs: it "
+                                     "must be more than minus the formula's count.")
+        return shape
 
     def mismatch(self, other: "ModelShape") -> str:
         """``""`` when ``other`` is this shape, else each differing field with both values and what it means."""
         found, hints = [], set()
         for f in fields(self):
+            if f.name == "other_flops":  # measured on the ranked model's forward, not a property of its structure
+                continue
             mine, theirs, hint = getattr(self, f.name), getattr(other, f.name), _MISMATCH_HINTS.get(f.name, "")
             if mine != theirs:
                 found.append(f"the ranking has {f.name}={mine!r}, the model has {f.name}={theirs!r}"
@@ -223,6 +239,7 @@ class ModelShape:
         return "; ".join(found)
 
 
+_OPTIONAL = ("head_flops", "used_layers", "frames", "other_flops")  # fields older rankings may lack
 _SIZE = " (another image or patch size: its GFLOP counts would be wrong)"
 _COST = " (another parameter cost: biases such as qkv_bias, a gated FFN or other layers differ)"
 _MISMATCH_HINTS = {"num_tokens": _SIZE, "num_patches": _SIZE, "patch_size": _SIZE, "params_per_head": _COST,
@@ -350,30 +367,3 @@ def uneven_widths(model: PreTrainedModel, needs: str) -> SnapViTError:
         f"This {type(model).__name__} ({model.config.model_type}) is not a plain ViT: its config builds blocks of "
         f"different widths (heads {heads}, FFN neurons {neurons}): hierarchical stages. hf_snapvit prunes vision "
         "transformers whose blocks repeat at one width; prune a plain ViT backbone instead.")
-
-
-def estimate_gflops(
-    config_or_model: PretrainedConfig | PreTrainedModel | str,
-    heads: Sequence[int] | None = None,
-    neurons: Sequence[int] | None = None,
-) -> float:
-    """Theoretical GFLOPs of one forward pass (one image), with the paper's formulas.
-
-    Args:
-        config_or_model: A model (its current, possibly sliced, widths are used), a config, or a path/repo id whose
-            ``config.json`` is read. A config of a ``*ForImageClassification`` includes the classifier's logits.
-        heads: Optional per-block head counts (defaults to the model's current ones).
-        neurons: Optional per-block FFN widths (defaults to the model's current ones).
-
-    Example:
-        >>> from transformers import ViTConfig
-        >>> cfg = ViTConfig(num_labels=1000, architectures=["ViTForImageClassification"])  # ViT-B/16
-        >>> round(estimate_gflops(cfg), 1)
-        35.1
-    """
-    if isinstance(config_or_model, str):
-        config_or_model = AutoConfig.from_pretrained(config_or_model)
-    model = config_or_model if isinstance(config_or_model, nn.Module) else skeleton(config_or_model)
-    current_heads, current_neurons = layer_widths(model)
-    shape = model_shape(model, dense=(max(current_heads), max(current_neurons)))
-    return shape.gflops(current_heads if heads is None else heads, current_neurons if neurons is None else neurons)

@@ -1,9 +1,15 @@
-"""The stock transformers model a config describes, on the meta device: what loading fills and budgets measure."""
+"""The stock transformers model a config describes, on the meta device: what loading fills and budgets measure; and
+the meta-device twin of a model, whose forward FLOPs are counted at no memory cost."""
 
 from __future__ import annotations
 
+import copy
+import itertools
 import warnings
+from typing import Callable
 
+import torch
+import torch.nn as nn
 from transformers import PretrainedConfig, PreTrainedModel
 
 from .limits import check_config_sizes
@@ -44,3 +50,32 @@ def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
         # word embeddings): tie now, or the skeleton counts the shared parameters twice.
         model.tie_weights()
         return model
+
+
+def meta_twin(model: nn.Module) -> nn.Module:
+    """A copy of ``model``'s module tree whose parameters and buffers are meta tensors of the same shapes and dtypes
+    (one shared tensor stays one): it runs a forward shapes-only, without memory for weights, and nothing that
+    forward caches reaches ``model`` (see :func:`twin`)."""
+    return twin(model, lambda tensor: torch.empty_like(tensor, device="meta"))
+
+
+def twin(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor] | None = None) -> nn.Module:
+    """A copy of ``model``'s module tree, without gradients and without the hooks registered on its modules (a
+    caller's hook would see the twin's forward), whose every parameter and buffer is ``make(tensor)`` (once per
+    tensor): by default a parameter shares its tensor's memory and a buffer is copied, so the twin costs no memory
+    for weights and a forward that writes a buffer does not write ``model``'s. Tensors a module keeps as plain
+    attributes are copied as they are."""
+    memo: dict[int, torch.Tensor] = {}
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        new = make(tensor) if make is not None else (
+            tensor.detach() if isinstance(tensor, nn.Parameter) else tensor.detach().clone())
+        memo[id(tensor)] = nn.Parameter(new, requires_grad=False) if isinstance(tensor, nn.Parameter) else new
+    copied = copy.deepcopy(model, memo)
+    for module in copied.modules():
+        for hooks in _HOOKS:
+            getattr(module, hooks, {}).clear()
+    return copied
+
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+          "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")

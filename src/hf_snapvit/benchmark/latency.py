@@ -172,7 +172,8 @@ def latency_vs_sparsity(
         latency per batch size, and ``speedup`` (dense median / sliced median) next to ``theoretical_speedup``
         (dense GFLOPs / sliced GFLOPs) and their ratio ``efficiency``.
     """
-    from ..architectures.budget import backbone_parameters, estimate_gflops, layer_widths, model_shape
+    from ..architectures.budget import backbone_parameters, layer_widths, model_shape
+    from ..architectures.flops import estimate_gflops
 
     ranking.check_matches(model_shape(model))
     models: dict[str, nn.Module] = {"dense": model.eval()}

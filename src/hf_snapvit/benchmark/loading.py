@@ -103,7 +103,8 @@ def _first_forward_memory(model: nn.Module, memory: dict[str, Any], seed: int) -
 
 def _describe_loaded(model: nn.Module) -> dict[str, Any]:
     """The loaded model's class, widths, parameters, bytes, GFLOPs and layout, as the child reports them."""
-    from ..architectures.budget import backbone_parameters, estimate_gflops, layer_widths
+    from ..architectures.budget import backbone_parameters, layer_widths
+    from ..architectures.flops import estimate_gflops
 
     layout = getattr(model.config, "elastic_layout", None)
     heads, neurons = layer_widths(model)

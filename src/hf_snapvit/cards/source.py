@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..architectures import task_model_spec
+from ..architectures.prunable import PrunableShare
 from ..errors import ModelCardError
 from ..elastic.ranking import ElasticRanking
 
@@ -29,7 +30,8 @@ class CheckpointDescription:
             ``None`` for an elastic one.
         architectures: ``config.architectures``; empty when unknown (e.g. a bare ranking).
         name_or_path: ``config._name_or_path``, where the checkpoint was loaded from.
-        pruned_part: For a task model, the sentence saying that only its vision encoder is pruned; else ``None``.
+        pruned_part: For a task model, the sentence saying that only its vision encoder is pruned; for a backbone
+            with block stacks left dense, the line saying which share of it is prunable; else ``None``.
         recovery: ``config.json["elastic_recovery"]`` of a recovered checkpoint; else ``None``.
     """
 
@@ -76,7 +78,7 @@ def describe_checkpoint(source: Any) -> CheckpointDescription:
     """
     if isinstance(source, ElasticRanking):
         return CheckpointDescription(source.sorted() if not source.is_sorted() else source,
-                                     pruned_part=pruned_part({"model_type": source.shape.model_type}))
+                                     pruned_part=pruned_part({"model_type": source.shape.model_type}, source))
     config = _config_dict(source)
     if not isinstance(config, Mapping):
         raise ModelCardError(
@@ -89,25 +91,33 @@ def describe_checkpoint(source: Any) -> CheckpointDescription:
             "This checkpoint is neither elastic nor sliced: its config has no 'elastic_ranking' or 'elastic_layout'. "
             "Rank it with hf_snapvit.rank(model) and save it with hf_snapvit.save_elastic(model, ranking, folder)."
         )
+    ranking = ElasticRanking.from_dict(stored) if stored is not None else None
     return CheckpointDescription(
-        ranking=ElasticRanking.from_dict(stored) if stored is not None else None,
+        ranking=ranking,
         layout=layout,
         architectures=list(config.get("architectures") or []),
         name_or_path=config.get("_name_or_path") or None,
-        pruned_part=pruned_part(config),
+        pruned_part=pruned_part(config, ranking),
         recovery=config.get("elastic_recovery") if isinstance(config.get("elastic_recovery"), Mapping) else None,
     )
 
 
-def pruned_part(config: Mapping[str, Any]) -> str | None:
-    """For a task model's ``config.json`` (as a dict), the sentence saying which part was pruned; ``None`` for a
-    bare backbone."""
+def pruned_part(config: Mapping[str, Any], ranking: ElasticRanking | None = None) -> str | None:
+    """The sentences saying which part of the model was pruned: for a task model's ``config.json`` (as a dict), its
+    vision encoder; where ``ranking`` records that other block stacks stay dense, the share of the backbone that is
+    prunable. ``None`` for a bare backbone pruned whole."""
+    sentences = []
     task = task_model_spec(config.get("model_type"))
-    if task is None:
-        return None
-    encoder = (config.get(task.encoder_config) or {}).get("model_type")
-    return (f"Only the vision encoder (`{task.encoder}`{f', a `{encoder}`' if encoder else ''}) is pruned; the rest "
-            f"of this `{task.model_type}` model (its {_REST[task.features]}) is loaded as it is.")
+    if task is not None:
+        encoder = (config.get(task.encoder_config) or {}).get("model_type")
+        sentences.append(f"Only the vision encoder (`{task.encoder}`{f', a `{encoder}`' if encoder else ''}) is "
+                         f"pruned; the rest of this `{task.model_type}` model (its {_REST[task.features]}) is loaded "
+                         "as it is.")
+    share = PrunableShare.from_dict(ranking.provenance.get("prunable")) if ranking is not None else None
+    if share is not None:
+        # A line of its own: what the sizes below shrink is this share.
+        sentences.append(f"\n\n**Prunable share**: {share.sentence('`')} at every sparsity.")
+    return " ".join(sentences).replace(" \n", "\n") or None
 
 
 _REST = {"feature_maps": "neck and head", "hidden_states": "projector and language model",

@@ -70,7 +70,8 @@ def _correction_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Load ``--model`` at the budget and save it (and its image processor) to ``--output`` in one rename."""
-    from ..architectures.budget import backbone_parameters, estimate_gflops, layer_widths
+    from ..architectures.budget import backbone_parameters, layer_widths
+    from ..architectures.flops import estimate_gflops
     from ..files import atomic_directory
     from ..loading.modeling import ElasticViTModel
 

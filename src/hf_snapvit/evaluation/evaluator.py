@@ -15,7 +15,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ..architectures import model_class
-from ..architectures.budget import backbone_parameters, estimate_gflops, layer_widths
+from ..architectures.budget import backbone_parameters, layer_widths
+from ..architectures.flops import estimate_gflops
 from ..errors import EvaluationError
 from ..files import write_text_atomic
 from ..elastic.ranking import ElasticRanking

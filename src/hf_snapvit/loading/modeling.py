@@ -6,6 +6,7 @@ import copy
 import os
 import warnings
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -135,6 +136,8 @@ def _dense_skeleton(config: Any, layout: dict | None, ranking: ElasticRanking | 
     model = skeleton(config, **build_kwargs)
     get_spec(model)
     dense_shape = model_shape(model)
+    if ranking is not None:  # what the forward computes beyond the formulas, measured when the ranking was made
+        dense_shape = replace(dense_shape, other_flops=ranking.shape.other_flops)
     check_stored_spec_loads(model, ranking, dense_shape)
     return model, dense_shape
 

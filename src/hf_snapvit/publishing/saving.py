@@ -22,6 +22,7 @@ from ..architectures import get_spec
 from ..architectures.discovery import adopt_discovered, is_discovered, spec_to_dict
 from ..architectures.embedding import dummy_inputs
 from ..architectures.budget import model_shape
+from ..architectures.prunable import note_partial
 from ..errors import CheckpointError, ConfigError
 from ..correction import CorrectionConfig
 from ..correction.prefix import PrefixCorrection
@@ -80,6 +81,7 @@ def save_elastic(
     """
     spec = ensure_proven(model)
     ranking.check_matches(model_shape(model))
+    ranking = note_partial(model, ranking)  # part of the backbone only: a warning, and the card says which share
     if not spec.prune_heads and ranking.floors()[0] < ranking.shape.num_heads:
         raise ConfigError(
             f"This {spec.model_type} model cannot run with fewer attention heads, so every block keeps all of them, "

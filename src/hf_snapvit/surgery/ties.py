@@ -86,15 +86,20 @@ def shared_parameters(model: nn.Module, spec: ArchitectureSpec) -> list[str]:
                 names[holder].append(f"{path}.{name}" if path else name)
                 if len(names[holder]) == 1:  # a module reached by two paths holds its tensors once
                     ranges.append((_memory(tensor), holder))
+    prunable_names = {name for holder in units for name in names[holder]}
+    # Declared ties first (the ones a user removes from _tied_weights_keys), then tensors held twice, then modules
+    # serving two units; a tensor two declared names share is named once.
+    declared: list[set[str]] = []
     found: dict[str, None] = {}
+    for target, source in _declared(model).items():
+        if target in prunable_names or source in prunable_names:
+            declared.append({target, source})
+            found[f"{target} = {source} (declared in _tied_weights_keys)"] = None
+    for holders in _overlapping(ranges):
+        group = {names[h][0] for h in holders}
+        if any(h in units for h in holders) and group not in declared:
+            found[f"{' = '.join(sorted(group))} (one tensor)"] = None
     for holder, served in units.items():
         if len(served) > 1:
             found[f"{names[holder][0] if names[holder] else '?'} serves {' and '.join(served)}"] = None
-    for holders in _overlapping(ranges):
-        if any(h in units for h in holders):
-            found[f"{' = '.join(sorted(names[h][0] for h in holders))} (one tensor)"] = None
-    prunable_names = {name for holder in units for name in names[holder]}
-    for target, source in _declared(model).items():
-        if target in prunable_names or source in prunable_names:
-            found[f"{target} = {source} (declared in _tied_weights_keys)"] = None
     return list(found)

@@ -18,7 +18,9 @@ import torch
 from transformers import PreTrainedModel
 
 from ...architectures.inputs import pixel_shape
-from ...architectures.budget import ModelShape, layer_widths, model_shape, uneven_widths
+from ...architectures.budget import ModelShape, layer_widths, uneven_widths
+from ...architectures.flops import measured_shape
+from ...architectures.prunable import note_partial
 from ...errors import ConfigError, DataError
 from ...files import public_name
 from ...surgery.proof import ensure_proven
@@ -71,7 +73,9 @@ def rank(
 
     The ranking's provenance records the method, its settings, the seed, the calibration data, the base model and
     ``timings``: ``{"wall_seconds": ..., "phases": {...}}`` (SnapViT's phases: ``data``, ``gradients``, ``search``
-    and its forward passes ``search_forward``).
+    and its forward passes ``search_forward``); and, where the pruned blocks are only part of the backbone (another
+    stack of repeated blocks stays dense), ``prunable``: their share of its parameters and FLOPs, with a warning.
+    The ranking's shape counts what one forward computes beyond the blocks (``shape.other_flops``).
 
     Args:
         model: A dense model of a supported architecture (see :func:`hf_snapvit.supported_model_types`).
@@ -123,9 +127,9 @@ def rank(
     if method == "snapvit":
         pruner = SnapViTPruner(config)
         ranking = pruner.fit(model, data, processor=processor, show_progress=show_progress)
-        return _timed(ranking, start, pruner.timings_)
+        return _timed(note_partial(model, ranking), start, pruner.timings_)
     ranking = _baseline(model, method, data, config, processor, mode, seed, floors, label_column, show_progress)
-    return _timed(ranking, start, {})
+    return _timed(note_partial(model, ranking), start, {})
 
 
 def _check_takes_images(model: PreTrainedModel, method: str, data: Any) -> None:
@@ -143,7 +147,7 @@ def _baseline(model: PreTrainedModel, method: str, data: Any, config: SnapViTCon
               mode: RankingMode | None, seed: int, floors: Floors, label_column: str,
               show_progress: bool) -> ElasticRanking:
     """The ranking of a baseline method: data-free, or gradient-based with ``config``'s images and crops."""
-    shape = model_shape(model)
+    shape = measured_shape(model)
     if method in GRADIENT_METHODS:
         head_scores, neuron_scores, settings, calibration = gradient_baseline_scores(
             model, shape, method, data, scores=config.scores, num_images=config.num_gradient_images,

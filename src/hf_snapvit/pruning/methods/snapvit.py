@@ -26,12 +26,14 @@ import torch
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ...architectures.budget import ModelShape, layer_widths, model_shape
+from ...architectures.budget import ModelShape, layer_widths
+from ...architectures.flops import measured_shape
 from ...data.calibration import draw_calibration
 from ...correction.config import CorrectionConfig
 from ...distributed import on_process_device, process_state, resolve_precision, tf32_matmuls
 from ...errors import ConfigError
 from ...files import public_name
+from ...surgery.proof import ensure_proven
 from ..fitness import EmbeddingFitness
 from ...elastic.ranking import ElasticRanking, RankingMode
 from ..scoring import gradient_scores
@@ -112,10 +114,18 @@ class SnapViTPruner:
 
         Returns:
             The ranking, with the run's settings and search summary in its provenance.
+
+        Raises:
+            UnsupportedArchitectureError: a model no registry knows whose discovered structure fails the proof
+                (:func:`~hf_snapvit.surgery.proof.ensure_proven`), or whose prunable weights are tied or shared.
         """
         heads_now, neurons_now = layer_widths(model)
         if len(set(heads_now)) != 1 or len(set(neurons_now)) != 1:
             raise ConfigError("SnapViT ranks a dense model; this one is already sliced.")
+        spec = ensure_proven(model)  # a model no registry knows: its discovered structure is checked first
+        if not spec.prune_heads and self.config.min_head_keep_ratio < 1.0:
+            # The model's forward cannot run with fewer heads (or the proof kept them all): every block keeps them.
+            self.config = replace(self.config, min_head_keep_ratio=1.0)
         state = process_state()
         show_progress = show_progress and state.is_main_process
         with on_process_device(model, state) as device:
@@ -161,7 +171,7 @@ class SnapViTPruner:
             head_scores, neuron_scores = saved["head_scores"], saved["neuron_scores"]
         timings["gradients"] = time.perf_counter() - start - timings.get("unit_order", 0.0)
 
-        shape = model_shape(model)
+        shape = measured_shape(model)
         # Scores are means over a unit's weights; times the unit's cost they become totals, so the global mode's
         # per-parameter normalisation compares heads and neurons on the mean saliency of their weights.
         self._unit_scores = (head_scores * shape.params_per_head, neuron_scores * shape.params_per_neuron, shape)
