@@ -63,7 +63,7 @@ def spec_from_dict(model_type: str, data: Any, source: str | os.PathLike | None 
     if data.get("format") != SPEC_FORMAT:
         raise fail(f"has format {data.get('format')!r}; this hf_snapvit reads format {SPEC_FORMAT}")
     if unknown := sorted(set(data) - _FIELDS):
-        raise fail(f"has unknown fields {unknown}; format {SPEC_FORMAT} has {sorted(_FIELDS)}")
+        raise fail(f"has unknown fields {unknown}; format {SPEC_FORMAT} knows {', '.join(sorted(_FIELDS))}")
     for name in (*_PATH_FIELDS, "mlp_out", "embedding"):
         if not isinstance(data.get(name), str):
             raise fail(f"needs a string {name!r}, got {data.get(name)!r}")
