@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -44,8 +45,11 @@ def elastic(tmp_path_factory):
 
 
 def table(card: ModelCard) -> dict[str, list[str]]:
-    """The size table as {first cell: cells}."""
-    rows = [line for line in card.text.splitlines() if line.startswith("| ") and not line.startswith("| sparsity")]
+    """The size table (the one headed "| sparsity"; a sliced card's per-block table is another) as {first cell:
+    cells}."""
+    lines = card.text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| sparsity")) + 2  # past the header and rule
+    rows = itertools.takewhile(lambda line: line.startswith("| "), lines[start:])
     return {cells[0]: cells for cells in ([c.strip() for c in row.strip("|").split("|")] for row in rows)}
 
 

@@ -26,7 +26,8 @@ from .sources import looks_local
 
 def public_name(name_or_path: str | os.PathLike | None) -> str | None:
     """How files we write name a model or folder: a Hub id (``org/name``) as it is, a local path by its last
-    component (``/home/me/models/vit-tiny`` -> ``vit-tiny``).
+    component (``/home/me/models/vit-tiny`` -> ``vit-tiny``), a staging folder of :func:`atomic_directory` by the
+    folder it becomes.
 
     A local path is one that is absolute, starts with ``.`` or ``~``, has a backslash or more than one ``/``, or
     exists on this machine; anything else (``org/name``, ``vit-tiny``) is kept, as transformers would resolve it
@@ -39,6 +40,8 @@ def public_name(name_or_path: str | os.PathLike | None) -> str | None:
         return text
     if not (looks_local(text) or os.path.isabs(text) or os.path.exists(text)):
         return text
+    if os.path.exists(text) and (final := final_path(text)) != Path(os.path.abspath(text)):
+        return final.name  # a folder being staged is named as the folder it becomes
     name = Path(text.replace("\\", "/").rstrip("/")).name
     return name or Path(text).resolve().name or text
 
@@ -137,6 +140,30 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         handle.write(text)
 
 
+# The staging folders of this process's atomic_directory writes in progress, each with the folder it becomes.
+_STAGED: dict[Path, Path] = {}
+
+
+def final_path(path: str | os.PathLike) -> Path:
+    """Where ``path`` will be once the :func:`atomic_directory` write staging it is done: a staging folder (or a
+    file in one) maps to the target folder (or that file in it); any other path is ``path`` itself, made absolute.
+    Writers name folders by this, so nothing written names a staging folder."""
+    absolute = Path(os.path.abspath(path))
+    for staging, target in list(_STAGED.items()):
+        if absolute == staging or staging in absolute.parents:
+            return target / absolute.relative_to(staging)
+    return absolute
+
+
+@contextlib.contextmanager
+def _staged(staging: Path, target: Path) -> Iterator[Path]:
+    _STAGED[staging] = target
+    try:
+        yield staging
+    finally:
+        _STAGED.pop(staging, None)
+
+
 # Files that make up the weights and config of a checkpoint; a save replaces all of them together.
 #: The prefix correction beside an elastic checkpoint's weights (:mod:`hf_snapvit.correction.prefix_file`).
 PREFIX_FILE = "prefix_correction.safetensors"
@@ -170,12 +197,18 @@ def atomic_directory(save_directory: str | os.PathLike) -> Iterator[Path]:
       else in it is touched.
     * A save that runs out of disk space raises a :class:`~hf_snapvit.errors.DiskFullError` once its staging folder
       is removed, saying that the previous checkpoint is untouched and how much space is free.
+    * Inside another atomic write (``save_directory`` is its staging folder, as when a sliced model's
+      ``save_pretrained`` is called on it), the files go straight into that folder: one atomic write, not two, and
+      :func:`final_path` names the folder it becomes.
 
     Raises:
         CheckpointError: ``save_directory`` exists and is not a folder.
         DiskFullError: the disk (or quota) filled up; ``save_directory`` is as it was.
     """
     target = Path(os.path.abspath(save_directory))
+    if target in _STAGED:  # the outer write moves these files into place with its own
+        yield target
+        return
     if os.path.lexists(target) and not target.is_dir():
         raise CheckpointError(
             f"Cannot save a checkpoint to {str(target)!r}: it is a file (or a broken link), not a folder. Choose a folder path (it is "
@@ -193,7 +226,8 @@ def atomic_directory(save_directory: str | os.PathLike) -> Iterator[Path]:
             return
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-{os.getpid()}-", dir=target.parent))
         try:
-            yield staging
+            with _staged(staging, target):
+                yield staging
             _umask_modes(staging)
             os.chmod(staging, stat.S_IMODE(target.stat().st_mode) if target.exists() else 0o777 & ~_umask())
             if target.exists():
@@ -311,7 +345,8 @@ def _into_existing(target: Path) -> Iterator[Path]:
     _clean_stale(target, "hf_snapvit")
     staging = Path(tempfile.mkdtemp(prefix=f".hf_snapvit.tmp-{os.getpid()}-", dir=target))
     try:
-        yield staging
+        with _staged(staging, target):
+            yield staging
         _umask_modes(staging)
         staged = {item.name: item for item in staging.iterdir()}
         config = staged.pop("config.json", None)

@@ -110,7 +110,7 @@ def plot_allocation(
             for (r, c), value in np.ndenumerate(table):
                 axis.text(c, r, f"{value:.0%}", ha="center", va="center", fontsize=6,
                           color="white" if value < 0.6 else "black")
-    axes[1].set_xticks(blocks, [str(b + 1) for b in blocks])
+    axes[1].set_xticks(blocks, [str(b) for b in blocks])  # from 0, as the cards' tables and the modules count
     axes[1].set_xlabel("block")
     figure.colorbar(image, ax=list(axes), label="kept fraction", shrink=0.9)
     method = ranking.provenance.get("method")

@@ -20,6 +20,7 @@ from .results import MetricColumns, percent
 from .source import CheckpointDescription
 from ..errors import BudgetError, ModelCardError
 from ..elastic.ranking import ElasticRanking
+from ..elastic.remote_code import REMOTE_FILE
 from ..validation import is_real
 
 # datasets' packaged loaders: their name says only the file format, not where the images came from.
@@ -36,6 +37,19 @@ def hub_id(candidate: Any) -> str | None:
     except HFValidationError:
         return None
     return candidate
+
+
+def family_name(model_type: str | None) -> str:
+    """How transformers names a model family (``vit`` -> ``ViT``, ``dinov2`` -> ``Dinov2``): its config class's name;
+    the ``model_type`` itself where transformers has no config of that type."""
+    if not model_type:
+        return "vision transformer"
+    try:
+        from transformers import CONFIG_MAPPING
+
+        return CONFIG_MAPPING[model_type].__name__.removesuffix("Config") or model_type
+    except (KeyError, ImportError, AttributeError):
+        return model_type
 
 
 def _count(n: int) -> str:
@@ -116,6 +130,7 @@ def _summary(described: CheckpointDescription, base_text: str) -> str:
     model_type = shape.model_type if shape else "vision transformer"
     method = described.ranking.provenance.get("method", "an importance") if described.ranking else None
     layout = described.layout
+    family = family_name(shape.model_type if shape else described.model_type)
     if layout is None:
         return (
             f"An **elastic** checkpoint of {base_text}. Every attention head and FFN neuron of its "
@@ -127,8 +142,8 @@ def _summary(described: CheckpointDescription, base_text: str) -> str:
             "Stock transformers loads this repository as the dense model."
         )
     return (
-        f"A **{percent(float(layout['sparsity']))} sparse** {model_type} sliced from an elastic checkpoint"
-        f" of {base_text}: its blocks keep "
+        f"A **{percent(float(layout['sparsity']))} sparse** {family} sliced from an elastic checkpoint of {base_text}: "
+        "its blocks keep "
         f"{min(layout['num_heads'])}–{max(layout['num_heads'])} attention heads and "
         f"{min(layout['intermediate_size'])}–{max(layout['intermediate_size'])} FFN neurons each, chosen by "
         f"{f'the `{method}` ranking' if method else 'an importance ranking'}, without retraining. Because the "
@@ -155,10 +170,7 @@ def usage(described: CheckpointDescription, repo: str, grid: Sequence[float], pi
         notes = ("This loads the checkpoint at its saved size"
                  + (" (larger sparsities also work: `sparsity=` / `target_params=` / `target_gflops=`, from the "
                     "ranking kept in `config.json`)" if described.ranking is not None else "")
-                 + f". The result is a stock {stock}."
-                 + (" Without hf_snapvit: `AutoModelForImageClassification.from_pretrained(repo, "
-                    "trust_remote_code=True)` (or `AutoModel` for a backbone)." if described.layout.get("load_with")
-                    else ""))
+                 + f". The result is a stock {stock}.")
     lines = ["from hf_snapvit import ElasticViTModel", "from transformers import AutoImageProcessor", "", load,
              f'processor = AutoImageProcessor.from_pretrained("{repo}")']
     if pipeline_tag == "image-classification":
@@ -319,11 +331,35 @@ def recovery_section(record: Mapping[str, Any] | None) -> str | None:
     return "\n".join(text)
 
 
-def correction_section(record: Mapping[str, Any] | None) -> str | None:
-    """The card's account of a stored prefix correction (``prefix_correction.safetensors``): where it applies and on
-    how many images it was fitted; ``None`` if there is none."""
+def block_rows(layout: Mapping[str, Any] | None) -> list[list[Any]]:
+    """The per-block widths of a sliced checkpoint, ``[block, heads, neurons]`` rows, blocks counted from 0 as the
+    model's modules are (``encoder.layer.0``); empty for an elastic checkpoint, whose widths depend on the size."""
+    if not layout:
+        return []
+    return [[i, h, f] for i, (h, f) in enumerate(zip(layout["num_heads"], layout["intermediate_size"]))]
+
+
+def remote_code_usage(described: CheckpointDescription, repo: str, pipeline_tag: str) -> tuple[str, str]:
+    """A sliced checkpoint loaded with transformers alone: the snippet, and what ``trust_remote_code=True`` runs."""
+    auto = next(iter(described.auto_map or {"AutoModel": ""}))
+    code = "\n".join([f"from transformers import {auto}, pipeline", "",
+                      f'model = {auto}.from_pretrained("{repo}", trust_remote_code=True)',
+                      f'pipe = pipeline("{pipeline_tag}", model="{repo}", trust_remote_code=True)'])
+    return code, (f"Stock `{auto}.from_pretrained` without `trust_remote_code=True` fails with a size mismatch: the "
+                  "blocks differ in width, which a stock `config.json` cannot describe. `trust_remote_code=True` "
+                  f"imports and runs `{REMOTE_FILE}` from this repository (the stock classes, cut to "
+                  "`config.elastic_layout`'s widths, generated by hf_snapvit): read it first, and pin `revision=` to "
+                  "the commit you read. `config.json[\"elastic_layout\"][\"load_with\"]` says the same.")
+
+
+def correction_section(record: Mapping[str, Any] | None, *, sliced: bool = False) -> str | None:
+    """The card's account of a weight correction: for an elastic checkpoint, the stored prefix correction
+    (``prefix_correction.safetensors``: where it applies, on how many images it was fitted); for a ``sliced`` one,
+    ``config.json["elastic_correction"]``. ``None`` if there is none."""
     if not isinstance(record, Mapping):
         return None
+    if sliced:
+        return _sliced_correction(record)
     sizes = record.get("sizes")
     text = [f"`prefix_correction.safetensors` holds a least-squares weight correction fitted once, on "
             f"{record.get('num_images')} unlabelled images, for every size of this checkpoint: `from_pretrained` "
@@ -336,3 +372,13 @@ def correction_section(record: Mapping[str, Any] | None) -> str | None:
     else:
         text.append("It is applied at every size (no held-out check was made).")
     return " ".join(text)
+
+def _sliced_correction(record: Mapping[str, Any]) -> str:
+    where = "(`config.json[\"elastic_correction\"]`)."
+    if record.get("method") == "prefix":
+        return ("The removed units' contribution was compensated into the kept weights by the elastic checkpoint's "
+                f"prefix correction, fitted once for every size on {record.get('num_images')} calibration images "
+                + where)
+    return ("The removed units' contribution was compensated into the kept weights from "
+            f"{record.get('num_images')} calibration images: mean reconstruction error "
+            f"{record.get('mean_error_before')} before, {record.get('mean_error_after')} after " + where)

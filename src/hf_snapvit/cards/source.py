@@ -33,6 +33,9 @@ class CheckpointDescription:
         pruned_part: For a task model, the sentence saying that only its vision encoder is pruned; for a backbone
             with block stacks left dense, the line saying which share of it is prunable; else ``None``.
         recovery: ``config.json["elastic_recovery"]`` of a recovered checkpoint; else ``None``.
+        correction: ``config.json["elastic_correction"]`` of a weight-corrected sliced checkpoint; else ``None``.
+        model_type: ``config.model_type``; ``None`` when unknown.
+        auto_map: ``config.json["auto_map"]`` (the remote-code classes of a sliced checkpoint); empty if none.
     """
 
     ranking: ElasticRanking | None
@@ -41,6 +44,9 @@ class CheckpointDescription:
     name_or_path: str | None = None
     pruned_part: str | None = None
     recovery: dict[str, Any] | None = None
+    correction: dict[str, Any] | None = None
+    model_type: str | None = None
+    auto_map: dict[str, str] = field(default_factory=dict)
 
     @property
     def has_task_head(self) -> bool:
@@ -78,7 +84,8 @@ def describe_checkpoint(source: Any) -> CheckpointDescription:
     """
     if isinstance(source, ElasticRanking):
         return CheckpointDescription(source.sorted() if not source.is_sorted() else source,
-                                     pruned_part=pruned_part({"model_type": source.shape.model_type}, source))
+                                     pruned_part=pruned_part({"model_type": source.shape.model_type}, source),
+                                     model_type=source.shape.model_type)
     config = _config_dict(source)
     if not isinstance(config, Mapping):
         raise ModelCardError(
@@ -98,8 +105,15 @@ def describe_checkpoint(source: Any) -> CheckpointDescription:
         architectures=list(config.get("architectures") or []),
         name_or_path=config.get("_name_or_path") or None,
         pruned_part=pruned_part(config, ranking),
-        recovery=config.get("elastic_recovery") if isinstance(config.get("elastic_recovery"), Mapping) else None,
+        recovery=_mapping(config.get("elastic_recovery")),
+        correction=_mapping(config.get("elastic_correction")),
+        model_type=config.get("model_type"),
+        auto_map=dict(config.get("auto_map") or {}),
     )
+
+
+def _mapping(value: Any) -> dict[str, Any] | None:
+    return dict(value) if isinstance(value, Mapping) else None
 
 
 def pruned_part(config: Mapping[str, Any], ranking: ElasticRanking | None = None) -> str | None:

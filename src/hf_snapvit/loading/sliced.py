@@ -26,7 +26,7 @@ from huggingface_hub import ModelCard
 from transformers import PreTrainedModel
 
 from ..architectures import get_spec
-from ..files import atomic_directory, write_text_atomic
+from ..files import atomic_directory, final_path, write_text_atomic
 from ..elastic.remote_code import REMOTE_FILE, auto_map, dump_config, load_with, remote_classes, remote_module_source
 from ..cards.sliced import base_model_id, sliced_card
 from ..surgery.slicing import slice_to_layout_
@@ -57,11 +57,12 @@ class SlicedModelMixin:
         push_kwargs = {k: kwargs.pop(k) for k in ("repo_id", "commit_message", "create_pr", "private") if k in kwargs}
         if not kwargs.get("is_main_process", True):  # only the main process writes (as transformers does)
             return super().save_pretrained(save_directory, *args, **kwargs)
+        name = final_path(save_directory).name  # the folder's own name, also inside another atomic write
         with atomic_directory(save_directory) as staging:
             super().save_pretrained(staging, *args, **kwargs)
-            write_sliced_extras(self, staging, Path(os.path.abspath(save_directory)).name)
+            write_sliced_extras(self, staging, name)
         if push:
-            self.push_to_hub(push_kwargs.pop("repo_id", Path(os.path.abspath(save_directory)).name),
+            self.push_to_hub(push_kwargs.pop("repo_id", name),
                              token=kwargs.get("token"), **push_kwargs)
         return None
 
