@@ -80,7 +80,7 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
 
 def test_prune_export_inspect_round_trip(model_dir, tmp_path, capsys):
     elastic, sliced = tmp_path / "elastic", tmp_path / "sliced"
-    code, out, err = run(capsys, "prune", "--model", model_dir, "--method", "magnitude", "--output", elastic,
+    code, out, err = run(capsys, "prune", model_dir, "--method", "magnitude", "--output", elastic,
                          "--json", "-q")
     assert code == 0, err
     pruned = json.loads(out)
@@ -94,7 +94,7 @@ def test_prune_export_inspect_round_trip(model_dir, tmp_path, capsys):
     library = hf_snapvit.rank(dense, method="magnitude")
     assert hf_snapvit.ElasticRanking.from_dict(stored).keep_counts(0.3).heads == library.keep_counts(0.3).heads
 
-    code, out, err = run(capsys, "export", "--model", elastic, "--sparsity", "0.3", "--output", sliced, "--json")
+    code, out, err = run(capsys, "export", elastic, "--sparsity", "0.3", "--output", sliced, "--json")
     assert code == 0, err
     exported = json.loads(out)
     reference = hf_snapvit.ElasticViTModel.from_pretrained(elastic, sparsity=0.3)
@@ -128,7 +128,7 @@ def test_prune_writes_a_model_card_and_no_local_path(model_dir, tmp_path, capsys
     from huggingface_hub import ModelCard
 
     elastic = tmp_path / "elastic"
-    code, out, err = run(capsys, "prune", "--model", model_dir, "--method", "magnitude", "--output", elastic, "-q")
+    code, out, err = run(capsys, "prune", model_dir, "--method", "magnitude", "--output", elastic, "-q")
     assert code == 0, err
     card = ModelCard.load(elastic / "README.md")
     assert {"hf-snapvit", "elastic", "pruned"} <= set(card.data.tags) and card.data.base_model is None
@@ -144,7 +144,7 @@ def test_export_correct_equals_the_library_call_on_the_same_images(elastic_dir, 
     from hf_snapvit.correction import CorrectionConfig
     from hf_snapvit.data.images import load_image_dataset
 
-    code, out, err = run(capsys, "export", "--model", elastic_dir, "--sparsity", "0.3", "--correct", "--data",
+    code, out, err = run(capsys, "export", elastic_dir, "--sparsity", "0.3", "--correct", "--data",
                          data_file, "--num-samples", "8", "--output", tmp_path / "corrected", "--json", "-q")
     assert code == 0, err
     assert json.loads(out)["correction"]["num_images"] == 8
@@ -162,7 +162,7 @@ def test_export_correct_equals_the_library_call_on_the_same_images(elastic_dir, 
 
 def test_inspect_of_a_sliced_checkpoint_shows_its_layout_and_only_loadable_sizes(elastic_dir, tmp_path, capsys):
     sliced = tmp_path / "sliced"
-    assert run(capsys, "export", "--model", elastic_dir, "--sparsity", "0.3", "--output", sliced, "-q")[0] == 0
+    assert run(capsys, "export", elastic_dir, "--sparsity", "0.3", "--output", sliced, "-q")[0] == 0
     code, out, err = run(capsys, "inspect", sliced, "--json")
     assert code == 0, err
     report = json.loads(out)
@@ -185,7 +185,7 @@ def test_inspect_plot_writes_a_png(elastic_dir, tmp_path, capsys):
 
 def test_prune_snapvit_on_a_parquet_file(model_dir, data_file, tmp_path, capsys):
     output = tmp_path / "snap"
-    code, out, err = run(capsys, "prune", "--model", model_dir, "--data", data_file, "--preset", "fast",
+    code, out, err = run(capsys, "prune", model_dir, "--data", data_file, "--preset", "fast",
                          "--num-samples", "8", "--seed", "1", "--output", output, "--json", "-q")
     assert code == 0, err
     result = json.loads(out)
@@ -203,14 +203,14 @@ def test_prune_snapvit_on_a_parquet_file(model_dir, data_file, tmp_path, capsys)
     card = (output / "README.md").read_text()
     assert "`prefix_correction.safetensors` holds a least-squares weight correction" in card
     (output / "README.md").write_text("# my own card\n")  # a hand-written card survives a re-run into the folder
-    assert run(capsys, "prune", "--model", model_dir, "--data", data_file, "--preset", "fast", "--num-samples", "8",
+    assert run(capsys, "prune", model_dir, "--data", data_file, "--preset", "fast", "--num-samples", "8",
                "--seed", "1", "--output", output, "-q")[0] == 0
     assert (output / "README.md").read_text() == "# my own card\n"
     assert (output / "prefix_correction.safetensors").is_file()
 
 
 def test_prune_generations_sets_the_search_length_and_is_checked_first(model_dir, data_file, tmp_path, capsys):
-    common = ["prune", "--model", model_dir, "--data", data_file, "--preset", "fast", "--num-samples", "8", "--seed",
+    common = ["prune", model_dir, "--data", data_file, "--preset", "fast", "--num-samples", "8", "--seed",
               "2", "--no-prefix-correction", "--json", "-q"]
     code, out, err = run(capsys, *common, "--generations", "0", "--mode", "paired", "--output", tmp_path / "g0")
     assert code == 0, err
@@ -235,24 +235,24 @@ def test_prune_generations_sets_the_search_length_and_is_checked_first(model_dir
 
 def test_prune_no_prefix_correction_leaves_the_file_out(model_dir, data_file, tmp_path, capsys):
     output = tmp_path / "plain"
-    code, out, err = run(capsys, "prune", "--model", model_dir, "--data", data_file, "--method", "snip",
+    code, out, err = run(capsys, "prune", model_dir, "--data", data_file, "--method", "snip",
                          "--num-samples", "8", "--no-prefix-correction", "--output", output, "--json", "-q")
     assert code == 0, err
     assert json.loads(out)["prefix_correction"] is None
     assert (output / "config.json").is_file() and not (output / "prefix_correction.safetensors").exists()
     assert "prefix_correction.safetensors" not in (output / "README.md").read_text()
-    code, out, err = run(capsys, "prune", "--model", model_dir, "--method", "magnitude", "--output", tmp_path / "m",
+    code, out, err = run(capsys, "prune", model_dir, "--method", "magnitude", "--output", tmp_path / "m",
                          "--json", "-q")  # a data-free method reads no images, so it fits no correction
     assert code == 0, err
     assert json.loads(out)["prefix_correction"] is None and not (tmp_path / "m" / "prefix_correction.safetensors"
                                                                  ).exists()
     # one image is too few for the correction's held-out check: a default one is left out, an asked-for one refused
-    code, out, err = run(capsys, "prune", "--model", model_dir, "--data", data_file, "--method", "snip",
+    code, out, err = run(capsys, "prune", model_dir, "--data", data_file, "--method", "snip",
                          "--num-samples", "1", "--output", tmp_path / "one", "--json", "-q")
     assert code == 0, err
     assert json.loads(out)["prefix_correction"] is None and "too few to check the prefix correction" in err
     assert not (tmp_path / "one" / "prefix_correction.safetensors").exists()
-    code, out, err = run(capsys, "prune", "--model", model_dir, "--data", data_file, "--method", "snip",
+    code, out, err = run(capsys, "prune", model_dir, "--data", data_file, "--method", "snip",
                          "--num-samples", "1", "--prefix-correction", "--output", tmp_path / "two")
     assert_one_line_error(code, err, "--prefix-correction", "at least 2 calibration images", "--num-samples 1")
     assert not (tmp_path / "two").exists()  # refused before the ranking: nothing written
@@ -261,7 +261,7 @@ def test_prune_no_prefix_correction_leaves_the_file_out(model_dir, data_file, tm
 def test_prune_with_prefix_correction_stores_it_and_loads_corrected_where_it_helped(model_dir, data_file, tmp_path,
                                                                                      capsys):
     output = tmp_path / "corrected"
-    code, out, err = run(capsys, "prune", "--model", model_dir, "--data", data_file, "--method", "magnitude",
+    code, out, err = run(capsys, "prune", model_dir, "--data", data_file, "--method", "magnitude",
                          "--num-samples", "16", "--prefix-correction", "--output", output, "--json", "-q")
     assert code == 0, err
     result = json.loads(out)
@@ -276,18 +276,18 @@ def test_prune_with_prefix_correction_stores_it_and_loads_corrected_where_it_hel
     assert json.loads(out)["prefix_correction"] == record
     code, out, err = run(capsys, "inspect", output)
     assert code == 0 and "prefix correction: 16 images; applies at" in out
-    code, out, err = run(capsys, "prune", "--model", model_dir, "--method", "magnitude", "--prefix-correction",
+    code, out, err = run(capsys, "prune", model_dir, "--method", "magnitude", "--prefix-correction",
                          "--output", tmp_path / "no-data")
     assert_one_line_error(code, err, "--prefix-correction", "--data")
 
 
 def test_prune_taylor_ce_reads_the_label_column(model_dir, data_file, tmp_path, capsys):
-    code, out, err = run(capsys, "prune", "--model", model_dir, "--data", data_file, "--method", "taylor-ce",
+    code, out, err = run(capsys, "prune", model_dir, "--data", data_file, "--method", "taylor-ce",
                          "--preset", "fast", "--num-samples", "6", "--output", tmp_path / "t", "--json", "-q")
     assert code == 0, err
     calibration = json.loads((tmp_path / "t" / "config.json").read_text())["elastic_ranking"]["provenance"]
     assert calibration["calibration_data"]["label_column"] == "label"
-    code, _, err = run(capsys, "prune", "--model", model_dir, "--data", data_file, "--method", "taylor-ce",
+    code, _, err = run(capsys, "prune", model_dir, "--data", data_file, "--method", "taylor-ce",
                        "--label-column", "class", "--output", tmp_path / "u", "-q")
     assert_one_line_error(code, err, "label_column='class'", "['image', 'label']")
 
@@ -305,7 +305,7 @@ def test_push_to_hub_commits_the_written_checkpoint(model_dir, tmp_path, capsys,
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)  # the Hub is unreachable: stop at the HfApi boundary
     monkeypatch.setattr(HfApi, "create_commit", create_commit)
-    code, out, err = run(capsys, "prune", "--model", model_dir, "--method", "random", "--output", tmp_path / "e",
+    code, out, err = run(capsys, "prune", model_dir, "--method", "random", "--output", tmp_path / "e",
                          "--push-to-hub", "me/vit-elastic", "--private", "--token", "hf_test", "--json", "-q")
     assert code == 0, err
     assert json.loads(out)["pushed"] == "https://huggingface.co/me/vit-elastic/commit/abc"
@@ -319,7 +319,7 @@ def test_push_without_a_token_fails_before_ranking(model_dir, tmp_path, capsys, 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-    code, _, err = run(capsys, "prune", "--model", model_dir, "--method", "magnitude", "--output", tmp_path / "e",
+    code, _, err = run(capsys, "prune", model_dir, "--method", "magnitude", "--output", tmp_path / "e",
                        "--push-to-hub", "me/x")
     assert_one_line_error(code, err, "--token", "hf auth login")
     assert "token=" not in err  # the flag, not the library's argument (issue 16, item 9)
@@ -327,20 +327,20 @@ def test_push_without_a_token_fails_before_ranking(model_dir, tmp_path, capsys, 
 
 
 @pytest.mark.parametrize("argv, needles", [
-    (["prune", "--output", "o"], ["--model"]),
-    (["prune", "--model", "./no/such/model", "--method", "magnitude", "--output", "o"], ["no such folder"]),
-    (["prune", "--model", "{model}", "--output", "o"], ["--data"]),
-    (["prune", "--model", "{model}", "--data", "./missing.parquet", "--output", "o"], ["No such file or folder"]),
-    (["prune", "--model", "{model}", "--data", "{data}", "--num-samples", "25", "--output", "o"],
+    (["prune", "--output", "o"], ["No model given", "hf-snapvit prune MODEL"]),
+    (["prune", "./no/such/model", "--method", "magnitude", "--output", "o"], ["no such folder"]),
+    (["prune", "{model}", "--output", "o"], ["--data"]),
+    (["prune", "{model}", "--data", "./missing.parquet", "--output", "o"], ["No such file or folder"]),
+    (["prune", "{model}", "--data", "{data}", "--num-samples", "25", "--output", "o"],
      ["only 24 valid images"]),
-    (["prune", "--model", "{model}", "--method", "nope", "--output", "o"], ["invalid choice"]),
-    (["prune", "--model", "{model}", "--data", "{data}", "--num-samples", "0", "--output", "o"], ["positive"]),
-    (["export", "--model", "{elastic}", "--sparsity", "0.95", "--output", "o"], ["out of range", "sparsity <="]),
-    (["export", "--model", "{elastic}", "--sparsity", "0.3", "--target-params", "9", "--output", "o"],
+    (["prune", "{model}", "--method", "nope", "--output", "o"], ["invalid choice"]),
+    (["prune", "{model}", "--data", "{data}", "--num-samples", "0", "--output", "o"], ["positive"]),
+    (["export", "{elastic}", "--sparsity", "0.95", "--output", "o"], ["out of range", "sparsity <="]),
+    (["export", "{elastic}", "--sparsity", "0.3", "--target-params", "9", "--output", "o"],
      ["not allowed with"]),
-    (["export", "--model", "{elastic}", "--output", "o"], ["one of the arguments"]),
-    (["export", "--model", "{elastic}", "--sparsity", "0.3", "--output", "o", "--data", "{data}"], ["--correct"]),
-    (["export", "--model", "{model}", "--sparsity", "0.3", "--output", "o"], ["not an elastic checkpoint"]),
+    (["export", "{elastic}", "--output", "o"], ["one of the arguments"]),
+    (["export", "{elastic}", "--sparsity", "0.3", "--output", "o", "--data", "{data}"], ["--correct"]),
+    (["export", "{model}", "--sparsity", "0.3", "--output", "o"], ["not an elastic checkpoint"]),
     (["inspect", "{model}"], ["not an elastic checkpoint"]),
     (["inspect", "{elastic}", "--sparsities", "1.5"], ["fraction"]),
     (["inspect", "{elastic}", "--sparsities", "0.9"], ["out of range"]),
@@ -361,11 +361,11 @@ def test_corrupt_calibration_images_are_skipped_with_a_log_line(model_dir, tmp_p
         {"image": {"bytes": _png(i), "path": None}} for i in range(5)]
     path = tmp_path / "broken.parquet"
     datasets.Dataset.from_list(rows, features=datasets.Features({"image": datasets.Image()})).to_parquet(str(path))
-    code, out, err = run(capsys, "prune", "--model", model_dir, "--data", path, "--method", "snip", "--preset",
+    code, out, err = run(capsys, "prune", model_dir, "--data", path, "--method", "snip", "--preset",
                          "fast", "--num-samples", "5", "--output", tmp_path / "e", "--json")
     assert code == 0, err
     assert "Skipping corrupt image" in err and "skipped 1 corrupt images" in err
-    code, _, err = run(capsys, "prune", "--model", model_dir, "--data", path, "--method", "snip", "--num-samples",
+    code, _, err = run(capsys, "prune", model_dir, "--data", path, "--method", "snip", "--num-samples",
                        "6", "--output", tmp_path / "f", "-q")
     assert_one_line_error(code, err, "only 5 valid images", "1 corrupt")
 
@@ -377,7 +377,7 @@ def _png(i: int) -> bytes:
 
 
 def test_eval_top1_matches_a_direct_forward_pass(elastic_dir, data_file, capsys):
-    code, out, err = run(capsys, "eval", "--model", elastic_dir, "--sparsity", "0.3", "--data", data_file,
+    code, out, err = run(capsys, "eval", elastic_dir, "--sparsity", "0.3", "--data", data_file,
                          "--metrics", "top1", "--json", "-q")
     assert code == 0, err
     result = json.loads(out)
@@ -439,7 +439,7 @@ def test_console_script_in_a_subprocess(entry_points):
 @pytest.mark.slow
 def test_accelerate_launch_with_the_example_config_ranks_like_one_process(model_dir, data_file, tmp_path, capsys):
     """The README command: 2 CPU processes through examples/accelerate_config.yaml; one process writes and prints."""
-    argv = ["prune", "--model", str(model_dir), "--data", str(data_file), "--method", "snip", "--preset", "fast",
+    argv = ["prune", str(model_dir), "--data", str(data_file), "--method", "snip", "--preset", "fast",
             "--num-samples", "8", "--json", "-q"]
     launched = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--config_file",

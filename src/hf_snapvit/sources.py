@@ -25,18 +25,24 @@ def looks_local(source: str | os.PathLike) -> bool:
             or (len(text) > 1 and text[1] == ":"))
 
 
-def check_source(source: str | os.PathLike, subfolder: str | None = None) -> None:
+def check_source(source: str | os.PathLike, subfolder: str | None = None, *, fix: str | None = None) -> None:
     """Fail early, and clearly, on a local checkpoint that is not there.
 
     transformers takes a local path that does not exist for a malformed Hub repo id ("Repo id must be in the form
     ..."), and a folder without ``config.json`` for a config without ``model_type``; a Hub repo id (``owner/name``)
     is left to transformers.
 
+    Args:
+        source: A local folder or a Hub repo id.
+        subfolder: The checkpoint's folder inside ``source``.
+        fix: Where a checkpoint comes from, as the caller makes one (the CLI names its command); default: the
+            library's ``save_elastic`` / ``save_pretrained``.
+
     Raises:
         CheckpointNotFoundError: ``source`` looks like a local path and does not exist, is a file, or is a folder
             (or ``subfolder`` of one) without ``config.json``.
     """
-    text = os.fspath(source)
+    text, saved_by = os.fspath(source), fix or _SAVED_BY
     if not os.path.exists(text):
         if not looks_local(text):
             return
@@ -47,14 +53,14 @@ def check_source(source: str | os.PathLike, subfolder: str | None = None) -> Non
                 f"'~'. Pass the expanded path, os.path.expanduser({text!r}) = {where!r}.")
         raise CheckpointNotFoundError(
             f"{text!r} does not exist: there is no such folder on this machine ({where!r}), and it is not a Hub repo "
-            f"id ('name' or 'owner/name'). {_SAVED_BY}, or a Hub repo id such as 'owner/name'.")
+            f"id ('name' or 'owner/name'). {saved_by}, or a Hub repo id such as 'owner/name'.")
     if os.path.isfile(text):
-        raise CheckpointNotFoundError(f"{text!r} is a file, not a checkpoint folder. {_SAVED_BY}: here probably "
+        raise CheckpointNotFoundError(f"{text!r} is a file, not a checkpoint folder. {saved_by}: here probably "
                                       f"{os.path.dirname(text) or '.'!r}.")
     folder = os.path.join(text, subfolder) if subfolder else text
     if not os.path.isfile(os.path.join(folder, CONFIG_NAME)):
         raise CheckpointNotFoundError(f"No {CONFIG_NAME} in {folder!r} ({_folder_contents(folder)}), so it is not a "
-                                      f"checkpoint. {_saved_in(folder)}.")
+                                      f"checkpoint. {_saved_in(folder, saved_by)}.")
 
 
 def _folder_contents(folder: str) -> str:
@@ -66,7 +72,7 @@ def _folder_contents(folder: str) -> str:
     return f"it holds {shown}" if names else "it is empty"
 
 
-def _saved_in(folder: str) -> str:
+def _saved_in(folder: str, saved_by: str) -> str:
     """The fix for a folder without ``config.json``: the checkpoints one level down (a parent folder was given), else
     where a checkpoint comes from."""
     below = sorted(n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n, CONFIG_NAME))) \
@@ -74,4 +80,4 @@ def _saved_in(folder: str) -> str:
     if below:
         return (f"It holds checkpoints one level down, in {', '.join(map(repr, below))}: pass that folder, or "
                 f"subfolder={below[0]!r}")
-    return _SAVED_BY
+    return saved_by

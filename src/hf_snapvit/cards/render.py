@@ -100,6 +100,18 @@ def checkpoint_name(source: Any, repo_id: str | None = None) -> str | None:
     return public_name(folder if folder.is_dir() or not folder.name.endswith(".json") else folder.parent)
 
 
+def warn_missing_base_model(recorded: str | None, name: str | None = None) -> None:
+    """Warn, once per checkpoint ``name``, that its card names no base model, with the fix for the caller (a
+    :func:`base_model_advice`)."""
+    if (name or "") in _WARNED:
+        return
+    _WARNED.add(name or "")
+    logger.warning("No Hub id of the base model is known (%s), so the card's metadata has no base_model and the Hub "
+                   "cannot link the model it was pruned from: %s.",
+                   f"it was ranked from the local folder {public_name(recorded)!r}" if recorded
+                   else "none was recorded", _BASE_MODEL_ADVICE.get())
+
+
 def _title(described: CheckpointDescription, name: str | None, model_name: str | None) -> str:
     if model_name or name:
         return model_name or str(name).rstrip("/").split("/")[-1]
@@ -128,12 +140,8 @@ def _base_model(described: CheckpointDescription, base_model: str | None, descri
     its Hub page, a local folder by its name, else "a pretrained ViT"."""
     recorded = described.ranking.provenance.get("base_model") if described.ranking else None
     base = base_model or hub_id(recorded) or hub_id(described.name_or_path)
-    if base is None and warn and (name or "") not in _WARNED:
-        _WARNED.add(name or "")
-        logger.warning("No Hub id of the base model is known (%s), so the card's metadata has no base_model and the "
-                       "Hub cannot link the model it was pruned from: %s.",
-                       f"it was ranked from the local folder {public_name(recorded)!r}" if recorded
-                       else "none was recorded", _BASE_MODEL_ADVICE.get())
+    if base is None and warn:
+        warn_missing_base_model(recorded, name)
     if description:
         return base, description
     if base:

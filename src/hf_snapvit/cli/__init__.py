@@ -1,14 +1,15 @@
 """``hf-snapvit``: rank, export, inspect, evaluate and benchmark elastic checkpoints from the command line.
 
-    hf-snapvit prune --model ../shared/models/vit-tiny-tinyimagenet \\
+    hf-snapvit prune ../shared/models/vit-tiny-tinyimagenet \\
         --data ../shared/data/tiny-imagenet-200/train.parquet --preset fast --output vit-tiny-elastic
-    hf-snapvit export --model vit-tiny-elastic --sparsity 0.3 --output vit-tiny-30
+    hf-snapvit export vit-tiny-elastic --sparsity 0.3 --output vit-tiny-30
     hf-snapvit inspect vit-tiny-elastic --plot allocation.png
-    hf-snapvit eval --model vit-tiny-elastic --sparsity 0.3 --data ../shared/data/tiny-imagenet-200
+    hf-snapvit eval vit-tiny-elastic --sparsity 0.3 --data ../shared/data/tiny-imagenet-200
     hf-snapvit bench vit-tiny-elastic --sparsities 0.3 0.5
     accelerate launch --config_file examples/accelerate_config.yaml -m hf_snapvit prune ...
 
-The CLI parses arguments and calls the library, nothing more. Results go to stdout, as text or as JSON with
+Every subcommand takes the model it works on as its first argument (``--model`` is deprecated; see
+:mod:`.models`). The CLI parses arguments and calls the library, nothing more. Results go to stdout, as text or as JSON with
 ``--json``; logs and progress bars go to stderr. Bad input ends the run with one ``error: ...`` line on stderr and
 exit status 2. Subcommands are rows of :data:`COMMANDS`, one module each: an arguments function, a run function
 returning a JSON-able dict, and a text renderer.
@@ -37,6 +38,7 @@ from . import eval as eval_command
 from . import export as export_command
 from . import inspect as inspect_command
 from . import prune as prune_command
+from .models import resolve_model
 from .options import common_options
 
 
@@ -147,6 +149,18 @@ def _progress_bars_off(quiet: bool) -> Iterator[None]:
                 enable()
 
 
+@contextlib.contextmanager
+def _card_advice(args: argparse.Namespace) -> Iterator[None]:
+    """A subcommand with ``--base-model``: the card's missing-base-model warning names that flag."""
+    if not hasattr(args, "base_model"):
+        yield
+        return
+    from ..cards.render import base_model_advice
+
+    with base_model_advice("pass --base-model org/name (the Hub id the model was downloaded from)"):
+        yield
+
+
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "tolist"):  # numpy scalars and arrays
         return value.tolist()
@@ -173,7 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit.code if isinstance(exit.code, int) else 2
     with _logging_to_stderr(args):
         try:
-            result = args.command.run(args)
+            resolve_model(args)
+            with _card_advice(args):
+                result = args.command.run(args)
             finish_processes()  # a failure above ends this process, and accelerate then stops the others
         except KeyboardInterrupt:
             print("error: interrupted", file=sys.stderr)

@@ -9,16 +9,18 @@ from typing import Any
 
 from ..errors import BenchmarkError
 from .formatting import gflops
-from .options import add_width_multiple, check_checkpoint_source, fraction, positive_int
+from .models import add_model_argument, model_config
+from .options import add_width_multiple, fraction, positive_int
 
 DEFAULT_SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 DTYPES = ("float32", "bfloat16", "float16")
+# What "x" means in every table bench prints: how many times faster than the dense model (> 1 is faster).
+SPEEDUP = "x = speedup, the dense model's time / this size's"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``bench``."""
-    parser.add_argument("checkpoint", metavar="ELASTIC",
-                        help="elastic checkpoint folder (or Hub id, with --no-load or --latency-table)")
+    add_model_argument(parser, "ELASTIC", "elastic checkpoint folder (or Hub id, with --no-load or --latency-table)")
     parser.add_argument("--sparsities", type=fraction, nargs="+", default=None, metavar="S",
                         help="sparsities compared with the dense model (default: 0.1 to 0.6); with --latency-table "
                              "the grid measured, dense always included (default: 7 sizes from dense to the smallest)")
@@ -45,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Benchmark the checkpoint with :func:`hf_snapvit.benchmark.run_bench`, or measure its latency tables."""
-    check_checkpoint_source(args.checkpoint, "ELASTIC")
+    model_config(args.model, "ELASTIC", elastic=True)
     if args.latency_table:
         return run_latency_tables(args)
     given = [option for option, value in (("--dtype", args.dtype), ("--width-multiple", args.width_multiple))
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              "--latency-table (the benchmark runs the checkpoint in its own dtype, default widths).")
     from ..benchmark import run_bench
 
-    return run_bench(args.checkpoint, sparsities=args.sparsities or DEFAULT_SPARSITIES, batch_sizes=args.batch_sizes,
+    return run_bench(args.model, sparsities=args.sparsities or DEFAULT_SPARSITIES, batch_sizes=args.batch_sizes,
                      repeats=args.repeats, warmup=args.warmup, threads=args.threads, device=args.device,
                      latency=not args.no_latency, load=not args.no_load, load_repeats=args.load_repeats,
                      output=args.output, show_progress=not args.quiet)
@@ -76,8 +78,8 @@ def _latency_settings(args: argparse.Namespace) -> tuple[Any, Any]:
                              "cuda:1.") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BenchmarkError(f"--device {args.device!r}: torch sees no CUDA device here.")
-    if not Path(args.checkpoint).expanduser().is_dir() and args.output is None:
-        raise BenchmarkError(f"{args.checkpoint!r} is not a local folder, so the tables cannot be written beside it: "
+    if not Path(args.model).expanduser().is_dir() and args.output is None:
+        raise BenchmarkError(f"{args.model!r} is not a local folder, so the tables cannot be written beside it: "
                              "give --output FILE.json (upload it to the repo as elastic_latency.json), or download "
                              "the checkpoint first (huggingface_hub.snapshot_download).")
     return device, None if args.dtype is None else getattr(torch, args.dtype)
@@ -100,32 +102,32 @@ def run_latency_tables(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    model = ElasticViTModel.from_pretrained(args.checkpoint, switchable=True, dtype=dtype, device_map=device).eval()
+    model = ElasticViTModel.from_pretrained(args.model, switchable=True, dtype=dtype, device_map=device).eval()
     grid = None if args.sparsities is None else sorted({0.0, *args.sparsities})
     measured = [measure_latency(model, batch_size=b, sparsities=grid, width_multiple=args.width_multiple,
                                 repeats=args.repeats, warmup=args.warmup, show_progress=not args.quiet)
                 for b in args.batch_sizes]
-    local = Path(args.checkpoint).expanduser().is_dir()
+    local = Path(args.model).expanduser().is_dir()
     if local:
-        tables = write_latency_file(measured, Path(args.checkpoint).expanduser())
+        tables = write_latency_file(measured, Path(args.model).expanduser())
     else:  # the Hub repo's own tables (loaded with the model), the new ones replacing those with the same key
         tables = model.elastic_latency_tables
     result: dict[str, Any] = {
         "benchmark": "hf_snapvit.measure_latency",
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "checkpoint": public_name(args.checkpoint),
+        "checkpoint": public_name(args.model),
         "settings": {"batch_sizes": list(args.batch_sizes), "sparsities": grid, "repeats": args.repeats,
                      "warmup": args.warmup, "threads": torch.get_num_threads(), "device": str(device),
                      "dtype": measured[0].dtype, "width_multiple": args.width_multiple},
         "format": FORMAT_VERSION,
         "tables": [t.to_dict() for t in tables],
         "measured": [list(t.key()) for t in measured],
-        "latency_file": f"{public_name(args.checkpoint)}/{LATENCY_FILE}" if local else None,
+        "latency_file": f"{public_name(args.model)}/{LATENCY_FILE}" if local else None,
         "output": args.output,
         "total_wall_s": time.perf_counter() - started,
     }
     if not local:
-        result["note"] = (f"{args.checkpoint} is not a local folder: the tables went to {args.output} only; upload it "
+        result["note"] = (f"{args.model} is not a local folder: the tables went to {args.output} only; upload it "
                           f"to the repo as {LATENCY_FILE} for from_pretrained(..., switchable=True) to find them.")
     if args.output is not None:
         write_text_atomic(args.output, json.dumps(result, indent=2) + "\n")
@@ -142,19 +144,25 @@ def render(r: dict[str, Any]) -> str:
     lines = [f"checkpoint: {r.get('checkpoint')}",
              "hardware:   " + ", ".join(f"{k} {v}" for k, v in hardware.items() if isinstance(v, (str, int, float)))]
     if r.get("latency"):
-        lines += ["", "latency (interleaved with the dense model; x = speedup over dense):",
+        lines += ["", f"latency (interleaved with the dense model; {SPEEDUP}; theory = the GFLOPs' speedup):",
                   format_latency_table(r["latency"])]
     if r.get("loading"):
-        lines += ["", f"{'sparsity':>8}  {'load s':>7}  {'x dense':>7}  {'memory x dense':>14}"]
+        lines += ["", f"load time and memory ({SPEEDUP}; memory: this size's resident memory growth / the dense "
+                      "model's):", f"{'sparsity':>8}  {'load s':>7}  {'load x':>7}  {'memory':>7}"]
         for row in r["loading"]["results"]:
             if "error" in row:
                 lines.append(f"{row.get('requested_sparsity'):>8}  error: {' '.join(str(row['error']).split())}")
                 continue
             ratios = row.get("ratios_to_elastic_dense") or {}
-            memory = ratios.get("anon_growth")
-            lines.append(f"{row['requested_sparsity']:>8.2f}  {row['load_s']:>7.3f}  {ratios.get('load_s') or 0:>7.2f}"
-                         f"  {memory if memory is None else f'{memory:.2f}':>14}")
+            time_ratio, memory = ratios.get("load_s"), ratios.get("anon_growth")
+            speedup = 1 / time_ratio if time_ratio else None  # the report keeps time / dense time
+            lines.append(f"{row['requested_sparsity']:>8.2f}  {row['load_s']:>7.3f}  {_ratio(speedup):>7}  "
+                         f"{_ratio(memory):>7}")
     return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _render_latency_tables(r: dict[str, Any]) -> str:

@@ -7,15 +7,16 @@ from typing import Any
 
 from ..errors import ConfigError
 from .formatting import gflops, millions
-from .options import check_checkpoint_source, fraction, positive_int
+from .models import add_model_argument, model_config
+from .options import data_option, fraction, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``eval``."""
     from ..evaluation import METRICS
 
-    parser.add_argument("--model", required=True, metavar="CHECKPOINT",
-                        help="an elastic checkpoint (loaded at --sparsity), a sliced one, or any supported model")
+    add_model_argument(parser, "CHECKPOINT",
+                       "an elastic checkpoint (loaded at --sparsity), a sliced one, or any supported model")
     parser.add_argument("--sparsity", type=fraction, default=None, metavar="S",
                         help="budget for an elastic checkpoint (a sliced one is evaluated as saved)")
     parser.add_argument("--dense-model", default=None, metavar="CHECKPOINT",
@@ -41,15 +42,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate ``--model`` on ``--data`` (and the ``--bank-data`` bank) with :func:`hf_snapvit.evaluate`."""
+    from ..data.folders import check_image_source
     from ..evaluation import evaluate, load_split
 
-    check_checkpoint_source(args.model, "--model")
+    model_config(args.model, "CHECKPOINT", elastic=bool(args.sparsity))
     if args.dense_model is not None:
-        check_checkpoint_source(args.dense_model, "--dense-model")
+        model_config(args.dense_model, "--dense-model", elastic=False)
     _check_metric_inputs(args)
-    eval_data = load_split(args.data, args.split, num_samples=args.num_samples, seed=args.seed)
-    bank = None if args.bank_data is None else load_split(args.bank_data, args.bank_split,
-                                                          num_samples=args.num_bank, seed=args.seed)
+    with data_option("--data"):
+        check_image_source(args.data)
+        eval_data = load_split(args.data, args.split, num_samples=args.num_samples, seed=args.seed)
+    bank = None
+    if args.bank_data is not None:
+        with data_option("--bank-data"):
+            check_image_source(args.bank_data)
+            bank = load_split(args.bank_data, args.bank_split, num_samples=args.num_bank, seed=args.seed)
     result = evaluate(args.model, eval_data, sparsity=args.sparsity, bank_data=bank, dense_model=args.dense_model,
                       metrics=args.metrics, k=args.k, batch_size=args.batch_size, show_progress=not args.quiet,
                       output=args.output)

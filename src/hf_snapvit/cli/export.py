@@ -8,9 +8,9 @@ from typing import Any
 
 from ..errors import ConfigError
 from .formatting import gflops, millions, widths
+from .models import add_model_argument, check_base_model, model_config
 from .options import (
     add_data_arguments,
-    check_checkpoint_source,
     fraction,
     load_data,
     load_processor,
@@ -22,7 +22,7 @@ from .options import (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``export``."""
-    parser.add_argument("--model", required=True, metavar="ELASTIC", help="elastic checkpoint: a Hub id or a folder")
+    add_model_argument(parser, "ELASTIC", "elastic checkpoint: a Hub id or a folder")
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--sparsity", type=fraction, metavar="S", help="fraction of backbone parameters to remove")
     budget.add_argument("--target-params", type=positive_int, metavar="N", help="backbone parameters to keep")
@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
                         help="images per step of --recover (default: RecoveryConfig's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the calibration draw (default: 0)")
+    parser.add_argument("--base-model", default=None, metavar="ORG/NAME",
+                        help="Hub id of the model ELASTIC was ranked from, for the card's base_model metadata "
+                             "(default: the one ELASTIC records, when it is a Hub id)")
     add_data_arguments(parser, required=False, what="calibration images for --correct / --recover",
                        default_count="the correction's default, 1000")
 
@@ -69,19 +72,24 @@ def _correction_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Load ``--model`` at the budget and save it (and its image processor) to ``--output`` in one rename."""
+    """Load the elastic checkpoint at the budget and save it, with its image processor, to ``--output`` in one
+    atomic write: the one ``save_pretrained`` makes, which writes the card and the loading module too."""
     from ..architectures.budget import backbone_parameters, layer_widths
     from ..architectures.flops import estimate_gflops
     from ..files import atomic_directory
     from ..loading.modeling import ElasticViTModel
 
     output = output_folder(args.output)
+    check_base_model(args.base_model)
+    model_config(args.model, "ELASTIC", elastic=True)
     kwargs: dict[str, Any] = {"sparsity": args.sparsity, "target_params": args.target_params,
                               "target_gflops": args.target_gflops, "width_multiple": args.width_multiple,
                               **_correction_kwargs(args)}
-    check_checkpoint_source(args.model, "--model")
     model = ElasticViTModel.from_pretrained(args.model, **kwargs)
+    _record_base_model(model, args.base_model)
     processor = load_processor(args.model, required=False)
+    # save_pretrained is itself an atomic write; inside this one it writes into this staging folder (no second
+    # one), and names the checkpoint as the folder it becomes.
     with atomic_directory(output) as staging:
         model.save_pretrained(staging)
         if processor is not None:
@@ -102,6 +110,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "recovery": getattr(model.config, "elastic_recovery", None),
         "architecture": type(model).__name__,
     }
+
+
+def _record_base_model(model: Any, base_model: str | None) -> None:
+    """``--base-model`` into the ranking the sliced checkpoint keeps, where its card reads it; without it and no Hub
+    id recorded, a warning names the flag."""
+    from ..cards.render import warn_missing_base_model
+    from ..cards.sliced import base_model_id
+
+    ranking = getattr(model.config, "elastic_ranking", None)
+    if base_model is not None and isinstance(ranking, dict):
+        ranking["provenance"] = {**(ranking.get("provenance") or {}), "base_model": base_model}
+    elif base_model_id(model.config.to_dict(), model.config.name_or_path) is None:
+        warn_missing_base_model(((ranking or {}).get("provenance") or {}).get("base_model"))
 
 
 def render(r: dict[str, Any]) -> str:

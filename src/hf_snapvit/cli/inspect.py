@@ -8,14 +8,15 @@ from typing import Any
 from ..errors import RankingFormatError
 from ..files import public_name
 from .formatting import gflops, millions, widths
-from .options import add_width_multiple, check_checkpoint_source, fraction
+from .models import add_model_argument, model_config
+from .options import add_width_multiple, fraction
 
 _DEFAULT_GRID = tuple(round(0.1 * i, 1) for i in range(10))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``inspect``."""
-    parser.add_argument("checkpoint", metavar="ELASTIC", help="elastic (or sliced) checkpoint: a Hub id or a folder")
+    add_model_argument(parser, "ELASTIC", "elastic (or sliced) checkpoint: a Hub id or a folder")
     parser.add_argument("--sparsities", type=fraction, nargs="+", default=None, metavar="S",
                         help="sparsity grid (default: 0, 0.1, ... up to the largest the ranking allows)")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the per-block allocation heatmap")
@@ -24,28 +25,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Read ``config.json`` of the checkpoint (no weights) and resolve the sparsity grid with its ranking."""
-    from transformers import AutoConfig
-
     from ..elastic.checkpoint import elastic_entries
 
-    check_checkpoint_source(args.checkpoint, "ELASTIC")
-    config = AutoConfig.from_pretrained(args.checkpoint)
-    ranking, layout = elastic_entries(config, args.checkpoint, how_to_create="'hf-snapvit prune'")
+    config = model_config(args.model, "ELASTIC", elastic=True)
+    ranking, layout = elastic_entries(config, args.model, how_to_create="'hf-snapvit prune'")
     result: dict[str, Any] = {
-        "checkpoint": public_name(args.checkpoint),  # output names no local path (it gets pasted into issues)
+        "checkpoint": public_name(args.model),  # output names no local path (it gets pasted into issues)
         "model_type": config.model_type,
         "architectures": list(config.architectures or []),
         "layout": layout,
         "correction": getattr(config, "elastic_correction", None),
         "recovery": getattr(config, "elastic_recovery", None),
-        "prefix_correction": None if layout else _prefix_record(args.checkpoint),
+        "prefix_correction": None if layout else _prefix_record(args.model),
         "ranking": None,
         "grid": [],
         "plot": None,
     }
     if ranking is None:
         if args.sparsities or args.plot:
-            raise RankingFormatError(f"{args.checkpoint!r} is a sliced checkpoint without a ranking; --sparsities and "
+            raise RankingFormatError(f"{args.model!r} is a sliced checkpoint without a ranking; --sparsities and "
                                      "--plot need the elastic checkpoint it was exported from.")
         return result
     result["ranking"] = _ranking_summary(ranking, config.elastic_ranking.get("format_version"), args.width_multiple)

@@ -1,9 +1,11 @@
-"""What several subcommands share: argument types, the output and data options, and loading models, processors
-and images from what the user typed."""
+"""What several subcommands share: argument types, the output and data options, and loading processors and images
+from what the user typed (the model argument and its checks are :mod:`.models`'s)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,22 +68,20 @@ def load_data(args: argparse.Namespace, num_samples: int, *, label_column: str |
     returns them."""
     from ..data.images import load_image_dataset
 
-    return load_image_dataset(
-        args.data, split=args.split, image_column=args.image_column, label_column=label_column,
-        num_samples=num_samples, seed=args.seed, stream_prefix=args.stream_prefix, show_progress=show_progress,
-    )
+    with data_option("--data"):
+        return load_image_dataset(
+            args.data, split=args.split, image_column=args.image_column, label_column=label_column,
+            num_samples=num_samples, seed=args.seed, stream_prefix=args.stream_prefix, show_progress=show_progress,
+        )
 
 
-def check_checkpoint_source(name_or_path: str, option: str) -> None:
-    """A path that does not exist fails here, naming the option, instead of as an invalid Hub repo id; a folder that
-    holds no checkpoint (no config.json) fails as the library's loader says it."""
-    from ..data.images import looks_like_path
-    from ..sources import check_source
-
-    if not Path(name_or_path).expanduser().exists() and looks_like_path(name_or_path):
-        raise CheckpointError(
-            f"{option} {name_or_path!r}: no such folder. Give a checkpoint folder or a Hub model id.")
-    check_source(name_or_path)
+@contextlib.contextmanager
+def data_option(option: str) -> Iterator[None]:
+    """Errors about the images (and a Hub dataset that cannot be reached) name the option that gave them."""
+    try:
+        yield
+    except (DataError, ConnectionError) as error:
+        raise DataError(f"{option}: {error}") from error
 
 
 def add_width_multiple(parser: argparse.ArgumentParser) -> None:
@@ -97,25 +97,6 @@ def output_folder(text: str) -> Path:
     if output.exists() and not output.is_dir():
         raise CheckpointError(f"--output {text!r} is a file; give a folder for the checkpoint.")
     return output
-
-
-def load_dense_model(name_or_path: str) -> Any:
-    """The dense model at ``name_or_path``, as the class its config names, in eval mode."""
-    from transformers import AutoConfig
-
-    from ..architectures import get_spec, model_class
-    from ..elastic.checkpoint import check_architecture
-
-    check_checkpoint_source(name_or_path, "--model")
-    config = AutoConfig.from_pretrained(name_or_path)
-    check_architecture(config, name_or_path)  # else transformers would build another model type's class
-    get_spec(config)  # an unsupported architecture fails before the weights are read
-    if getattr(config, "elastic_layout", None):
-        raise CheckpointError(
-            f"{name_or_path!r} is a sliced checkpoint (config.elastic_layout is set); rank the dense model or the "
-            "dense elastic checkpoint instead."
-        )
-    return model_class(config).from_pretrained(name_or_path).eval()
 
 
 def load_processor(name_or_path: str, *, required: bool) -> Any:

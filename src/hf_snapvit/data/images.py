@@ -16,6 +16,7 @@ from PIL import Image
 
 from ..errors import DataError
 from ..files import public_name
+from .folders import check_image_source, looks_like_path
 from .sampling import DEFAULT_STREAM_PREFIX
 from .streams import MAX_CORRUPT_FRACTION
 
@@ -93,7 +94,6 @@ def array_to_image(array: np.ndarray) -> Image.Image:
 DEFAULT_SHUFFLE_BUFFER = 10_000
 
 _FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow"}
-_PATH_SUFFIXES = (".parquet", ".arrow", ".jpg", ".jpeg", ".png", ".webp", ".zip", ".tar", ".csv", ".json", ".jsonl")
 
 
 class _ValidImages:
@@ -180,16 +180,11 @@ def read_valid_rows(dataset: Any, order: Sequence[int], column: str, count: int)
     return images, rows
 
 
-def looks_like_path(source: str) -> bool:
-    """True for a string meant as a local path rather than a Hub id (``name`` or ``org/name``)."""
-    return (source.startswith((".", "/", "~", "\\")) or source.count("/") > 1 or "\\" in source
-            or (len(source) > 1 and source[1] == ":") or source.lower().endswith(_PATH_SUFFIXES))
-
-
 def _load_raw(source: str | os.PathLike, split: str, streaming: bool, revision: str | None,
               token: str | bool | None) -> Any:
     import datasets
 
+    check_image_source(source)
     path = Path(source).expanduser()
     kwargs: dict[str, Any] = {"split": split, "streaming": streaming}
     if path.is_file():
@@ -203,17 +198,15 @@ def _load_raw(source: str | os.PathLike, split: str, streaming: bool, revision: 
         kwargs["data_files"] = {split: str(path)}
     elif path.is_dir():
         args = (str(path),)  # datasets infers parquet / arrow / imagefolder and the splits from the file names
-    elif looks_like_path(str(source)):
-        raise DataError(
-            f"No such file or folder: {str(source)!r}. Give a .parquet file, a folder of parquet files or images, "
-            "or a Hub dataset id such as 'user/name'."
-        )
     else:
         args = (str(source),)
         kwargs.update(revision=revision, token=token)
     try:
         return datasets.load_dataset(*args, **kwargs)
     except (ConnectionError, FileNotFoundError) as error:  # also datasets' DatasetNotFoundError
+        if path.exists():
+            raise DataError(f"datasets cannot read the local {'folder' if path.is_dir() else 'file'} "
+                            f"{str(source)!r}: {error}") from error
         raise DataError(
             f"Cannot load the dataset {str(source)!r}: {error}. It is not a local file or folder, so it was looked up "
             "on the Hub; check the id, the network, the token for gated datasets, and that HF_HUB_OFFLINE is unset."
@@ -305,8 +298,8 @@ def load_image_dataset(
     raw = _load_raw(source, split, streaming, revision, token)
     if raw.features is None:
         raise DataError(
-            f"datasets cannot tell the columns of {str(source)!r} without reading it; store the images as parquet "
-            "(datasets.Dataset.to_parquet) or as an image folder."
+            f"datasets cannot tell the columns of {str(source)!r} without reading it (not parquet, arrow or images); "
+            "store the images as parquet (datasets.Dataset.to_parquet) or as image files in a folder."
         )
     image_column, keep = _columns(raw.features, image_column, label_column)
     raw = raw.select_columns(keep).cast_column(image_column, datasets.Image(decode=False))
