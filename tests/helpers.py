@@ -266,3 +266,25 @@ def tiny_vit_classifier() -> transformers.ViTForImageClassification:
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
     return model
+
+
+def save_tiny_vit_folder(folder: Path) -> Path:
+    """:func:`tiny_vit_classifier` saved with a 32-px image processor: a dense model folder as the CLI takes it."""
+    tiny_vit_classifier().save_pretrained(folder)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    return folder
+
+
+def write_image_parquet(path: Path, count: int = 24, classes: int = 5) -> Path:
+    """``count`` seeded random 40-px PNG images with labels ``i % classes``, as one parquet file."""
+    import io
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(count):
+        buffer = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(buffer, format="PNG")
+        rows.append({"image": {"bytes": buffer.getvalue(), "path": None}, "label": i % classes})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=classes)})
+    datasets.Dataset.from_list(rows, features=features).to_parquet(str(path))
+    return path

@@ -25,32 +25,19 @@ from hf_snapvit.architectures.budget import backbone_parameters, layer_widths
 from hf_snapvit.architectures.flops import estimate_gflops
 from hf_snapvit.cli import COMMANDS, main
 
-from helpers import output_of, run_at_once, tiny_vit_classifier
+from helpers import output_of, run_at_once, save_tiny_vit_folder, write_image_parquet
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("model")
-    model = tiny_vit_classifier()
-    model.save_pretrained(folder)
-    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
-    return folder
+    return save_tiny_vit_folder(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory) -> Path:
-    rng = np.random.default_rng(0)
-    rows = []
-    for i in range(24):
-        buffer = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(buffer, format="PNG")
-        rows.append({"image": {"bytes": buffer.getvalue(), "path": None}, "label": i % 5})
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=5)})
-    path = tmp_path_factory.mktemp("data") / "calib.parquet"
-    datasets.Dataset.from_list(rows, features=features).to_parquet(str(path))
-    return path
+    return write_image_parquet(tmp_path_factory.mktemp("data") / "calib.parquet")
 
 
 @pytest.fixture(scope="module")

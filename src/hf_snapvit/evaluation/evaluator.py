@@ -18,7 +18,7 @@ from ..architectures import model_class
 from ..architectures.budget import backbone_parameters, layer_widths
 from ..architectures.flops import estimate_gflops
 from ..errors import EvaluationError
-from ..files import write_text_atomic
+from ..files import public_name, write_text_atomic
 from ..elastic.ranking import ElasticRanking
 from ..data.views import load_processor
 from .features import Features, extract_features, has_classifier
@@ -299,7 +299,7 @@ def evaluate(
     """
     name = None
     if isinstance(model, (str, os.PathLike)):
-        name = str(model) + (f"@{sparsity}" if sparsity is not None else "")
+        name = public_name(model) + (f"@{sparsity}" if sparsity is not None else "")  # results name no path
         if dense_model is None and sparsity:
             _refuse_resliced(model, sparsity)
             dense_model = model
