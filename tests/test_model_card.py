@@ -314,3 +314,37 @@ def test_example_card_describes_the_shared_vit_tiny():
     for sparsity in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6):
         params = float(rows[f"{100 * sparsity:.4g} %"][1].removesuffix(" M")) * 1e6
         assert params == pytest.approx((1 - sparsity) * dense_params, rel=0.01)
+
+
+def test_titles_name_the_folder_or_the_family_and_blocks_count_from_zero(elastic, tmp_path):
+    """Issue 64: no "Elastic vit"; every card and the heatmap number blocks from 0, as the modules do."""
+    from hf_snapvit.plotting import plot_allocation
+
+    folder, ranking = elastic
+    assert "# Elastic ViT\n" in make_model_card(ranking).text  # a bare ranking: the family, as transformers names it
+    assert "# elastic\n" in ModelCard.load(folder / "README.md").text  # save_elastic's card: its folder's name
+    assert "# me-repo\n" in make_model_card(folder, repo_id="org/me-repo").text
+    small = hf_snapvit.ElasticViTModel.from_pretrained(folder, sparsity=0.3)
+    config = small.config.to_dict()
+    del config["elastic_ranking"]
+    from hf_snapvit.cards.sliced import sliced_card
+
+    card = sliced_card({**config, "auto_map": {"AutoModelForImageClassification": "m.C"}}, "vit-30")
+    assert "# vit-30\n" in card.text and "A **" in card.text and "sparse** ViT sliced" in card.text
+    assert [row.split("|")[1].strip() for row in card.text.splitlines() if re.match(r"\| \d+ \|", row)] == \
+        ["0", "1", "2"]
+    figure = plot_allocation(ranking, sparsities=(0.3,))
+    assert [t.get_text() for t in figure.axes[1].get_xticklabels()] == ["0", "1", "2"]
+
+
+def test_a_base_model_given_at_save_time_stays_in_later_cards(elastic, tmp_path):
+    folder, _ = elastic
+    dense = transformers.ViTForImageClassification.from_pretrained(folder)
+    hf_snapvit.save_elastic(dense, hf_snapvit.rank(dense, method="magnitude"), tmp_path / "e",
+                            base_model="google/vit-base-patch16-224")
+    write_model_card(tmp_path / "e", tmp_path / "e")  # a refresh, with no arguments
+    card = ModelCard.load(tmp_path / "e" / "README.md")
+    assert card.data.base_model == "google/vit-base-patch16-224"
+    assert "[`google/vit-base-patch16-224`](https://huggingface.co/google/vit-base-patch16-224)" in card.text
+    hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / "e", sparsity=0.3).save_pretrained(tmp_path / "s")
+    assert ModelCard.load(tmp_path / "s" / "README.md").data.base_model == "google/vit-base-patch16-224"

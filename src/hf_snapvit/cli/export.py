@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "target_gflops": args.target_gflops, "width_multiple": args.width_multiple,
                               **_correction_kwargs(args)}
     model = ElasticViTModel.from_pretrained(args.model, **kwargs)
-    _record_base_model(model, args.base_model)
+    _record_base_model(model, args.base_model, output.name)
     processor = load_processor(args.model, required=False)
     # save_pretrained is itself an atomic write; inside this one it writes into this staging folder (no second
     # one), and names the checkpoint as the folder it becomes.
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _record_base_model(model: Any, base_model: str | None) -> None:
+def _record_base_model(model: Any, base_model: str | None, name: str) -> None:
     """``--base-model`` into the ranking the sliced checkpoint keeps, where its card reads it; without it and no Hub
     id recorded, a warning names the flag."""
     from ..cards.render import warn_missing_base_model
@@ -122,7 +122,7 @@ def _record_base_model(model: Any, base_model: str | None) -> None:
     if base_model is not None and isinstance(ranking, dict):
         ranking["provenance"] = {**(ranking.get("provenance") or {}), "base_model": base_model}
     elif base_model_id(model.config.to_dict(), model.config.name_or_path) is None:
-        warn_missing_base_model(((ranking or {}).get("provenance") or {}).get("base_model"))
+        warn_missing_base_model(((ranking or {}).get("provenance") or {}).get("base_model"), name)
 
 
 def render(r: dict[str, Any]) -> str:
