@@ -28,6 +28,7 @@ import hf_snapvit
 from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.data.images import load_image_dataset
 from hf_snapvit.distributed import process_state
+from hf_snapvit.pruning.methods.snapvit import PRESETS
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 DATA_METHODS = ("snapvit", "snip", "taylor-ce")
@@ -41,7 +42,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-data", default=str(SHARED / "data" / "tiny-imagenet-200" / "validation.parquet"))
     parser.add_argument("--output", default="vit-tiny-elastic", help="folder for the elastic checkpoint")
     parser.add_argument("--method", default="snapvit", choices=hf_snapvit.available_methods())
-    parser.add_argument("--preset", default="fast", choices=("fast", "paper"))
+    parser.add_argument("--preset", default="fast", choices=PRESETS,
+                        help="SnapViT preset (default: %(default)s, for a CPU; default and paper take longer)")
     parser.add_argument("--num-samples", type=int, default=None, help="calibration images (default: the preset's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sparsities", type=float, nargs="+", default=[0.1, 0.3, 0.5])

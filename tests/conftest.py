@@ -1,5 +1,5 @@
 """pytest set-up: offline Hub, one torch thread, quiet transformers, the `case` fixture over every tiny architecture,
-and a tiny elastic checkpoint and model card heatmaps shared by the session."""
+a tiny elastic checkpoint and model card heatmaps shared by the session, and the folders the CLI's tests run on."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ torch.set_num_threads(THREADS)
 logging.set_verbosity_error()
 logging.disable_progress_bar()
 
-from helpers import CASES, PROCESSOR, Case  # noqa: E402
+from helpers import CASES, PROCESSOR, Case, save_tiny_vit_folder, write_image_parquet  # noqa: E402
 
 
 @pytest.fixture(params=CASES, ids=lambda c: c.name)
@@ -93,3 +93,28 @@ def tiny_elastic(tmp_path_factory):
         return built[name]
 
     return build
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A dense model folder, ``vit-dense``: the 2-block tiny ViT classifier and its 32-px image processor."""
+    return save_tiny_vit_folder(tmp_path_factory.mktemp("model") / "vit-dense")
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    """24 labelled random images in one parquet file."""
+    return write_image_parquet(tmp_path_factory.mktemp("data") / "calib.parquet")
+
+
+@pytest.fixture(scope="module")
+def elastic_dir(model_dir, tmp_path_factory):
+    """An elastic checkpoint of ``model_dir``, ``vit-elastic``, written by the library (magnitude ranking)."""
+    import hf_snapvit as hs
+    import transformers
+
+    folder = tmp_path_factory.mktemp("elastic") / "vit-elastic"
+    model = transformers.ViTForImageClassification.from_pretrained(model_dir).eval()
+    processor = transformers.AutoImageProcessor.from_pretrained(model_dir)
+    hs.save_elastic(model, hs.rank(model, method="magnitude"), folder, image_processor=processor)
+    return folder

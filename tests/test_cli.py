@@ -25,29 +25,9 @@ from hf_snapvit.architectures.budget import backbone_parameters, layer_widths
 from hf_snapvit.architectures.flops import estimate_gflops
 from hf_snapvit.cli import COMMANDS, main
 
-from helpers import output_of, run_at_once, save_tiny_vit_folder, write_image_parquet
+from helpers import output_of, run_at_once
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return save_tiny_vit_folder(tmp_path_factory.mktemp("model"))
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory) -> Path:
-    return write_image_parquet(tmp_path_factory.mktemp("data") / "calib.parquet")
-
-
-@pytest.fixture(scope="module")
-def elastic_dir(model_dir, tmp_path_factory) -> Path:
-    """An elastic checkpoint written by the library (not the CLI), for the read-only commands."""
-    folder = tmp_path_factory.mktemp("elastic") / "vit-elastic"
-    model = transformers.ViTForImageClassification.from_pretrained(model_dir).eval()
-    processor = transformers.AutoImageProcessor.from_pretrained(model_dir)
-    hf_snapvit.save_elastic(model, hf_snapvit.rank(model, method="magnitude"), folder, image_processor=processor)
-    return folder
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -23,29 +23,9 @@ import hf_snapvit
 from hf_snapvit.cli import main
 from hf_snapvit.files import atomic_directory, final_path, public_name
 
-from helpers import save_tiny_vit_folder, write_image_parquet
 
 # Staging and backup folders of atomic_directory, and push_to_hub's and transformers' temporary folders.
 STAGING = re.compile(rb"\.(tmp|old)-\d+-|hf_snapvit-push-|/tmp[a-z0-9_]{8}\b")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return save_tiny_vit_folder(tmp_path_factory.mktemp("model") / "vit-dense")
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory) -> Path:
-    return write_image_parquet(tmp_path_factory.mktemp("data") / "calib.parquet")
-
-
-@pytest.fixture(scope="module")
-def elastic_dir(model_dir, tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("elastic") / "vit-elastic"
-    model = transformers.ViTForImageClassification.from_pretrained(model_dir).eval()
-    hf_snapvit.save_elastic(model, hf_snapvit.rank(model, method="magnitude"), folder,
-                            image_processor=transformers.AutoImageProcessor.from_pretrained(model_dir))
-    return folder
 
 
 @pytest.fixture

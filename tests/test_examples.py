@@ -48,3 +48,23 @@ def test_prune_and_push_example(tmp_path):
     assert "top-1" in loads[1] and "on 20 validation images" in loads[1]
     assert (tmp_path / "vit-tiny-elastic-allocation.png").read_bytes()[:4] == b"\x89PNG"
     assert (output / "preprocessor_config.json").exists()
+
+
+@pytest.mark.parametrize("script", ["load_any_size.py", "prune_and_push.py"])
+def test_examples_that_rank_take_every_preset(script, monkeypatch):
+    """Issue 64: each example that ranks takes --preset, with SnapViT's presets as the choices and fast the default."""
+    import importlib.util
+
+    from hf_snapvit.pruning.methods.snapvit import PRESETS
+
+    spec = importlib.util.spec_from_file_location(script[:-3], ROOT / "examples" / script)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for preset in PRESETS:
+        monkeypatch.setattr(sys, "argv", [script, "--method", "snapvit", "--preset", preset])
+        assert example.parse_args().preset == preset
+    monkeypatch.setattr(sys, "argv", [script])
+    assert example.parse_args().preset == "fast"
+    monkeypatch.setattr(sys, "argv", [script, "--preset", "quick"])
+    with pytest.raises(SystemExit):
+        example.parse_args()

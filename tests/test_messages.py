@@ -16,24 +16,6 @@ from hf_snapvit.cli.models import resolve_model
 from hf_snapvit.data.images import load_image_dataset
 from hf_snapvit.errors import DataError
 
-from helpers import save_tiny_vit_folder, write_image_parquet
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_vit_folder(tmp_path_factory.mktemp("model") / "vit-dense")
-
-
-@pytest.fixture(scope="module")
-def data_file(tmp_path_factory):
-    return write_image_parquet(tmp_path_factory.mktemp("data") / "calib.parquet")
-
-
-@pytest.fixture(scope="module")
-def elastic_dir(model_dir, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("elastic") / "vit-elastic"
-    assert main(["prune", str(model_dir), "--method", "magnitude", "--output", str(folder), "-q"]) == 0
-    return folder
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ from .sections import (block_rows, correction_section, family_name, heatmap_capt
                        recovery_section, remote_code_usage, size_table, summary, table_intro, usage)
 from .source import CheckpointDescription, describe_checkpoint, pipeline_tag_for
 
-logger = logging.getLogger("hf_snapvit.cards")
+logger = logging.getLogger(__name__)
 
 TEMPLATE_PATH = Path(__file__).with_name("templates") / "model_card.md"
 HEATMAP_FILENAME = "allocation_heatmap.png"

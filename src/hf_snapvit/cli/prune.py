@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ranking method (default: %(default)s; magnitude, lamp and random need no data)")
     parser.add_argument("--preset", default=None, choices=PRESETS,
                         help="SnapViT preset, also the image counts of snip/taylor-ce. fast: 128 + 128 images and "
-                             "96-px local crops, the search scored at 30 %% only, a few minutes on a laptop CPU; "
+                             "96-px local crops, the search scored at 30 %% only, for a CPU (docs/cli.md: times); "
                              "default: 1000 + 1000 images, OBD scores, global mode, 3 xNES generations at sigma 0.5 "
                              "and their mean as the result; paper: the reference code's settings (default: default)")
     parser.add_argument("--mode", default=None, choices=("global", "paired"),
