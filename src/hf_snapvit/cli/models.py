@@ -32,9 +32,8 @@ _ELASTIC_FIX = "Give the folder `hf-snapvit prune MODEL --output DIR` wrote (DIR
 def add_model_argument(parser: argparse.ArgumentParser, metavar: str, help: str) -> None:
     """The model as the first positional argument, and the deprecated ``--model`` (see :func:`resolve_model`)."""
     parser.add_argument("model", nargs="?", default=None, metavar=metavar, help=help)
-    parser.add_argument("--model", dest="model_option", default=None, metavar=metavar,
-                        help=f"the same, as an option: deprecated, removed in hf_snapvit {MODEL_OPTION_REMOVED_IN} "
-                             f"(give {metavar} first)")
+    # Left out of --help: the usage shows one grammar; the warning tells those who still type it.
+    parser.add_argument("--model", dest="model_option", default=None, metavar=metavar, help=argparse.SUPPRESS)
     parser.set_defaults(model_metavar=metavar)
 
 
