@@ -13,7 +13,6 @@ they may be given in are described there) from :mod:`hf_snapvit.cards.results`.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +39,7 @@ from ..extras import has_extra, install_hint
 from ..files import atomic_file, public_name
 from ..plotting import DEFAULT_SPARSITIES, plot_allocation
 from ..elastic.ranking import ElasticRanking
+from ..logs import get_logger
 
 __all__ = [
     "CARD_TAGS",
@@ -54,7 +54,7 @@ __all__ = [
     "write_model_card",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 TEMPLATE_PATH = Path(__file__).with_name("templates") / "model_card.md"
 HEATMAP_FILENAME = "allocation_heatmap.png"

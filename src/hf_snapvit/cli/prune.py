@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from typing import Any
 
 from ..errors import ConfigError, HubUploadError
 from .formatting import gflops, millions
 from .options import add_data_arguments, load_data, load_dense_model, load_processor, output_folder
+from ..logs import get_logger
 
-logger = logging.getLogger("hf_snapvit.cli")
+logger = get_logger("hf_snapvit.cli")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
