@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.push_to_hub:
         from ..publishing.hub import push_to_hub
 
-        commit = push_to_hub(output, args.push_to_hub, private=args.private or None, token=args.token)
+        commit = push_to_hub(args.push_to_hub, output, private=args.private or None, token=args.token)
         result["pushed"] = getattr(commit, "pr_url", None) or getattr(commit, "commit_url", None) or str(commit)
     return result
 
