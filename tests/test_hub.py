@@ -130,7 +130,8 @@ def test_folder_upload_is_one_commit_with_weights_config_processor_and_card(tiny
                                     HEATMAP_FILENAME}
     assert info.commit_url.endswith("/commit/abc")
     [upload] = hub.folder_uploads  # one upload_folder call made the one commit
-    assert (upload["repo_id"], upload["commit_message"], upload["revision"]) == ("me/vit-elastic", "first upload", "v1")
+    assert (upload["repo_id"], upload["commit_message"], upload["revision"]) == ("me/vit-elastic", "first upload",
+                                                                                 "v1")
     assert not Path(upload["folder_path"]).exists()  # the staging folder is gone afterwards
     assert commit["files"]["model.safetensors"] == (elastic_dir / "model.safetensors").read_bytes()
 
