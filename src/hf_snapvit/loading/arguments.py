@@ -145,5 +145,5 @@ def model_dtype(dtype: Any, config: Any) -> torch.dtype:
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
-__all__ = ["IGNORED_BY_TRANSFORMERS", "LoadOptions", "NO_EFFECT", "READ_BY_CONFIG", "SHAPING", "UNSUPPORTED", "model_dtype", "single_device",
-           "sort_arguments"]
+__all__ = ["IGNORED_BY_TRANSFORMERS", "LoadOptions", "NO_EFFECT", "READ_BY_CONFIG", "SHAPING", "UNSUPPORTED",
+           "model_dtype", "single_device", "sort_arguments"]

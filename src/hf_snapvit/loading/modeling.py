@@ -173,10 +173,10 @@ def _checkpoint_shape(source: Any, options: LoadOptions, layout: dict | None, ra
     changed = [f"{name} {getattr(own, name)} -> {getattr(shape, name)}" for name in own.to_dict()
                if name not in _HEAD_FIELDS and getattr(own, name) != getattr(shape, name)]
     if changed:
-        raise ConfigError(f"The keyword arguments {options.overrides} change the blocks the checkpoint's ranking was made for "
-                          f"({'; '.join(changed)}); overrides may change the task head (num_labels, id2label, ...) "
-                          "and what lies outside the blocks only. Load without them, or rank the model they "
-                          "describe with hf_snapvit.rank and save it with save_elastic.")
+        raise ConfigError(f"The keyword arguments {options.overrides} change the blocks the checkpoint's ranking "
+                          f"was made for ({'; '.join(changed)}); overrides may change the task head (num_labels, "
+                          "id2label, ...) and what lies outside the blocks only. Load without them, or rank the model "
+                          "they describe with hf_snapvit.rank and save it with save_elastic.")
     return own
 
 
