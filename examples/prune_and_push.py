@@ -135,7 +135,7 @@ def main() -> None:
     if args.push_to_hub:
         from hf_snapvit.publishing.hub import push_to_hub
 
-        commit = push_to_hub(output, args.push_to_hub, private=args.private or None)
+        commit = push_to_hub(args.push_to_hub, output, private=args.private or None)
         print(f"pushed: {commit.commit_url}")
 
 

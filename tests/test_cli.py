@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from huggingface_hub import CommitInfo, HfApi, RepoUrl
+from huggingface_hub import CommitInfo, HfApi, RepoUrl, hf_api
 from PIL import Image
 
 import hf_snapvit
@@ -272,6 +272,9 @@ def test_push_to_hub_commits_the_written_checkpoint(model_dir, tmp_path, capsys,
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)  # the Hub is unreachable: stop at the HfApi boundary
     monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    # upload_folder's single-commit path (hf_xet's pipeline needs the network), without its YAML check on the Hub
+    monkeypatch.setattr(hf_api, "is_xet_available", lambda: False)
+    monkeypatch.setattr(HfApi, "_validate_yaml", lambda self, content, **kwargs: None)
     code, out, err = run(capsys, "prune", model_dir, "--method", "random", "--output", tmp_path / "e",
                          "--push-to-hub", "me/vit-elastic", "--private", "--token", "hf_test", "--json", "-q")
     assert code == 0, err

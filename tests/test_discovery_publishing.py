@@ -46,7 +46,7 @@ def test_a_discovered_family_publishes_loads_stock_switches_and_loads_with_remot
     card = (folder / "README.md").read_text()
     assert f"`{model_type}`" in card and "heads and" in card and "FFN neurons per block" in card  # what was pruned
 
-    hs.push_to_hub(folder, f"me/{family}-elastic", token=TOKEN)
+    hs.push_to_hub(f"me/{family}-elastic", folder, token=TOKEN)
     files = hub.only_commit()["files"]
     assert "elastic_spec" in json.loads(files["config.json"])  # the proven spec travels with the upload
     uploaded = materialise(files, tmp_path / "uploaded")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @requires_shared(SHARED_MODEL, SHARED_VALIDATION)
 def test_load_any_size_example(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "load_any_size.py"), "--sparsities", "0.0", "0.3",
-         "--num-images", "50", "--output", str(tmp_path / "elastic")],
+        [sys.executable, str(ROOT / "examples" / "load_any_size.py"), "--method", "magnitude",  # seconds, not minutes
+         "--sparsities", "0.0", "0.3", "--num-images", "50", "--output", str(tmp_path / "elastic"),
+         "--json", str(tmp_path / "figures.json")],
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -26,6 +28,10 @@ def test_load_any_size_example(tmp_path):
     assert "5.56 M params" in lines[0] and "2.511 GFLOPs" in lines[0]
     assert (tmp_path / "elastic" / "config.json").exists()
     assert (tmp_path / "elastic" / "preprocessor_config.json").exists()
+    figures = json.loads((tmp_path / "figures.json").read_text())
+    assert [row["sparsity"] for row in figures["rows"]] == [0.0, 0.3] and figures["num_validation_images"] == 50
+    assert figures["settings"]["method"] == "magnitude" and figures["seconds"]["rank"] <= figures["seconds"]["total"]
+    assert figures["hardware"]["cpu_count"] >= 1
 
 
 @pytest.mark.slow  # a fresh process on the shared ViT-Tiny

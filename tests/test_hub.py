@@ -1,15 +1,19 @@
-"""Hub uploads, checked at the HfApi boundary (the Hub is unreachable here): exactly what one commit would contain."""
+"""Hub uploads, checked at the HfApi boundary (the Hub is unreachable here): exactly what one commit would contain.
+
+``push_to_hub`` uploads with ``HfApi.upload_folder``, which runs here as it is, on its single-commit path (the one it
+takes without hf_xet; hf_xet's pipeline needs the network), up to the ``create_commit`` it ends in."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import transformers
-from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl, constants
+from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl, constants, hf_api
 from huggingface_hub.errors import EntryNotFoundError
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
@@ -31,9 +35,19 @@ class FakeHub:
         self.repos: list[dict] = []
         self.branches: list[dict] = []
         self.commits: list[dict] = []
+        self.folder_uploads: list[dict] = []
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         hub = self
+        upload_folder = HfApi.upload_folder
+
+        def recorded_upload_folder(self, **kwargs):
+            hub.folder_uploads.append(kwargs)
+            return upload_folder(self, **kwargs)
+
+        monkeypatch.setattr(hf_api, "is_xet_available", lambda: False)
+        monkeypatch.setattr(HfApi, "_validate_yaml", lambda self, content, **kwargs: None)  # a Hub request
+        monkeypatch.setattr(HfApi, "upload_folder", recorded_upload_folder)
 
         def create_repo(self, repo_id, *, token=None, private=None, exist_ok=False, **kwargs):
             hub.repos.append(dict(repo_id=repo_id, token=token, private=private, exist_ok=exist_ok, **kwargs))
@@ -105,7 +119,7 @@ def materialise(files: dict[str, bytes], folder: Path) -> Path:
 
 def test_folder_upload_is_one_commit_with_weights_config_processor_and_card(tiny, elastic_dir, hub, tmp_path):
     model, _, ranking = tiny
-    info = push_to_hub(elastic_dir, "me/vit-elastic", private=True, token=TOKEN, revision="v1",
+    info = push_to_hub("me/vit-elastic", elastic_dir, private=True, token=TOKEN, revision="v1",
                        commit_message="first upload")
     assert hub.repos == [dict(repo_id="me/vit-elastic", token=TOKEN, private=True, exist_ok=True)]
     assert hub.branches == [dict(repo_id="me/vit-elastic", branch="v1", token=TOKEN, exist_ok=True)]
@@ -115,6 +129,11 @@ def test_folder_upload_is_one_commit_with_weights_config_processor_and_card(tiny
     assert set(commit["files"]) == {"config.json", "model.safetensors", "preprocessor_config.json", "README.md",
                                     HEATMAP_FILENAME}
     assert info.commit_url.endswith("/commit/abc")
+    [upload] = hub.folder_uploads  # one upload_folder call made the one commit
+    assert (upload["repo_id"], upload["commit_message"], upload["revision"]) == ("me/vit-elastic", "first upload",
+                                                                                 "v1")
+    assert not Path(upload["folder_path"]).exists()  # the staging folder is gone afterwards
+    assert commit["files"]["model.safetensors"] == (elastic_dir / "model.safetensors").read_bytes()
 
     # What was committed is the checkpoint: its ranking parses and resolves budgets as the saved one does.
     stored = ElasticRankingFrom(commit["files"]["config.json"])
@@ -180,7 +199,7 @@ def test_save_and_push_passes_save_pretrained_arguments_to_save_elastic(tiny, hu
 def test_sliced_model_uploads_with_card_through_push_to_hub(elastic_dir, hub, tmp_path):
     small = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.4)
     processor = transformers.AutoImageProcessor.from_pretrained(elastic_dir)
-    hf_snapvit.push_to_hub(small, "me/vit-small", token=TOKEN, image_processor=processor)
+    hf_snapvit.push_to_hub("me/vit-small", small, token=TOKEN, image_processor=processor)
     commit = hub.only_commit()
     assert {"config.json", "model.safetensors", "preprocessor_config.json", "README.md"} <= set(commit["files"])
     assert commit["commit_message"] == "Upload sliced checkpoint with hf_snapvit"
@@ -222,18 +241,18 @@ def test_missing_token_fails_clearly_before_writing(tiny, hub, monkeypatch, tmp_
 
 def test_token_from_environment_is_used(elastic_dir, hub, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_from_env")
-    push_to_hub(elastic_dir, "me/env")
+    push_to_hub("me/env", elastic_dir)
     assert hub.only_commit()["token"] == "hf_from_env"
 
 
 def test_bad_inputs_name_the_fix(tiny, elastic_dir, hub, tmp_path):
     model, processor, ranking = tiny
     with pytest.raises(HubUploadError, match="neither elastic nor sliced.*save_elastic"):
-        push_to_hub(model, "me/plain", token=TOKEN)
+        push_to_hub("me/plain", model, token=TOKEN)
     with pytest.raises(HubUploadError, match="no config.json"):
-        push_to_hub(tmp_path, "me/empty", token=TOKEN)
+        push_to_hub("me/empty", tmp_path, token=TOKEN)
     with pytest.raises(HubUploadError, match="not a valid Hub repository id"):
-        push_to_hub(elastic_dir, "not a/valid/id", token=TOKEN)
+        push_to_hub("not a/valid/id", elastic_dir, token=TOKEN)
     with pytest.raises(TypeError, match=r"unexpected keyword arguments \['push_to_hubb'\].*push_to_hub.*save_elastic"):
         save_and_push(model, ranking, tmp_path / "x", token=TOKEN, push_to_hubb=True)
     with pytest.raises(HubUploadError, match="not a valid Hub repository id"):
@@ -244,16 +263,51 @@ def test_bad_inputs_name_the_fix(tiny, elastic_dir, hub, tmp_path):
 
 def test_hand_written_readme_is_kept_and_tagged_stale_generated_one_replaced(elastic_dir, hub):
     (elastic_dir / "README.md").write_text("---\nlicense: mit\n---\n# My own card\n")
-    push_to_hub(elastic_dir, "me/own", token=TOKEN)
+    push_to_hub("me/own", elastic_dir, token=TOKEN)
     card = ModelCard(hub.commits[-1]["files"]["README.md"].decode())
     assert "# My own card" in card.text and card.data.license == "mit"
     assert "hf-snapvit" in card.data.tags and card.data.library_name == "transformers"
 
     (elastic_dir / "README.md").write_text(f"<!-- {GENERATED_MARKER} 0.0.1 -->\nold table\n")
     (elastic_dir / HEATMAP_FILENAME).write_bytes(b"stale")
-    push_to_hub(elastic_dir, "me/own", token=TOKEN)
+    push_to_hub("me/own", elastic_dir, token=TOKEN)
     files = hub.commits[-1]["files"]
     assert "old table" not in files["README.md"].decode() and files[HEATMAP_FILENAME].startswith(b"\x89PNG")
 
-    push_to_hub(elastic_dir, "me/own", token=TOKEN, model_card=False)
+    push_to_hub("me/own", elastic_dir, token=TOKEN, model_card=False)
     assert hub.commits[-1]["files"]["README.md"] == (elastic_dir / "README.md").read_bytes()
+
+
+def test_the_old_argument_order_warns_and_uploads_the_same(tiny, elastic_dir, hub):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the new order does not warn
+        push_to_hub("me/vit", elastic_dir, token=TOKEN)
+    with pytest.warns(FutureWarning, match=r"old argument order.*repo_id first.*push_to_hub\('me/vit'"):
+        push_to_hub(elastic_dir, "me/vit", token=TOKEN)
+    with pytest.warns(FutureWarning, match="old argument order"):
+        push_to_hub(str(elastic_dir), "me/vit", token=TOKEN)
+    new, *old = hub.commits
+    assert all(commit == new for commit in old)  # the same repository, files, bytes and message
+    with pytest.warns(FutureWarning, match="old argument order"), \
+            pytest.raises(HubUploadError, match="neither elastic nor sliced"):
+        push_to_hub(tiny[0], "me/plain", token=TOKEN)  # swapped, then refused as the new order refuses it
+
+
+@pytest.mark.parametrize("what", ["folder", "sliced model"])
+def test_a_dry_run_lists_what_would_be_sent_without_a_token_or_the_network(what, elastic_dir, hub, monkeypatch,
+                                                                           tmp_path):
+    source = elastic_dir if what == "folder" else hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.3)
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    before = sorted(p.name for p in elastic_dir.iterdir())
+    plan = push_to_hub("me/dry", source, dry_run=True, commit_message="try")
+    assert hub.repos == [] and hub.commits == [] and hub.folder_uploads == []  # nothing sent
+    assert sorted(p.name for p in elastic_dir.iterdir()) == before  # nothing written into the folder
+    assert plan.repo_id == "me/dry" and plan.commit_message == "try"
+    assert 'from_pretrained("me/dry"' in plan.model_card
+    push_to_hub("me/dry", source, token=TOKEN, commit_message="try")
+    sent = hub.only_commit()["files"]
+    assert plan.files == {name: len(data) for name, data in sorted(sent.items())}  # the same files, the same sizes
+    assert plan.model_card == sent["README.md"].decode()
+    assert list(plan.files) == sorted(plan.files)

@@ -229,7 +229,7 @@ def test_push_to_hub_of_a_model_on_a_full_disk_uploads_nothing(what, tiny_elasti
     uploads = Uploads(monkeypatch)
     raised = full_disk_weights(monkeypatch)
     with pytest.raises(OSError) as info:
-        hub.push_to_hub(model, "me/tiny", token="hf_test")
+        hub.push_to_hub("me/tiny", model, token="hf_test")
     assert uploads.calls == [] and os.listdir(temp_root) == []
     error = info.value
     assert type(error).__name__ == "DiskFullError" and error.errno == errno.ENOSPC
@@ -247,7 +247,7 @@ def test_push_to_hub_of_a_folder_whose_card_does_not_fit_uploads_nothing(tiny_el
 
     monkeypatch.setattr(hub, "write_model_card", write_model_card)
     with pytest.raises(OSError) as info:
-        hub.push_to_hub(tiny_elastic("vit-cls"), "me/tiny", token="hf_test")
+        hub.push_to_hub("me/tiny", tiny_elastic("vit-cls"), token="hf_test")
     assert uploads.calls == [] and os.listdir(temp_root) == []
     assert type(info.value).__name__ == "DiskFullError" and info.value.__cause__ is raised[0]
 

@@ -26,7 +26,6 @@ Without a launcher there is one process and every function here reduces to the s
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import Callable, Iterator, Sequence, TypeVar
 
 import torch
@@ -34,8 +33,9 @@ from accelerate import PartialState
 from accelerate.utils import gather_object, reduce
 
 from .errors import ConfigError, ProcessFailedError
+from .logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")

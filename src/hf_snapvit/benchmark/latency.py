@@ -12,7 +12,6 @@ import contextlib
 import copy
 import gc
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -23,7 +22,7 @@ from transformers import PreTrainedModel
 
 from ..architectures.embedding import dummy_inputs
 from ..errors import BenchmarkError
-from ..loading.latency_table import synchronize
+from ..loading.latency_table import synchronize, timed_forward_ms
 from ..elastic.ranking import ElasticRanking
 
 
@@ -84,13 +83,9 @@ def measure_latency(
             runs: dict[str, list[float]] = {name: [] for name in names}
             for round_index in range(repeats):
                 shift = round_index % len(names)
-                for name in names[shift:] + names[:shift]:
-                    device = _device_of(models[name])
-                    synchronize(device)
-                    start = time.perf_counter()
-                    models[name](**prepared[name])
-                    synchronize(device)
-                    runs[name].append(time.perf_counter() - start)
+                for name in names[shift:] + names[:shift]:  # one pass each (see timed_forward_ms)
+                    seconds = timed_forward_ms(models[name], prepared[name], _device_of(models[name])) / 1e3
+                    runs[name].append(seconds)
                 bar.update(1)
             for name in names:
                 median = statistics.median(runs[name])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -35,8 +34,9 @@ from .results import MetricColumns, check_measured_sparsities, file_under_grid, 
 from .sections import (block_rows, correction_section, family_name, heatmap_caption, hub_id, provenance_lines,
                        recovery_section, remote_code_usage, size_table, summary, table_intro, usage)
 from .source import CheckpointDescription, describe_checkpoint, pipeline_tag_for
+from ..logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 TEMPLATE_PATH = Path(__file__).with_name("templates") / "model_card.md"
 HEATMAP_FILENAME = "allocation_heatmap.png"

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, CheckpointNotFoundError, ConfigError, RankingFormatError
+from ..logs import get_logger
 
-logger = logging.getLogger("hf_snapvit.cli")
+logger = get_logger("hf_snapvit.cli")
 
 #: The release that drops ``--model`` (the model is the first positional argument of every subcommand).
 MODEL_OPTION_REMOVED_IN = "0.2"

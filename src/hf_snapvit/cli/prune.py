@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from typing import Any
 
 from ..errors import ConfigError, HubUploadError
 from .formatting import gflops, millions
 from .models import add_model_argument, check_base_model, load_dense_model
 from .options import add_data_arguments, load_data, load_processor, output_folder
+from ..logs import get_logger
 
-logger = logging.getLogger("hf_snapvit.cli")
+logger = get_logger("hf_snapvit.cli")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.push_to_hub:
         from ..publishing.hub import push_to_hub
 
-        commit = push_to_hub(output, args.push_to_hub, private=args.private or None, token=args.token)
+        commit = push_to_hub(args.push_to_hub, output, private=args.private or None, token=args.token)
         result["pushed"] = getattr(commit, "pr_url", None) or getattr(commit, "commit_url", None) or str(commit)
     return result
 

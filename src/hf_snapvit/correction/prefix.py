@@ -34,7 +34,7 @@ from .config import CorrectionConfig
 from .guard import held_out_count
 from .inputs import (HessianHook, capture_first_block_inputs, dense_block_hessians, halve, model_inputs_of,
                      output_columns, output_projections)
-from .solve import damped_cholesky
+from .solve import damped_cholesky, one_thread
 
 #: The two column-pruned projections of a block, in the order :class:`PrefixCorrection` keeps them.
 KINDS = OUTPUT_KINDS
@@ -251,14 +251,14 @@ def correct_widths_(model: PreTrainedModel, source: Any) -> bool:
     keeps every column is left as it is (the dense model stays bit-identical). Returns whether a layer changed."""
     spec = get_spec(model)
     changed = False
-    for block, layer in enumerate(get_layers(model, spec)):
-        for kind, linear in zip(KINDS, output_projections(layer, spec)):
-            kept = linear.weight.shape[1]
-            if kept < source.width(block, kind):
-                new = source.weight(block, kind, kept, linear.weight)
-                with torch.no_grad():
+    with one_thread(), torch.no_grad():  # small solves: see one_thread
+        for block, layer in enumerate(get_layers(model, spec)):
+            for kind, linear in zip(KINDS, output_projections(layer, spec)):
+                kept = linear.weight.shape[1]
+                if kept < source.width(block, kind):
+                    new = source.weight(block, kind, kept, linear.weight)
                     linear.weight.copy_(new.to(dtype=linear.weight.dtype, device=linear.weight.device))
-                changed = True
+                    changed = True
     return changed
 
 

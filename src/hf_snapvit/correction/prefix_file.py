@@ -45,10 +45,9 @@ def pack_lower(L: torch.Tensor) -> torch.Tensor:
 
 def unpack_lower(packed: torch.Tensor, size: int) -> torch.Tensor:
     """The ``[size, size]`` lower-triangular matrix whose packed rows start ``packed``."""
-    rows, cols = torch.tril_indices(size, size, device=packed.device)
-    L = packed.new_zeros(size, size)
-    L[rows, cols] = packed[: size * (size + 1) // 2]
-    return L
+    # The lower triangle's entries in row-major order are the packed order, which masked_scatter_ fills.
+    mask = torch.ones(size, size, dtype=torch.bool, device=packed.device).tril_()
+    return packed.new_zeros(size, size).masked_scatter_(mask, packed[: size * (size + 1) // 2])
 
 
 def write_prefix_file(folder: str | os.PathLike, factors: list[tuple[PrefixFactors, ...]],
@@ -105,7 +104,9 @@ class PrefixFile:
             raise CheckpointError(f"{self.path!r}: {name} is {view.get_dtype()} {tuple(view.get_shape())}, expected "
                                   f"float32 {shape}: it was made for another model; {REFIT}.")
         values = (view[:rows] if rows is not None else view[:]).double()
-        if not torch.isfinite(values).all():
+        # A sum is NaN or infinite if any value is (float64 sums of float32 values cannot overflow): the full check
+        # only confirms it, which keeps it out of every switch's cost.
+        if not torch.isfinite(values.sum()) and not torch.isfinite(values).all():
             raise CheckpointError(f"{self.path!r}: {name} holds NaN or infinite values; {REFIT}.")
         return values
 

@@ -6,7 +6,6 @@ hf_snapvit takes PIL images and pixel tensors wherever it takes images (:mod:`hf
 from __future__ import annotations
 
 import json
-import logging
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,8 +18,9 @@ from ..files import public_name
 from .folders import check_image_source, looks_like_path
 from .sampling import DEFAULT_STREAM_PREFIX
 from .streams import MAX_CORRUPT_FRACTION
+from ..logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 ImageSource = Any  # Iterable[PIL.Image] | datasets.Dataset | datasets.IterableDataset | torch.Tensor
 

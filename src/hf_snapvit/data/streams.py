@@ -20,7 +20,6 @@ decoding), so that :mod:`hf_snapvit.data.images` can use the retries too.
 from __future__ import annotations
 
 import itertools
-import logging
 import sys
 import time
 import warnings
@@ -29,8 +28,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from PIL import UnidentifiedImageError
 
 from ..errors import DataError
+from ..logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Errors worth reopening a stream for: the network or the disk, not the data (``ConnectionError`` and
 #: ``TimeoutError`` are ``OSError``s, as are requests' errors and huggingface_hub's HTTP errors). See
@@ -96,7 +96,8 @@ class ResilientStream:
                 in_a_row += 1
                 self.retries += 1
                 logger.warning("The %s failed after %d items (%s); reopening it in %.3g s (retry %d of %d).",
-                               self.what, self.read, _describe(error), delay, in_a_row, STREAM_RETRIES)
+                               self.what, self.read, _describe(error), delay, in_a_row, STREAM_RETRIES,
+                               main_process_only=False)  # each process reads the stream itself
                 time.sleep(delay)
                 if self.on_reopen is not None:
                     self.on_reopen()
@@ -194,6 +195,6 @@ def _item(data: Sequence[Any], index: int) -> Any:
                                 f"({_describe(error)}); check the network or the storage it reads from.") from error
             delay = RETRY_DELAY_SECONDS * 2 ** attempt
             logger.warning("Reading item %d of the calibration data failed (%s); retrying in %.3g s.", index,
-                           _describe(error), delay)
+                           _describe(error), delay, main_process_only=False)  # this process's read
             time.sleep(delay)
             attempt += 1

@@ -217,7 +217,7 @@ def disk_names(model: PreTrainedModel, keys: set[str]) -> dict[str, tuple[str, t
 
 def load_sliced_state_dict(
     model: PreTrainedModel, reader: CheckpointReader, sliceable: set[str], stored: dict[str, tuple[int, ...]],
-    described_by: str = "config.json", row_blocks: dict[str, int] | None = None,
+    described_by: str = "config.json", row_blocks: dict[str, int] | None = None, skip: set[str] = frozenset(),
 ) -> dict[str, torch.Tensor]:
     """Read the tensors of ``model``'s (meta) state dict from ``reader``, taking prefixes for ``sliceable`` ones.
 
@@ -225,12 +225,15 @@ def load_sliced_state_dict(
     elastic layout, says the checkpoint holds), as stock transformers requires of a dense checkpoint: a tensor that
     is larger, smaller or of another rank raises :class:`CheckpointError` naming it, whatever the budget. Tensors the
     checkpoint lacks (e.g. a pooler saved without) are left out, for the caller to initialise. ``row_blocks`` names the
-    tensors made of equal row blocks (:func:`fused_row_blocks`), whose leading rows are read in each block.
+    tensors made of equal row blocks (:func:`fused_row_blocks`), whose leading rows are read in each block; ``skip``
+    the tensors not to read (left out, as absent ones are).
     """
     row_blocks = row_blocks or {}
     mapping = disk_names(model, reader.keys())
     state = {}
     for name, target in model.state_dict().items():
+        if name in skip:
+            continue
         if name not in mapping:
             if name in sliceable:
                 raise CheckpointError(

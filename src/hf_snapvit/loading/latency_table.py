@@ -235,7 +235,7 @@ def measure_latency(model: Any, batch_size: int = 1, *, dtype: torch.dtype | str
             order = list(range(len(budgets)))
             for i in order[r % len(order):] + order[: r % len(order)]:
                 model.set_budget(sparsity=grid[i], width_multiple=width_multiple)
-                runs[i].append(_timed_forward(model, inputs, parameter.device))
+                runs[i].append(timed_forward_ms(model, inputs, parameter.device))
     # Two grid points can resolve to the same size (one width group apart); keep the first of each.
     rows = {}
     for budget, times in zip(budgets, runs):
@@ -260,7 +260,13 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_forward(model: Any, inputs: dict[str, torch.Tensor], device: torch.device) -> float:
+def timed_forward_ms(model: Any, inputs: dict[str, torch.Tensor], device: torch.device) -> float:
+    """Milliseconds of one forward pass of ``model`` on ``inputs``, ``device`` synchronised around it.
+
+    Timed by hand: the callers' rounds interleave sizes (or models) one pass each, so a slow phase of a shared
+    machine hits all of them alike, and ``torch.utils.benchmark.Timer`` does not time single passes (``timeit`` runs
+    two untimed ones before each timing, ``blocked_autorange`` a whole series of one statement).
+    """
     synchronize(device)
     start = time.perf_counter()
     model(**inputs)

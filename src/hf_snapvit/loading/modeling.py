@@ -17,7 +17,7 @@ from ..architectures import get_spec
 from ..architectures.budget import layer_widths, model_shape, resolve_width_multiple
 from ..architectures.skeleton import skeleton
 from ..architectures.stored import require_stored_spec
-from ..elastic.checkpoint import (HUB_KWARGS, CheckpointReader, check_ranking, elastic_entries, fused_row_blocks,
+from ..elastic.checkpoint import (CheckpointReader, check_ranking, disk_names, elastic_entries, fused_row_blocks,
                                   load_sliced_state_dict, read_config, stored_widths)
 from ..correction import CorrectionConfig, correct_model_
 from ..correction.prefix import correct_widths_
@@ -25,6 +25,7 @@ from ..correction.prefix_file import prefix_file_for
 from ..errors import BudgetError, CheckpointError, ConfigError, CorrectionError, RankingFormatError, RecoveryError
 from ..elastic.ranking import ElasticRanking, KeepCounts
 from ..recovery import RecoveryConfig, recover_, warn_if_untrained
+from .arguments import READ_BY_CONFIG, LoadOptions, model_dtype, sort_arguments
 from .latency_table import load_latency_tables
 from .sliced import finish_sliced
 from .stored_spec import check_stored_spec_loads
@@ -84,53 +85,65 @@ class ElasticViTModel:
                 :mod:`hf_snapvit.loading.switchable`), starting at the budget given here, else at full size.
             prefix_correction: The checkpoint's correction for every size (:func:`hf_snapvit.add_prefix_correction`):
                 ``None`` applies it where it helps, unless images are given to fit; ``True`` requires it; ``False``.
-            **kwargs: ``revision``, ``token``, ``cache_dir``, ``force_download``, ``local_files_only``, ``subfolder``
-                and ``proxies`` go to the Hub; ``dtype`` (or ``torch_dtype``), ``attn_implementation`` and
-                ``device_map`` (one device, or ``"auto"``: the accelerator if there is one, else the CPU) shape the
-                model; anything else overrides config attributes, as in transformers.
+            **kwargs: transformers' own, as ``PreTrainedModel.from_pretrained`` takes them
+                (:mod:`hf_snapvit.loading.arguments`): ``revision``, ``token``, ``cache_dir``, ``force_download``,
+                ``local_files_only``, ``subfolder`` and ``proxies`` go to the Hub; ``dtype`` (or ``torch_dtype``),
+                ``attn_implementation`` and ``device_map`` (one device, or ``"auto"``: the accelerator if there is
+                one, else the CPU) shape the model; ``ignore_mismatched_sizes=True`` initialises anew a task head
+                whose shape a config override changed (``num_labels=10``); ``output_loading_info=True`` also returns
+                the missing, unexpected and mismatched keys; ``low_cpu_mem_usage`` and the other arguments
+                transformers ignores are ignored; anything else overrides config attributes and then goes to the
+                model class's ``__init__``, as in transformers. Options this loader cannot honour
+                (``quantization_config``, ``tp_plan``, ...) raise :class:`~hf_snapvit.errors.ConfigError` saying how
+                to load with them.
 
         Returns:
             The stock transformers model, sliced, in eval mode (its twin in :mod:`hf_snapvit.loading.sliced`);
             ``config.elastic_layout`` records its widths, so ``save_pretrained`` writes a checkpoint this method (or
             transformers with ``trust_remote_code=True``) reloads. A corrected (recovered) model records
-            ``config.elastic_correction`` (``elastic_recovery``) and reloads at its saved size only.
+            ``config.elastic_correction`` (``elastic_recovery``) and reloads at its saved size only. With
+            ``output_loading_info=True``, ``(model, info)``.
 
         Example: ``ElasticViTModel.from_pretrained("my-org/vit-elastic", sparsity=0.3)``.
         """
-        hub_kwargs = {k: kwargs.pop(k) for k in HUB_KWARGS if k in kwargs}
-        build_kwargs, device = _build_options(kwargs)
-        config, unused = read_config(pretrained_model_name_or_path, hub_kwargs, kwargs)  # checks the folder first
-        if unused:
-            raise TypeError(f"ElasticViTModel.from_pretrained got unexpected keyword arguments {sorted(unused)}.")
+        options = sort_arguments(kwargs)
+        hub_kwargs = options.hub
+        # checks the folder first; what is no config attribute goes to the model's __init__, as in transformers
+        config, unused = read_config(pretrained_model_name_or_path, hub_kwargs, options.config_kwargs)
+        options.build.update(unused)
         require_stored_spec(config, pretrained_model_name_or_path)  # a model no registry knows: never a guess
         get_spec(config)  # unsupported architectures fail before any weight is touched
         ranking, layout = elastic_entries(config, pretrained_model_name_or_path)
         resized = any(v is not None for v in (sparsity, target_params, target_gflops))
         fitting = (correction_data, correction), (recovery_data, recovery)
         _check_fit_arguments(*fitting, layout, budget=resized, switchable=switchable)
-        model, dense_shape = _dense_skeleton(config, layout, ranking, build_kwargs)
+        model, dense_shape = _dense_skeleton(config, layout, ranking, options.build)
+        checkpoint_shape = _checkpoint_shape(pretrained_model_name_or_path, options, layout, ranking, dense_shape)
         reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
-        check_ranking(config, ranking, pretrained_model_name_or_path, model, dense_shape, reader,
+        check_ranking(config, ranking, pretrained_model_name_or_path, model, checkpoint_shape, reader,
                       sliced=layout is not None, resized=resized)
         stored = stored_widths(layout, dense_shape)
         counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
                                            target_gflops, width_multiple, corrected=_fitted_to_size(config))
         prefix = prefix_file_for(pretrained_model_name_or_path, prefix_correction, hub_kwargs, fitting, layout)
+        info: dict[str, Any] = {}
         if switchable:
-            return _load_switchable(model, pretrained_model_name_or_path, ranking, dense_shape, reader, device,
-                                    hub_kwargs, (sparsity, target_params, target_gflops, width_multiple), prefix)
-        _load_sized(model, counts, stored, reader, device, fitting, processor,
-                    lambda images, given: _processor_for(images, given, pretrained_model_name_or_path, hub_kwargs),
-                    prefix)
-        model.config._name_or_path = str(pretrained_model_name_or_path)
-        return finish_sliced(model, counts, multiple, dense_shape)
+            model = _load_switchable(model, pretrained_model_name_or_path, ranking, dense_shape, reader, options,
+                                     (sparsity, target_params, target_gflops, width_multiple), prefix, info)
+        else:
+            _load_sized(model, counts, stored, reader, options, fitting, processor,
+                        lambda images, given: _processor_for(images, given, pretrained_model_name_or_path,
+                                                             hub_kwargs), prefix, info)
+            model.config._name_or_path = str(pretrained_model_name_or_path)
+            model = finish_sliced(model, counts, multiple, dense_shape)
+        return (model, info) if options.output_loading_info else model
 
 
 def _dense_skeleton(config: Any, layout: dict | None, ranking: ElasticRanking | None,
                     build_kwargs: dict[str, Any]) -> tuple[PreTrainedModel, Any]:
     """The dense meta-device model the checkpoint's config describes and its shape, with a spec config.json stores
     held to it field by field (and to the ranking) before anything is sliced."""
-    build_kwargs["dtype"] = _dtype(build_kwargs["dtype"], config)
+    build_kwargs["dtype"] = model_dtype(build_kwargs["dtype"], config)
     if layout is not None:
         del config.elastic_layout  # the skeleton is built dense, then sliced
     model = skeleton(config, **build_kwargs)
@@ -142,9 +155,34 @@ def _dense_skeleton(config: Any, layout: dict | None, ranking: ElasticRanking | 
     return model, dense_shape
 
 
+# What config overrides and __init__ arguments may change in the model's cost model: its task head and the parameters
+# outside the blocks (a pooler left out). Anything else changes the blocks the ranking was made for.
+_HEAD_FIELDS = ("head_flops", "fixed_params")
+
+
+def _checkpoint_shape(source: Any, options: LoadOptions, layout: dict | None, ranking: ElasticRanking | None,
+                      shape: Any) -> Any:
+    """The shape of the model the checkpoint itself describes, which its ranking must match: ``shape`` (the model
+    being built) unless config overrides or ``__init__`` arguments may have changed its task head; then the
+    checkpoint's own, after checking that they changed nothing else."""
+    if not options.changes_the_model or ranking is None:
+        return shape
+    config, _ = read_config(source, options.hub, {k: v for k, v in options.config_kwargs.items()
+                                                  if k in READ_BY_CONFIG})
+    _, own = _dense_skeleton(config, layout, ranking, {"dtype": options.build["dtype"]})
+    changed = [f"{name} {getattr(own, name)} -> {getattr(shape, name)}" for name in own.to_dict()
+               if name not in _HEAD_FIELDS and getattr(own, name) != getattr(shape, name)]
+    if changed:
+        raise ConfigError(f"The keyword arguments {options.overrides} change the blocks the checkpoint's ranking "
+                          f"was made for ({'; '.join(changed)}); overrides may change the task head (num_labels, "
+                          "id2label, ...) and what lies outside the blocks only. Load without them, or rank the model "
+                          "they describe with hf_snapvit.rank and save it with save_elastic.")
+    return own
+
+
 def _load_sized(model: PreTrainedModel, counts: KeepCounts, stored: tuple[list[int], list[int]],
-                reader: CheckpointReader, device: Any, fitting: tuple[tuple[Any, Any], tuple[Any, Any]],
-                processor: Any, processor_for: Any, prefix: Any) -> None:
+                reader: CheckpointReader, options: LoadOptions, fitting: tuple[tuple[Any, Any], tuple[Any, Any]],
+                processor: Any, processor_for: Any, prefix: Any, info: dict[str, Any]) -> None:
     """Fill the skeleton with the units ``counts`` keeps; with correction or recovery data, load what the checkpoint
     holds (both start from the dense weights), then correct and/or recover it down to ``counts``; else apply the
     checkpoint's ``prefix`` correction where it helps."""
@@ -152,9 +190,9 @@ def _load_sized(model: PreTrainedModel, counts: KeepCounts, stored: tuple[list[i
     warn_if_untrained(model.config, counts.sparsity)
     keep = prefixes(counts.heads, counts.neurons)
     fit = correction_data is not None or recovery_data is not None
-    _load_weights(model, prefixes(*stored) if fit else keep, reader, stored)
-    if device is not None:
-        model.to(device)
+    info.update(_load_weights(model, prefixes(*stored) if fit else keep, reader, stored, options))
+    if options.device is not None:
+        model.to(options.device)
     if fit:
         images = correction_data if correction_data is not None else recovery_data
         _fit(model, keep, *fitting, processor_for(images, processor))
@@ -175,67 +213,21 @@ def _check_switchable(switchable: Any, layout: dict | None, fitting: bool) -> No
 
 
 def _load_switchable(model: PreTrainedModel, source: str | os.PathLike, ranking: ElasticRanking, dense_shape: Any,
-                     reader: CheckpointReader, device: Any, hub_kwargs: dict[str, Any],
-                     budget: tuple[Any, Any, Any, Any], prefix: Any = None) -> PreTrainedModel:
+                     reader: CheckpointReader, options: LoadOptions, budget: tuple[Any, Any, Any, Any],
+                     prefix: Any, info: dict[str, Any]) -> PreTrainedModel:
     """Fill the dense skeleton with every unit, make it switchable, and switch it to ``budget`` (sparsity,
     target_params, target_gflops, width_multiple) if one is given."""
     dense = (dense_shape.dense_heads, dense_shape.dense_neurons)
-    _load_weights(model, prefixes(*dense), reader, dense)
-    if device is not None:
-        model.to(device)
+    info.update(_load_weights(model, prefixes(*dense), reader, dense, options))
+    if options.device is not None:
+        model.to(options.device)
     model.config._name_or_path = str(source)
-    as_switchable(model, ranking, dense_shape, load_latency_tables(source, **hub_kwargs), correction=prefix)
+    as_switchable(model, ranking, dense_shape, load_latency_tables(source, **options.hub), correction=prefix)
     sparsity, target_params, target_gflops, width_multiple = budget
     if any(v is not None for v in (sparsity, target_params, target_gflops)):
         model.set_budget(sparsity, target_params=target_params, target_gflops=target_gflops,
                          width_multiple=width_multiple)
     return model
-
-
-def _build_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-    """Pop the options that shape the model (``dtype``/``torch_dtype``, ``attn_implementation``, ``device_map``)."""
-    dtype = kwargs.pop("dtype", None)
-    torch_dtype = kwargs.pop("torch_dtype", None)
-    dtype = dtype if dtype is not None else torch_dtype
-    build_kwargs: dict[str, Any] = {"dtype": None if dtype == "auto" else dtype}
-    attn_implementation = kwargs.pop("attn_implementation", None)
-    if attn_implementation is not None:
-        build_kwargs["attn_implementation"] = attn_implementation
-    device = _single_device(kwargs.pop("device_map", None))
-    return build_kwargs, device
-
-
-def _single_device(device_map: Any) -> Any:
-    """The one device a ``device_map`` names: ``"auto"`` is the accelerator torch sees (its current device), else
-    the CPU; a dict must send every module to the same device. Multi-device placement is refused."""
-    if isinstance(device_map, dict):
-        devices = {_device_name(d) for d in device_map.values()}
-        if len(devices) != 1:
-            raise ConfigError(f"device_map={device_map!r} spreads the model over {sorted(devices)}; hf_snapvit "
-                              f"loads a sliced model onto one device: pass device_map='auto', 'cpu', 'cuda:0', or "
-                              f"a dict sending every module to one device (e.g. {{'': 'cuda:0'}}).")
-        device_map = devices.pop()
-    if device_map == "auto":
-        accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-        return torch.device(accelerator.type, torch.accelerator.current_device_index()) if accelerator else "cpu"
-    if isinstance(device_map, str) and device_map in ("balanced", "balanced_low_0", "sequential"):
-        raise ConfigError(f"device_map={device_map!r} spreads the model over several devices, which hf_snapvit "
-                          "does not support; pass device_map='auto' (the one accelerator, else the CPU), 'cpu', "
-                          "'cuda:0', a torch.device or a device index.")
-    return device_map
-
-
-def _device_name(device: Any) -> str:
-    try:
-        return str(torch.device(device))
-    except (RuntimeError, TypeError):
-        return str(device)  # accelerate's "disk" offload, which torch does not name
-
-
-def _dtype(dtype: Any, config: Any) -> torch.dtype:
-    """The dtype asked for, else the checkpoint's own (``"auto"`` included), else float32."""
-    dtype = dtype if dtype is not None else getattr(config, "dtype", None) or torch.float32
-    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
 def _check_correction_arguments(correction: Any, correction_data: Any, layout: dict | None) -> None:
@@ -332,18 +324,21 @@ def _resolve_budget(ranking: ElasticRanking | None, dense_shape: Any, layout: di
 
 
 def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], reader: CheckpointReader,
-                  stored: tuple[list[int], list[int]]) -> None:
+                  stored: tuple[list[int], list[int]], options: LoadOptions) -> dict[str, Any]:
     """Slice the meta-device skeleton to ``keep`` and fill it with exactly those slices of the checkpoint, whose
-    tensors must have the shapes of the ``stored`` widths (the dense ones, or a sliced checkpoint's layout)."""
+    tensors must have the shapes of the ``stored`` widths (the dense ones, or a sliced checkpoint's layout); returns
+    transformers' loading info (missing, unexpected and mismatched keys)."""
     dense_state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     sliced = tuple(map(list, stored)) != layer_widths(model)
     slice_model_(model, prefixes(*stored))
     held = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     slice_model_(model, keep)  # a prefix of what the checkpoint holds
     sliceable = {k for k, v in model.state_dict().items() if tuple(v.shape) != dense_state[k]}
+    mapping = disk_names(model, reader.keys())
+    mismatched = _mismatched(mapping, reader, held, sliceable, options)
     state = load_sliced_state_dict(model, reader, sliceable, held,
                                    "config.json's elastic_layout" if sliced else "config.json",
-                                   fused_row_blocks(model))  # a fused qkv's first heads: a row range per block
+                                   fused_row_blocks(model), skip=set(mismatched))  # fused qkv: rows per block
     tied = getattr(model, "all_tied_weights_keys", None) or {}  # lm_head sharing the token embeddings (VLMs)
     missing = [name for name in model.state_dict() if name not in state and name not in tied]
     if missing:
@@ -355,6 +350,29 @@ def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarra
     if left:
         raise CheckpointError(f"These tensors were neither in the checkpoint nor initialised: {left}.")
     model.eval()
+    used = {key for key, _ in mapping.values()}
+    return {"missing_keys": set(missing) - set(mismatched), "unexpected_keys": reader.keys() - used,
+            "mismatched_keys": set(mismatched), "error_msgs": []}
+
+
+def _mismatched(mapping: dict[str, Any], reader: CheckpointReader, held: dict[str, tuple[int, ...]],
+                sliceable: set[str], options: LoadOptions) -> list[str]:
+    """The tensors outside the blocks whose checkpoint shape differs from the model's because config overrides or
+    ``__init__`` arguments changed them (a task head for ``num_labels=10``): refused as transformers refuses them,
+    or, with ``ignore_mismatched_sizes``, left to be initialised anew. Without overrides a shape that differs is a
+    damaged checkpoint, which :func:`~hf_snapvit.elastic.checkpoint.load_sliced_state_dict` reports."""
+    if not options.changes_the_model:
+        return []
+    found = {name: (key, reader.shape(key)) for name, (key, chunk) in mapping.items()
+             if name not in sliceable and chunk is None and reader.shape(key) != held[name]}
+    if found and not options.ignore_mismatched_sizes:
+        listed = "; ".join(f"{key}: the checkpoint holds {shape}, the model {held[name]}"
+                           for name, (key, shape) in sorted(found.items()))
+        raise ConfigError(f"The keyword arguments {options.overrides} change tensors the checkpoint holds "
+                          f"({listed}). Pass "
+                          "ignore_mismatched_sizes=True to initialise them anew (then train them), as transformers "
+                          "does, or load without the overrides.")
+    return sorted(found)
 
 
 def _processor_for(data: Any, processor: Any, source: Any, hub_kwargs: dict[str, Any]) -> Any:

@@ -29,7 +29,6 @@ steps and the float64 sums are added across processes.
 from __future__ import annotations
 
 import functools
-import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
@@ -50,8 +49,9 @@ from ..validation import require_choice, require_int
 from ..data.calibration import GradientSteps
 from ..distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
 from .sample_gradients import SquaredSampleGradients
+from ..logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 ScoreDefinition = Literal["fisher", "obd", "accumulated", "snip", "taylor"]
 
@@ -173,7 +173,8 @@ def _accumulate(steps: list, weights: list[torch.Tensor], add, show_progress: bo
     def run(part: int) -> list[torch.Tensor]:
         if part < largest:
             logger.warning("A gradient step of %d images did not fit in memory; running it in parts of %d images "
-                           "(the scores are the same up to float rounding).", largest, part)
+                           "(the scores are the same up to float rounding).", largest, part,
+                           main_process_only=False)  # this process's memory
         sums = [torch.zeros_like(w, dtype=torch.float64) for w in weights]
         for w in weights:
             w.grad = None

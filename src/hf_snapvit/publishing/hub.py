@@ -1,8 +1,10 @@
 """Publishing elastic and sliced checkpoints on the Hugging Face Hub, in one commit, with a generated model card.
 
-:func:`push_to_hub` uploads the safetensors weights, ``config.json`` (with ``elastic_ranking`` and, for a sliced
-model, ``elastic_layout``), the preprocessor config and a model card (``README.md`` plus its allocation heatmap)
-through ``huggingface_hub.HfApi``: ``create_repo`` (``exist_ok``), then a single ``create_commit``.
+:func:`push_to_hub` (``repo_id`` first, as transformers' ``push_to_hub``) uploads the safetensors weights,
+``config.json`` (with ``elastic_ranking`` and, for a sliced model, ``elastic_layout``), the preprocessor config and a
+model card (``README.md`` plus its allocation heatmap) through ``huggingface_hub.HfApi``: ``create_repo``
+(``exist_ok``), then one ``upload_folder`` of a staging folder that links the checkpoint's files beside the card.
+``dry_run=True`` stages the same folder and returns what would be sent, without a token or the network.
 :func:`save_and_push` writes an elastic checkpoint with :func:`hf_snapvit.save_elastic` and then uploads it, having
 checked the token first. Loading never imports this module: publishing sits at the end of the data flow.
 """
@@ -10,15 +12,16 @@ checked the token first. Loading never imports this module: publishing sits at t
 from __future__ import annotations
 
 import inspect
-import logging
 import os
+import shutil
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import huggingface_hub
-from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, ModelCard
+from huggingface_hub import CommitInfo, HfApi, ModelCard
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from transformers import PreTrainedModel
@@ -28,11 +31,12 @@ from .._version import __version__
 from ..cards.source import describe_checkpoint, pipeline_tag_for
 from ..errors import HubUploadError, ModelCardError
 from ..files import disk_full_reported
+from ..logs import get_logger
 from ..cards.elastic import CARD_TAGS, GENERATED_MARKER, HEATMAP_FILENAME, write_model_card
 from ..elastic.ranking import ElasticRanking
 from .saving import save_elastic
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def resolve_token(token: str | None = None) -> str:
@@ -165,23 +169,73 @@ def _staging_reported(tmp: str, repo_id: str) -> Any:
                               "checkpoint into a folder on such a disk and push that folder).")
 
 
-def _commit(uploads: dict[str, Path], repo_id: str, *, token: str, private: bool | None, revision: str | None,
+class UploadPlan(NamedTuple):
+    """What :func:`push_to_hub` with ``dry_run=True`` would send, in one commit."""
+
+    repo_id: str
+    #: path in the repository -> size in bytes, sorted by path
+    files: dict[str, int]
+    commit_message: str
+    #: the README.md that would be uploaded (``None``: none)
+    model_card: str | None
+
+
+def _stage(uploads: dict[str, Path], folder: Path) -> Path:
+    """A folder holding ``uploads`` (path in the repository -> local file) for ``upload_folder``: links to the
+    checkpoint's files (a hard link, else a copy, where symbolic links are not allowed), so nothing large is copied."""
+    for name, source in sorted(uploads.items()):
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            target.symlink_to(Path(source).resolve())
+        except OSError:
+            try:
+                os.link(source, target)
+            except OSError:
+                shutil.copyfile(source, target)
+    return folder
+
+
+def _commit(folder: Path, repo_id: str, *, token: str, private: bool | None, revision: str | None,
             create_pr: bool, message: str, description: str | None) -> CommitInfo:
-    """Create the repository if needed (and the branch ``revision``), then commit ``uploads`` in one commit."""
-    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
-                  for name, path in sorted(uploads.items())]
+    """Create the repository if needed (and the branch ``revision``), then upload ``folder`` in one commit."""
     api = HfApi(library_name="hf_snapvit", library_version=__version__)
     repo_id = api.create_repo(repo_id, token=token, private=private, exist_ok=True).repo_id
     if revision is not None and not create_pr and not revision.startswith("refs/"):
         api.create_branch(repo_id, branch=revision, token=token, exist_ok=True)
-    logger.info("Uploading %s to %s in one commit", ", ".join(sorted(uploads)), repo_id)
-    return api.create_commit(repo_id, operations, commit_message=message, commit_description=description,
-                             token=token, revision=revision, create_pr=create_pr)
+    logger.info("Uploading %s to %s in one commit", ", ".join(p.relative_to(folder).as_posix()
+                                                              for p in _files(folder)), repo_id)
+    return api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=message,
+                             commit_description=description, token=token, revision=revision, create_pr=create_pr)
+
+
+def _is_repo_id(value: Any) -> bool:
+    try:
+        validate_repo_id(value)
+    except (HFValidationError, TypeError):
+        return False
+    return isinstance(value, str)
+
+
+def _argument_order(repo_id: Any, folder_or_model: Any) -> tuple[Any, Any]:
+    """``(repo_id, folder_or_model)``, swapped with a ``FutureWarning`` when they came in the old order
+    ``push_to_hub(folder_or_model, repo_id)``: a model, a path object or an existing folder first, then a repository
+    id that is not a folder here."""
+    first_is_source = isinstance(repo_id, (PreTrainedModel, os.PathLike)) or (
+        isinstance(repo_id, str) and Path(repo_id).is_dir())
+    second_is_source = isinstance(folder_or_model, (PreTrainedModel, os.PathLike)) or (
+        isinstance(folder_or_model, str) and Path(folder_or_model).is_dir())
+    if first_is_source and not second_is_source and _is_repo_id(folder_or_model):
+        warnings.warn("push_to_hub(folder_or_model, repo_id) is the old argument order; it takes repo_id first now, "
+                      f"as transformers does: push_to_hub({str(folder_or_model)!r}, folder_or_model). The old order "
+                      "is accepted in this release only.", FutureWarning, stacklevel=3)
+        return folder_or_model, repo_id
+    return repo_id, folder_or_model
 
 
 def push_to_hub(
-    folder_or_model: str | os.PathLike | PreTrainedModel,
     repo_id: str,
+    folder_or_model: str | os.PathLike | PreTrainedModel,
     *,
     image_processor: Any = None,
     private: bool | None = None,
@@ -201,14 +255,17 @@ def push_to_hub(
     eval_split: str | None = None,
     base_model_description: str | None = None,
     max_shard_size: int | str = "5GB",
-) -> CommitInfo:
+    dry_run: bool = False,
+) -> CommitInfo | UploadPlan:
     """Upload an elastic or sliced checkpoint, with a model card, to the Hub in one commit.
 
     Args:
+        repo_id: ``"user/name"`` or ``"org/name"``; created if it does not exist. (It comes first, as in
+            transformers' ``push_to_hub``; the old order ``push_to_hub(folder_or_model, repo_id)`` still works in
+            this release, with a ``FutureWarning``.)
         folder_or_model: A folder written by :func:`hf_snapvit.save_elastic` (or ``save_pretrained`` of a sliced
             model), or a model whose config has ``elastic_ranking`` or ``elastic_layout`` (e.g. one returned by
             ``ElasticViTModel.from_pretrained(..., sparsity=s)``).
-        repo_id: ``"user/name"`` or ``"org/name"``; created if it does not exist.
         image_processor: Saved with a model; not taken with a folder, whose own preprocessor config is uploaded as is.
         private: Visibility of a newly created repository (``None``: the account's default).
         token: Write token; default: ``huggingface_hub.get_token()`` (``hf auth login`` or ``HF_TOKEN``).
@@ -222,14 +279,19 @@ def push_to_hub(
         base_model, evaluations, sparsities, model_name, license, datasets, eval_dataset, eval_split,
             base_model_description: For the generated card; see :func:`hf_snapvit.cards.elastic.make_model_card`.
         max_shard_size: Shard size when saving a model.
+        dry_run: Stage everything as for the upload (the card generated, the model saved) and return what would be
+            sent instead of sending it: no token is needed and the network is not used.
 
     Returns:
-        The commit (``.commit_url``; ``.pr_url`` with ``create_pr=True``).
+        The commit (``.commit_url``; ``.pr_url`` with ``create_pr=True``), or with ``dry_run`` an
+        :class:`UploadPlan` (``.files``: path in the repository -> bytes; ``.model_card``: the README.md text).
 
     Example:
-        >>> hf_snapvit.push_to_hub("vit-tiny-elastic", "me/vit-tiny-elastic", private=True)  # doctest: +SKIP
+        >>> hf_snapvit.push_to_hub("me/vit-tiny-elastic", "vit-tiny-elastic", dry_run=True).files  # doctest: +SKIP
+        >>> hf_snapvit.push_to_hub("me/vit-tiny-elastic", "vit-tiny-elastic", private=True)  # doctest: +SKIP
     """
-    token = resolve_token(token)
+    repo_id, folder_or_model = _argument_order(repo_id, folder_or_model)
+    token = None if dry_run else resolve_token(token)
     _check_repo_id(repo_id)
     with tempfile.TemporaryDirectory(prefix="hf_snapvit-push-") as tmp:
         with _staging_reported(tmp, repo_id):  # the upload starts only once everything is staged
@@ -241,15 +303,21 @@ def push_to_hub(
                           sparsities=sparsities, repo_id=repo_id, model_name=model_name, license=license,
                           datasets=datasets, eval_dataset=eval_dataset, eval_split=eval_split,
                           base_model_description=base_model_description)
-        return _commit(uploads, repo_id, token=token, private=private, revision=revision, create_pr=create_pr,
-                       message=commit_message or f"Upload {kind} checkpoint with hf_snapvit",
-                       description=commit_description)
+            staged = _stage(uploads, Path(tmp) / "upload")
+        message = commit_message or f"Upload {kind} checkpoint with hf_snapvit"
+        if dry_run:
+            readme = staged / "README.md"
+            return UploadPlan(repo_id, {name: path.stat().st_size for name, path in sorted(uploads.items())},
+                              message, readme.read_text(encoding="utf-8") if readme.is_file() else None)
+        return _commit(staged, repo_id, token=token, private=private, revision=revision, create_pr=create_pr,
+                       message=message, description=commit_description)
 
 
 # Keyword arguments of save_and_push that go to push_to_hub; the others go to save_elastic.
 HUB_UPLOAD_KWARGS = tuple(
     name for name, parameter in inspect.signature(push_to_hub).parameters.items()
-    if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("image_processor", "max_shard_size")
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("image_processor", "max_shard_size",
+                                                                         "dry_run")
 )
 
 
@@ -321,4 +389,4 @@ def save_and_push(
     stored = save_elastic(model, ranking, save_directory, image_processor=image_processor,
                           model_card=model_card is True, base_model=hub_kwargs.get("base_model"),
                           evaluations=hub_kwargs.get("evaluations"), card_options=card_options, **kwargs)
-    return SavedAndPushed(stored, push_to_hub(save_directory, repo_id, **hub_kwargs))
+    return SavedAndPushed(stored, push_to_hub(repo_id, save_directory, **hub_kwargs))

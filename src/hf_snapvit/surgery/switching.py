@@ -183,14 +183,20 @@ def set_widths_(spec: ArchitectureSpec, blocks: Sequence[SwitchBlock], heads: Se
 def install_corrections_(blocks: Sequence[SwitchBlock], source: Any) -> None:
     """Give every output projection that computes with fewer columns than it holds the corrected weight of its
     current width from ``source`` (a prefix correction, see :func:`hf_snapvit.correction.prefix.correct_widths_`);
-    at full width, or with ``source`` ``None``, it computes with its own weight again."""
-    for index, block in enumerate(blocks):
-        for kind, linear in zip(OUTPUT_KINDS, (block.o_proj, block.ffn_out)):
-            if source is None or linear.in_features == linear.weight.shape[1]:
-                linear.corrected = None
-            else:
-                new = source.weight(index, kind, linear.in_features, linear.weight)
-                linear.corrected = new.to(dtype=linear.weight.dtype, device=linear.weight.device)
+    at full width, or with ``source`` ``None``, it computes with its own weight again. A projection whose width did
+    not change keeps the corrected weight it has (it depends on the width alone). The solves run on one thread
+    (:func:`~hf_snapvit.correction.solve.one_thread`)."""
+    from ..correction.solve import one_thread  # the correction package imports this module
+
+    with one_thread():
+        for index, block in enumerate(blocks):
+            for kind, linear in zip(OUTPUT_KINDS, (block.o_proj, block.ffn_out)):
+                held = linear._buffers.get("corrected")
+                if source is None or linear.in_features == linear.weight.shape[1]:
+                    linear.corrected = None
+                elif held is None or held.shape[1] != linear.in_features:
+                    new = source.weight(index, kind, linear.in_features, linear.weight)
+                    linear.corrected = new.to(dtype=linear.weight.dtype, device=linear.weight.device)
 
 
 class SwitchGate:

@@ -254,20 +254,29 @@ class SnapViTPruner:
         if config.max_evaluations is not None:
             by_evaluations = -(-config.max_evaluations // search.population_size)
             total = by_evaluations if total is None else min(total, by_evaluations)
-        with tqdm(total=total, initial=search.generations, desc="xNES search", unit="gen",
-                  disable=not show_progress) as bar:
+        # Counted in candidates, so the bar says how long is left during the first generation already (a fast
+        # search has 3 generations of 10 candidates).
+        per_generation, done = search.population_size, search.generations
+        with tqdm(total=None if total is None else total * per_generation, initial=done * per_generation,
+                  desc="xNES search", unit="candidate", disable=not show_progress) as bar:
             def progress(record: dict[str, Any]) -> None:
+                nonlocal done
                 trail["best_factors"].append(search.result.best_x.tolist())
                 trail["mean_factors"].append(search.mean.tolist())
                 if checkpoint.due(search):
                     checkpoint.save(*scores, search, trail)
+                done += 1  # the end of a generation: this process built only its share of the candidates
+                bar.update(max(0, done * per_generation - bar.n))
+                bar.set_postfix(generation=done, best_loss=f"{record['best_fitness']:.4f}")
+
+            def ranking_of(candidate: np.ndarray) -> ElasticRanking:
                 bar.update(1)
-                bar.set_postfix(best_loss=f"{record['best_fitness']:.4f}")
+                return self.ranking_from_factors(candidate)
 
             def losses(candidates: np.ndarray) -> np.ndarray:
                 # Read off the search's own count, so that a resumed search goes on at the sparsity it was due.
                 turn = search.generations % len(config.fitness_sparsities) if config.rotate_fitness_sparsities else None
-                return fitness.batch_loss(self.ranking_from_factors, candidates, sparsity_index=turn)
+                return fitness.batch_loss(ranking_of, candidates, sparsity_index=turn)
 
             result = search.optimize(losses,
                                      max_generations=config.max_generations,
