@@ -4,6 +4,7 @@ floors it proves are the floors declared, by construction. A requirement without
 lowest version to prove.
 
 Usage: python .ci/floors.py [EXTRA ...] > constraints.txt
+       python .ci/floors.py --check [EXTRA ...]   (in the installed environment: each installed version is its floor)
 """
 
 from __future__ import annotations
@@ -38,5 +39,33 @@ def floors(extras: list[str], pyproject: Path = PYPROJECT) -> list[str]:
     return pins
 
 
+def check(extras: list[str]) -> str:
+    """One line naming each pinned distribution's installed version; exits if one is not its floor (a constraint
+    pip did not apply, or a distribution it could not find)."""
+    import importlib.metadata
+
+    def release(version: str) -> tuple[int, ...]:
+        numbers = [int(n) for n in re.match(r"[0-9]+(?:\.[0-9]+)*", version).group(0).split(".")]
+        return tuple(numbers + [0] * (4 - len(numbers)))
+
+    found, wrong = [], []
+    for pin in floors(extras):
+        name, floor = pin.split("==")
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            installed = "missing"
+        found.append(f"{name} {installed}")
+        if installed == "missing" or release(installed) != release(floor):
+            wrong.append(f"{name} {installed} (floor {floor})")
+    if wrong:
+        raise SystemExit(f"floors.py: these are not installed at their floors: {', '.join(wrong)}")
+    return ", ".join(found)
+
+
 if __name__ == "__main__":
-    print("\n".join(floors(sys.argv[1:])))
+    arguments = sys.argv[1:]
+    if arguments[:1] == ["--check"]:
+        print(check(arguments[1:]))
+    else:
+        print("\n".join(floors(arguments)))
