@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterator
 import torch
 import transformers
 from torch import nn
-from transformers.initialization import no_init_weights
+
+from hf_snapvit.architectures.skeleton import no_init_weights
 
 # The forwards of the contract, each the family's own inputs and what :func:`forward_kwargs` adds to them.
 KINDS = ("outputs", "hidden states", "attentions", "tuples", "other resolution", "masked patches")

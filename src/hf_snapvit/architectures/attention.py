@@ -19,10 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from transformers import AttentionInterface, AttentionMaskInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import sdpa_mask
 
 UNPADDED_SDPA = "sdpa_unpadded"
+# transformers' own SDPA attention function and mask builder, taken from its public interfaces at import, before
+# anything could re-register "sdpa" (their modules, transformers.integrations.sdpa_attention and
+# transformers.masking_utils, are not part of transformers' public API).
+_SDPA_ATTENTION = AttentionInterface()["sdpa"]
+_SDPA_MASK = AttentionMaskInterface()["sdpa"]
 
 
 def unpadded_sdpa_mask(*args: Any, **kwargs: Any) -> Any:
@@ -31,11 +34,11 @@ def unpadded_sdpa_mask(*args: Any, **kwargs: Any) -> Any:
     if (kwargs.get("attention_mask") is None and kwargs.get("allow_is_bidirectional_skip")
             and kwargs.get("local_size") is None):
         return None
-    return sdpa_mask(*args, **kwargs)
+    return _SDPA_MASK(*args, **kwargs)
 
 
 def register_unpadded_sdpa() -> str:
     """Register :data:`UNPADDED_SDPA` with transformers' attention and mask interfaces (idempotent); its name."""
-    AttentionInterface.register(UNPADDED_SDPA, sdpa_attention_forward)
+    AttentionInterface.register(UNPADDED_SDPA, _SDPA_ATTENTION)
     AttentionMaskInterface.register(UNPADDED_SDPA, unpadded_sdpa_mask)
     return UNPADDED_SDPA

@@ -295,9 +295,16 @@ def used_layers(config: PretrainedConfig, spec: ArchitectureSpec | None = None) 
     model that reads an earlier block's output (LLaVA's default ``vision_feature_layer=-2``)."""
     spec = spec or get_spec(config)
     if spec.task is None:  # every block (a discovered model's config need not count them)
-        return int(getattr(vision_config(config), "num_hidden_layers", None) or 2**31 - 1)
-    total = int(vision_config(config).num_hidden_layers)
+        return int(num_blocks(vision_config(config)) or 2**31 - 1)
+    total = int(num_blocks(vision_config(config)))
     return max(1, max(index if index >= 0 else total + 1 + index for index in spec.task.feature_layers(config)))
+
+
+def num_blocks(config: PretrainedConfig) -> int | None:
+    """The number of blocks a vision config gives: ``num_hidden_layers``, else ``depth`` (Qwen2-VL's vision config
+    names only ``depth`` before transformers 5.23 maps one to the other); ``None`` if it gives neither."""
+    count = getattr(config, "num_hidden_layers", None)
+    return count if count is not None else getattr(config, "depth", None)
 
 
 def vision_config(config: PretrainedConfig) -> PretrainedConfig:
@@ -335,3 +342,22 @@ def model_class(config: PretrainedConfig) -> type:
     return transformers.AutoModel
 
 
+
+
+def auto_class_table(mapping: str) -> dict[str, str | tuple[str, ...]]:
+    """transformers' ``{model_type: class name(s)}`` table of one auto class, by its name in
+    ``transformers.models.auto.modeling_auto`` (``"MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"``), or ``{}`` where
+    this transformers has no such table: that module is outside transformers' documented API, so every caller falls
+    back on the class name (``...ForImageClassification``) rather than fail."""
+    try:
+        import transformers.models.auto.modeling_auto as modeling_auto
+    except ImportError:
+        return {}
+    table = getattr(modeling_auto, mapping, None)
+    return dict(table) if isinstance(table, dict) else {}
+
+
+def auto_class_names(mapping: str) -> set[str]:
+    """Every class name in :func:`auto_class_table` ``(mapping)`` (a model type may list several)."""
+    return {name for value in auto_class_table(mapping).values()
+            for name in (value if isinstance(value, tuple) else (value,))}

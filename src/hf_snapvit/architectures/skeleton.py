@@ -3,10 +3,11 @@ the meta-device twin of a model, whose forward FLOPs are counted at no memory co
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import warnings
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 import torch.nn as nn
@@ -14,6 +15,17 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from .limits import check_config_sizes
 from .registry import model_class
+
+
+def no_init_weights() -> ContextManager:
+    """transformers' context that skips weight initialisation (``transformers.initialization``, a module outside its
+    public API), or, for a transformers without it, one that changes nothing: the weights are then initialised, which
+    costs time, not correctness (every weight is overwritten or discarded)."""
+    try:
+        from transformers.initialization import no_init_weights as skip
+    except ImportError:
+        return contextlib.nullcontext()
+    return skip()
 
 
 def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
@@ -30,8 +42,6 @@ def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
         build = lambda: cls.from_config(config, **kwargs)  # noqa: E731
     else:
         build = lambda: cls._from_config(config, **kwargs)  # noqa: E731
-    from transformers.initialization import no_init_weights
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # Meta tensors hold no data, so initialising them is wasted time.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from .registry import TaskModelSpec, register_task_model, vision_config
+from .registry import TaskModelSpec, num_blocks, register_task_model, vision_config
 
 
 def _out_indices(config: PretrainedConfig) -> tuple[int, ...]:
@@ -19,7 +19,7 @@ def _out_indices(config: PretrainedConfig) -> tuple[int, ...]:
 
 
 def _last_layer(config: PretrainedConfig) -> tuple[int, ...]:
-    return (int(vision_config(config).num_hidden_layers),)
+    return (int(num_blocks(vision_config(config))),)
 
 
 def _vision_feature_layers(config: PretrainedConfig) -> tuple[int, ...]:

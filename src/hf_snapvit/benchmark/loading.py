@@ -50,8 +50,11 @@ def _import_loaders() -> None:
     transformers.utils.logging.disable_progress_bar()
     import accelerate  # noqa: F401  (the skeleton is built with accelerate.init_empty_weights)
     import safetensors.torch  # noqa: F401
-    import transformers.conversion_mapping  # noqa: F401
-    import transformers.core_model_loading  # noqa: F401
+    try:  # transformers' weight-conversion modules: outside its public API, so a release may lack them
+        import transformers.conversion_mapping  # noqa: F401
+        import transformers.core_model_loading  # noqa: F401
+    except ImportError:
+        pass  # then loading does not use them either (hf_snapvit.elastic.saved_names)
 
 
 def _timed_load(load: Callable[[], nn.Module], poll_ms: float) -> tuple[nn.Module, float, dict[str, Any]]:

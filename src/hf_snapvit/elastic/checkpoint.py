@@ -16,16 +16,16 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
-from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
-from transformers.utils.hub import cached_file
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
 
 from ..architectures import ffn_inputs, get_attention, get_layers, get_mlp, get_spec, model_class, qkv_projections
 from ..architectures.budget import ModelShape
-from ..architectures.registry import SPEC_KEY
+from ..architectures.registry import SPEC_KEY, auto_class_table
 from ..errors import CheckpointError, RankingFormatError
 from ..sources import check_source
 from .fingerprint import RESAVE, block_of, close, expected_values, read_units, unit_rows
 from .ranking import ElasticRanking
+from .saved_names import disk_names, unrenamed_hint
 
 HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
 
@@ -53,9 +53,7 @@ def check_architecture(config: PretrainedConfig, source: str | os.PathLike) -> N
     expected = getattr(cls, "config_class", None)
     if cls.__module__.startswith("transformers.models.auto") or expected is None or isinstance(config, expected):
         return  # the Auto fallback, a class without a config class, or the class of this config
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
-
-    bare = MODEL_MAPPING_NAMES.get(config.model_type)
+    bare = auto_class_table("MODEL_MAPPING_NAMES").get(config.model_type)
     example = f" (the bare model is {bare!r})" if isinstance(bare, str) else ""
     raise CheckpointError(
         f"{str(source)!r}: config.json's \"architectures\" names {cls.__name__}, a {expected.model_type!r} model "
@@ -179,42 +177,6 @@ def _read_index(path: str) -> dict[str, str]:
     return weight_map
 
 
-def disk_names(model: PreTrainedModel, keys: set[str]) -> dict[str, tuple[str, tuple[int, int] | None]]:
-    """Map each state-dict name of ``model`` to ``(name in the checkpoint, chunk)``; names not found are left out.
-
-    Checkpoints saved by transformers keep their historical tensor names (``attention.attention.query``), which
-    transformers renames at load time. The renaming is transformers' own conversion mapping, applied in reverse
-    exactly as ``save_pretrained`` does; names already in the in-memory layout are used as they are.
-    """
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import PrefixChange, WeightConverter, apply_converters, apply_renamings
-
-    conversions = [c for c in get_model_conversion_mapping(model, add_legacy=False) if not isinstance(c, PrefixChange)]
-    reverse = [c.reverse_transform() for c in conversions[::-1]]
-    converters = [c for c in reverse if isinstance(c, WeightConverter)]
-    renamings = [c for c in reverse if not isinstance(c, WeightConverter)]
-    prefix = model.base_model_prefix
-    mapping: dict[str, tuple[str, tuple[int, int] | None]] = {}
-    for name in model.state_dict():
-        candidates: list[tuple[str, tuple[int, int] | None]] = [(name, None)]
-        converted, pattern = apply_converters(name, converters)
-        if pattern is not None:
-            converter = next(c for c in converters if pattern in c.source_patterns)
-            chunk = (converter.source_patterns.index(pattern), len(converter.source_patterns))
-            candidates.append((apply_renamings(converted, renamings), chunk))
-        else:
-            candidates.append((apply_renamings(name, renamings), None))
-        # A bare backbone checkpoint read into a task model, or the other way round.
-        for key, chunk in list(candidates):
-            candidates.append((f"{prefix}.{key}", chunk))
-            if key.startswith(prefix + "."):
-                candidates.append((key[len(prefix) + 1:], chunk))
-        found = next((c for c in candidates if c[0] in keys), None)
-        if found is not None:
-            mapping[name] = found
-    return mapping
-
-
 def load_sliced_state_dict(
     model: PreTrainedModel, reader: CheckpointReader, sliceable: set[str], stored: dict[str, tuple[int, ...]],
     described_by: str = "config.json", row_blocks: dict[str, int] | None = None, skip: set[str] = frozenset(),
@@ -238,7 +200,7 @@ def load_sliced_state_dict(
             if name in sliceable:
                 raise CheckpointError(
                     f"The checkpoint has no tensor for the prunable {name!r}. Is this checkpoint of the architecture "
-                    "its config.json names?"
+                    f"its config.json names?{unrenamed_hint(model)}"
                 )
             continue
         key, chunk = mapping[name]

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
-from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
 
 from ..architectures import ArchitectureSpec, get_backbone, get_layers, get_spec
+from ..architectures.registry import auto_class_names
 from ..architectures.embedding import forward_inputs, image_embedding, pooled_embedding, returns_embedding
 from ..errors import EvaluationError
 from ..data.views import load_processor, model_inputs
@@ -42,8 +42,10 @@ def has_classifier(model: PreTrainedModel) -> bool:
     """Whether ``model`` has a classifier on top of its vision backbone (a ``*ForImageClassification``, also where
     the whole model is the backbone, as timm's); a task model's depth head or language model is not one: it is
     evaluated on the features its task reads."""
-    classifiers = MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.values()
-    return get_spec(model).task is None and (get_backbone(model) is not model or type(model).__name__ in classifiers)
+    name = type(model).__name__
+    classifiers = auto_class_names("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES")
+    named = name in classifiers if classifiers else name.endswith("ForImageClassification")
+    return get_spec(model).task is None and (get_backbone(model) is not model or named)
 
 
 def _classifier_outputs(model: PreTrainedModel, inputs: dict[str, Any], spec: ArchitectureSpec,

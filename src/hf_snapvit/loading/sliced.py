@@ -137,11 +137,13 @@ def _record_outputs_as(twin: type, stock: type) -> None:
     model's forward records in a registry keyed by the model's class name, filled by ``PreTrainedModel.__init__``; a
     model whose class becomes the twin after it was built (:func:`as_sliced`, switchable models) would find nothing
     there, and ``output_hidden_states=True`` would return ``None``."""
-    try:
-        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    try:  # a private name: transformers has no public way to register a class
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY as registry
     except ImportError:  # a transformers that records outputs another way
         return
-    dict.__setitem__(_CAN_RECORD_REGISTRY, str(twin), getattr(stock, "_can_record_outputs", None))
+    # A plain dict up to 5.22, a dict whose __setitem__ takes a model from 5.23; both keyed by str(class).
+    if isinstance(registry, dict):
+        dict.__setitem__(registry, str(twin), getattr(stock, "_can_record_outputs", None))
 
 
 def as_sliced(model: PreTrainedModel) -> PreTrainedModel:

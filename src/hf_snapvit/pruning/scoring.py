@@ -169,7 +169,6 @@ def _accumulate(steps: list, weights: list[torch.Tensor], add, show_progress: bo
     """
     largest = max((len(chunk) for _, chunk, _ in steps), default=1)
 
-    @find_executable_batch_size(starting_batch_size=largest, reduce_batch_size_fn=_halve(largest))
     def run(part: int) -> list[torch.Tensor]:
         if part < largest:
             logger.warning("A gradient step of %d images did not fit in memory; running it in parts of %d images "
@@ -184,7 +183,8 @@ def _accumulate(steps: list, weights: list[torch.Tensor], add, show_progress: bo
                     first + start, sums, len(chunk))
         return sums
 
-    return run()
+    # Wrapped by a call, not as a decorator: before accelerate 1.15 the decorator form drops reduce_batch_size_fn.
+    return find_executable_batch_size(run, starting_batch_size=largest, reduce_batch_size_fn=_halve(largest))()
 
 
 def _halve(start: int):
