@@ -234,8 +234,9 @@ def test_a_model_no_guess_can_slice_is_refused_naming_the_modules_and_forgotten(
     with pytest.raises(hs.UnsupportedArchitectureError) as info:
         hs.save_elastic(model, None, tmp_path / "out")
     message = str(info.value)
-    assert "attention mixer (to_q, to_k, to_v, proj)" in message and "register_architecture" in message
-    assert "Keeping every head does not help" in message
+    # The one reason nothing can be pruned: the norm over the FFN's features (no spec would slice around it).
+    assert "attention mixer (to_q, to_k, to_v, proj)" in message and "register_architecture" not in message
+    assert "its FFN's 48 hidden features pass through trunk.0.ff.2 (LayerNorm)" in message
     assert not (tmp_path / "out").exists() and registry.discovered_spec(model) is None
 
 

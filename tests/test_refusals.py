@@ -1,7 +1,9 @@
 """Refusals a person can act on: models that are no plain ViT (a text model, a CNN, hierarchical or grouped stages)
 are refused by rank and save_elastic in a few lines that name the model, the modules found and the one reason, with
 nothing written; configs without an image or patch size are read from the model; a head count no attribute names is
-read from the forward's split of the query into heads."""
+read from the forward's split of the query into heads. What is no transformers model with its weights (a compiled
+or PEFT wrapper, meta weights, a plain module, no blocks) and an edited config.json are refused in a line naming what
+to pass or which entry is wrong."""
 
 from __future__ import annotations
 
@@ -193,3 +195,83 @@ def test_blocks_of_different_widths_by_config_are_not_a_plain_vit_while_a_sliced
         with pytest.raises(hs.ConfigError, match="already sliced") as info:
             call()
         assert "not a plain ViT" not in str(info.value)
+
+
+def _vit():
+    torch.manual_seed(0)
+    return T.ViTForImageClassification(T.ViTConfig(**_SMALL, image_size=32, patch_size=8, num_labels=3)).eval()
+
+
+def _peft(model):
+    peft = pytest.importorskip("peft")
+    return peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+
+
+def _on_meta(model):
+    with torch.device("meta"):
+        return T.ViTForImageClassification(model.config)
+
+
+@pytest.mark.parametrize("wrap, named", [
+    (torch.compile, r"torch.compile'd model .*pass the model it compiles \(model._orig_mod\)"),  # before: CHANGED
+    (_peft, r"PEFT model .*merge_and_unload\(\)"),  # before: AttributeError: LoraModel has no attribute `layers`
+    (_on_meta, r"weights on the meta device"),  # before: NotImplementedError: Cannot copy out of meta tensor
+    (lambda m: nn.Sequential(m), r"got Sequential; pass the ViTForImageClassification it holds"),  # before: 577 chars
+    (lambda m: None, r"PreTrainedModel .*got NoneType"),
+    (lambda m: T.ViTModel(T.ViTConfig(**{**_SMALL, "num_hidden_layers": 0})), r"has no blocks"),  # "already sliced"
+])
+def test_what_is_no_transformers_model_with_its_weights_is_refused_in_a_line(wrap, named, tmp_path):
+    model = wrap(_vit())
+    for call in (lambda: hs.rank(model, method="magnitude", show_progress=False),
+                 lambda: hs.save_elastic(model, None, tmp_path / "out")):
+        with pytest.raises(hs.UnsupportedArchitectureError, match=named) as info:
+            call()
+        assert "\n" not in str(info.value) and len(str(info.value)) <= 300
+    assert not (tmp_path / "out").exists()
+
+
+def test_save_elastic_without_a_ranking_says_what_it_needs(tmp_path):
+    with pytest.raises(hs.ConfigError, match="needs the ElasticRanking hf_snapvit.rank returns"):  # before: AttributeError
+        hs.save_elastic(_vit(), None, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def _clip():
+    torch.manual_seed(0)
+    return T.CLIPVisionModel(T.CLIPVisionConfig(**_SMALL, image_size=32, patch_size=8)).eval()
+
+
+@pytest.mark.parametrize("build, edit, named", [
+    (_vit, lambda c: {**c, "model_type": "no_such_type"}, r"transformers cannot read its config.json .*model_type"),
+    (_vit, lambda c: {k: v for k, v in c.items() if k != "model_type"}, r"transformers cannot read its config.json"),
+    (_clip, lambda c: {**c, "num_attention_heads": 3}, r"cannot read its config.json .*not a multiple of the number"),
+    (_vit, lambda c: {**c, "elastic_ranking": {**c["elastic_ranking"], "provenance": "x"}},
+     r"provenance must be a JSON object"),
+])
+def test_an_edited_config_json_is_refused_naming_the_entry(build, edit, named, tmp_path):
+    model = build()
+    hs.save_elastic(model, hs.rank(model, method="magnitude", show_progress=False), tmp_path, model_card=False)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(edit(config)))
+    # Before: transformers' ValueError (an unknown model type) or its config class's StrictDataclassError (a head
+    # count that does not divide the width); a raw "dictionary update sequence" error for the provenance.
+    with pytest.raises(hs.SnapViTError, match=named) as info:
+        hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3)
+    assert len(str(info.value)) <= 500
+
+
+@pytest.mark.parametrize("build, named", [
+    (lambda: T.VisionTextDualEncoderModel(T.VisionTextDualEncoderConfig.from_vision_text_configs(
+        T.ViTConfig(**_SMALL, image_size=32, patch_size=8), T.BertConfig(**_SMALL, vocab_size=50), projection_dim=16)),
+     r"needs input_ids besides pixel_values: rank its vision tower \(vision_model\) instead"),
+    (lambda: T.SegGptModel(T.SegGptConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_dim=48,
+                                          image_size=[32, 32], patch_size=8, pretrain_image_size=32, merge_index=0,
+                                          intermediate_hidden_state_indices=[0, 1], decoder_hidden_size=8)),
+     r"needs prompt_pixel_values, prompt_masks besides pixel_values: hf_snapvit ranks models that take images"),
+])
+def test_a_model_whose_forward_needs_more_than_images_is_told_so(build, named, tmp_path):
+    # Before: "Check that config.image_size, num_channels are the input the model takes" (the config was right).
+    torch.manual_seed(0)
+    with pytest.raises(hs.UnsupportedArchitectureError, match=named) as info:
+        hs.save_elastic(build().eval(), None, tmp_path / "out")
+    assert "config.image_size" not in str(info.value) and not (tmp_path / "out").exists()

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from . import (ffn_inputs, get_attention, get_backbone, get_layers, get_mlp, get_projection, get_spec, head_dim,
                head_rows, head_tables, num_heads, used_layers, vision_config)
 from ..errors import BudgetError, ConfigError, RankingFormatError, SnapViTError, UnsupportedArchitectureError
-from .inputs import patch_side
+from .inputs import input_channels, patch_side
 from .limits import MAX_UNITS, out_of_range
 from .skeleton import skeleton
 
@@ -119,6 +119,9 @@ class ModelShape:
             compute less, e.g. keys from a small memory), counted by
             :func:`~hf_snapvit.architectures.flops.measured_shape`; 0 where it was not measured (rankings stored
             before it was). Measured, not structural: shapes that differ only here match.
+        attention_keys: The keys one query attends over, on average over the blocks, where that is fewer than
+            ``num_tokens`` (windowed attention: Qwen2.5-VL's, SAM's; keys from a small memory), measured with
+            :attr:`other_flops`; 0: every token. A head's attention products cost ``4·n·keys·d_key``.
     """
 
     model_type: str
@@ -139,6 +142,7 @@ class ModelShape:
     used_layers: int | None = None
     frames: int = 1
     other_flops: int = 0
+    attention_keys: int = 0
 
     def __post_init__(self) -> None:
         if self.used_layers is None:
@@ -168,11 +172,11 @@ class ModelShape:
         """
         heads = self.dense_heads if heads is None else heads
         neurons = self.dense_neurons if neurons is None else neurons
-        n, d, dk = self.num_tokens, self.hidden_size, self.head_dim
+        n, d, dk, k = self.num_tokens, self.hidden_size, self.head_dim, self.attention_keys or self.num_tokens
         total = 2 * self.num_patches * self.patch_size**2 * self.num_channels * d
         for h, f in zip(heads, neurons):
             a = dk * h
-            total += 2 * n * 3 * d * a + 2 * n * n * a + 3 * h * n * n + 2 * n * n * a + 2 * n * a * d
+            total += 2 * n * 3 * d * a + 2 * n * k * a + 3 * h * n * k + 2 * n * k * a + 2 * n * a * d
             total += 2 * n * d * f * self.ffn_matrices
         return total * self.frames + self.head_flops + self.other_flops
 
@@ -182,11 +186,12 @@ class ModelShape:
         ``8·n·d·d_key``), its attention products (QK logits and reduction, ``4·n²·d_key``), and one FFN neuron
         (``2·n·d·m``)."""
         n, d, dk, t = self.num_tokens, self.hidden_size, self.head_dim, self.frames
-        return 8 * n * d * dk * t, 4 * n * n * dk * t, 2 * n * d * self.ffn_matrices * t
+        return 8 * n * d * dk * t, 4 * n * (self.attention_keys or n) * dk * t, 2 * n * d * self.ffn_matrices * t
 
     def softmax_flops(self, heads: Sequence[int] | None = None) -> int:
         """The softmax terms of :meth:`flops` (``3·n²`` per head) for ``heads[l]`` heads in block ``l``."""
-        return 3 * self.num_tokens**2 * sum(self.dense_heads if heads is None else heads) * self.frames
+        keys = self.attention_keys or self.num_tokens
+        return 3 * self.num_tokens * keys * sum(self.dense_heads if heads is None else heads) * self.frames
 
     def gflops(self, heads: Sequence[int] | None = None, neurons: Sequence[int] | None = None) -> float:
         """:meth:`flops` in units of 10⁹."""
@@ -229,17 +234,19 @@ class ModelShape:
         """``""`` when ``other`` is this shape, else each differing field with both values and what it means."""
         found, hints = [], set()
         for f in fields(self):
-            if f.name == "other_flops":  # measured on the ranked model's forward, not a property of its structure
+            if f.name in _MEASURED:  # measured on the ranked model's forward, not a property of its structure
                 continue
             mine, theirs, hint = getattr(self, f.name), getattr(other, f.name), _MISMATCH_HINTS.get(f.name, "")
             if mine != theirs:
                 found.append(f"the ranking has {f.name}={mine!r}, the model has {f.name}={theirs!r}"
                              f"{'' if hint in hints else hint}")
                 hints.add(hint)
-        return "; ".join(found)
+        # The first differences say what differs; the rest follow from them (a wider model costs more per head).
+        return "; ".join(found[:2]) + (f"; {len(found) - 2} more fields differ" if len(found) > 2 else "")
 
 
-_OPTIONAL = ("head_flops", "used_layers", "frames", "other_flops")  # fields older rankings may lack
+_OPTIONAL = ("head_flops", "used_layers", "frames", "other_flops", "attention_keys")  # fields older rankings lack
+_MEASURED = ("other_flops", "attention_keys")
 _SIZE = " (another image or patch size: its GFLOP counts would be wrong)"
 _COST = " (another parameter cost: biases such as qkv_bias, a gated FFN or other layers differ)"
 _MISMATCH_HINTS = {"num_tokens": _SIZE, "num_patches": _SIZE, "patch_size": _SIZE, "params_per_head": _COST,
@@ -342,7 +349,7 @@ def model_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[int
         num_tokens=num_patches + spec.extra_tokens(config),
         num_patches=num_patches,
         patch_size=patch_side(model),
-        num_channels=int(getattr(vision, "num_channels", 3)),
+        num_channels=input_channels(vision),
         ffn_matrices=sum(blocks for _, blocks in ffn_inputs(mlp, variant)) + 1,
         head_flops=head_flops,
         used_layers=min(len(layers), used_layers(config, spec)),

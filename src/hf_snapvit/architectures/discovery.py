@@ -46,16 +46,19 @@ _NOT_STRUCTURE = frozenset({"_name_or_path", "architectures", "transformers_vers
                             "id2label", "label2id", "num_labels", "problem_type", "label_names", "num_classes"})
 
 
-def _stacks(root: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Every ``nn.ModuleList`` or ``nn.Sequential`` of same-class modules holding parameters, largest first."""
+def _stacks(root: nn.Module, blocks_only: bool = False) -> list[tuple[str, nn.Module]]:
+    """Every ``nn.ModuleList`` or ``nn.Sequential`` of same-class modules holding parameters: first those whose
+    modules hold at least four ``nn.Linear`` each, as a transformer block's attention and FFN do (patch embeddings
+    and lists of small MLPs do not; ``blocks_only``: only those), each group largest first."""
     found = []
     for name, module in root.named_modules():
         if (isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > 0
                 and len({type(m) for m in module}) == 1):
             size = sum(p.numel() for p in module.parameters())
-            if size:
-                found.append((size, name, module))
-    return [(name, module) for _, name, module in sorted(found, key=lambda item: -item[0])]
+            blocks = sum(isinstance(m, nn.Linear) for m in module[0].modules()) >= 4
+            if size and (blocks or not blocks_only):
+                found.append((not blocks, -size, name, module))
+    return [(name, module) for *_, name, module in sorted(found, key=lambda item: item[:2])]
 
 
 def _block_stack(model: nn.Module, stacks: list[tuple[str, nn.Module]],
@@ -66,6 +69,9 @@ def _block_stack(model: nn.Module, stacks: list[tuple[str, nn.Module]],
     if not stacks:
         raise _not_plain(model, "it has no repeated block stack (an nn.ModuleList or nn.Sequential of one class)")
     found, ran = trace(model, stacks[0][1][0], shape, watch=tuple(stack[0] for _, stack in stacks))
+    name, layers = stacks[0]
+    if isinstance(layers[0], nn.ModuleList) and (uneven := uneven_blocks(layers)):  # a list of stages' lists
+        raise _not_plain(model, f"the stages of {name} ({len(layers)} lists of blocks) {uneven}")
     if id(stacks[0][1][0]) not in ran:  # its first block did not run: the largest stack that did
         used = [(name, stack) for name, stack in stacks[1:] if id(stack[0]) in ran]
         if not used:
@@ -78,6 +84,9 @@ def _block_stack(model: nn.Module, stacks: list[tuple[str, nn.Module]],
     if uneven:  # a model hf_snapvit sliced records its widths; only a model built this way is hierarchical
         raise _not_plain(model, f"the blocks of {name or 'its top level'} ({len(layers)} "
                                 f"{type(layers[0]).__name__}) {uneven}")
+    if inner := [path for path, _ in _stacks(layers[0], blocks_only=True)]:  # CrossViT's: each branch's blocks
+        raise _not_plain(model, f"block 0 of {name or 'its top level'} ({type(layers[0]).__name__}) holds stacks of "
+                                f"blocks of its own ({', '.join(inner[:2])}): branches or stages, not one block")
     return name, layers, found
 
 

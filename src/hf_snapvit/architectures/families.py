@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .registry import ArchitectureSpec, MlpSpec, register_architecture, vision_config
+from .registry import ArchitectureSpec, MlpSpec, register_architecture, square_patches, vision_config
 
 
 def _spec(model_type: str, layers: str, attention: str, o_proj: str, **overrides) -> ArchitectureSpec:
@@ -33,10 +33,9 @@ _GATED_OR_PLAIN = (MlpSpec(("gate_proj", "up_proj"), "down_proj"), MlpSpec(("fc1
 # BEiT and Data2Vec-vision: one relative position bias table for all blocks cannot follow each block's heads.
 _SHARED_BIAS = (("use_shared_relative_position_bias", True,
                  "one relative position bias table, shared by every block, cannot keep different heads in different "
-                 "blocks. Supported: use_shared_relative_position_bias=False. To prune this model, add the shared "
-                 "relative_position_bias_table to every block's own one (a copy where a block has none), set "
-                 "use_relative_position_bias=True and use_shared_relative_position_bias=False (the outputs stay the "
-                 "same), and rank that model."),)
+                 "blocks. To prune it, add the shared relative_position_bias_table to every block's own one (a copy "
+                 "where a block has none), set use_relative_position_bias=True and "
+                 "use_shared_relative_position_bias=False (the outputs stay the same), and rank that model."),)
 
 for _family in (
     _vit_like("vit", "layers", excluded_from_budget=("pooler",)),
@@ -133,7 +132,7 @@ for _family in (
         backbone="vision_model",
         embedding="pooled",
         extra_tokens=lambda config: 0,
-        num_patches=lambda c: (vision_config(c).image_size // vision_config(c).patch_size) ** 2,
+        num_patches=lambda c: square_patches(vision_config(c)),
     ),
     _clip_like(
         "siglip2",
@@ -148,7 +147,7 @@ for _family in (
         "clip",
         backbone="vision_model",
         embedding="pooled",
-        num_patches=lambda c: (vision_config(c).image_size // vision_config(c).patch_size) ** 2,
+        num_patches=lambda c: square_patches(vision_config(c)),
     ),
 ):
     register_architecture(_family)

@@ -22,7 +22,7 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-from . import get_spec
+from . import get_attention, get_layers, get_spec, num_heads
 from .budget import ModelShape, layer_widths, model_shape
 from .embedding import dummy_inputs, inference_settings
 from .skeleton import meta_twin, skeleton, twin
@@ -32,6 +32,8 @@ MAX_MATERIALISED = 10**9
 #: Forwards of at most this many FLOPs (by the formulas) are counted with the model's weights: shapes-only dispatch
 #: costs about as much as 2-5 GFLOPs of a CPU's matrix products (ViT-Tiny at 224 px: 0.05 s run, 0.1 s shapes-only).
 SMALL_FORWARD = 4 * 10**9
+#: Attention over fewer keys than tokens by more than this share counts them (less: the formula's every token).
+_TOLERANCE = 0.15
 
 
 def _sdpa_flops(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
@@ -164,7 +166,29 @@ def measured_shape(model: PreTrainedModel, dense: tuple[Sequence[int], Sequence[
                           UserWarning, stacklevel=2)
             return shape
     heads, neurons = layer_widths(model)
+    shape = replace(shape, attention_keys=_attention_keys(model, shape, flops))
     return replace(shape, other_flops=flops.total - (shape.flops(heads, neurons) - shape.softmax_flops(heads)))
+
+
+def _attention_keys(model: PreTrainedModel, shape: ModelShape, flops: ForwardFlops) -> int:
+    """The keys a query of the pruned blocks attends over, on average over the blocks, from what each block's
+    attention module computed beyond its q/k/v/o projections (``4·n·keys·width``), where that is fewer than its
+    tokens (windowed attention in some or all blocks, keys from a memory); else 0 (every token, as the formula
+    counts)."""
+    spec = get_spec(model)
+    root = model.get_submodule(spec.encoder) if spec.task is not None else model
+    if not spec.attention:  # the block is its attention: its count holds the FFN's too
+        return 0
+    names = {id(m): name for name, m in root.named_modules()}
+    n, d, t = shape.num_tokens, shape.hidden_size, shape.frames
+    keys = []
+    for layer in get_layers(model, spec):
+        attention = get_attention(layer, spec)
+        width = num_heads(attention, spec) * shape.head_dim
+        counted = flops.modules.get(names.get(id(attention), ""), 0) / t
+        keys.append((counted - 8 * n * d * width) / (4 * n * width))
+    mean = sum(keys) / len(keys) if keys else 0
+    return max(1, round(mean)) if keys and min(keys) > 0 and mean <= (1 - _TOLERANCE) * n else 0
 
 
 def estimate_gflops(

@@ -13,7 +13,7 @@ import torch.nn as nn
 from transformers import PretrainedConfig
 
 from ..errors import DataError
-from .registry import vision_config
+from .registry import square_side, vision_config
 
 DEFAULT_SIDE = 224  # pixels, for a tower whose config names no image size
 # How discovery tells the input side it inferred for a model whose config names none (installed by .discovery).
@@ -39,8 +39,8 @@ def pixel_shape(config: PretrainedConfig, batch_size: int) -> tuple[int, ...]:
     if size is None:  # a tower of any resolution (Qwen2-VL): 224 px, in whole merge windows of patches
         step = (patch or 1) * int(getattr(vision, "spatial_merge_size", 1) or 1)
         size = max(step, DEFAULT_SIDE // step * step)
-    side = int(size[0] if isinstance(size, (tuple, list)) else size)
-    channels = int(getattr(vision, "num_channels", None) or 3)
+    side = int(square_side(size, "image_size"))
+    channels = input_channels(vision)
     frames = getattr(vision, "num_frames", None)
     if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0:
         return (batch_size, frames, channels, side, side)
@@ -53,6 +53,18 @@ def _named_side(vision: PretrainedConfig) -> int | tuple | list | None:
     if size is None and getattr(vision, "num_patches", None) is not None and patch:
         size = math.isqrt(int(vision.num_patches)) * patch
     return size if size is not None else _timm_side(vision)
+
+
+def input_channels(vision: PretrainedConfig) -> int:
+    """The channels of the images the model takes: ``num_channels``, else a timm model's (its ``pretrained_cfg``'s
+    ``(C, H, W)``, else the ``in_chans`` it was built with), else 3."""
+    channels = _integer(getattr(vision, "num_channels", None))
+    pretrained, arguments = getattr(vision, "pretrained_cfg", None), getattr(vision, "model_args", None)
+    if channels is None and isinstance(pretrained, dict) and isinstance(pretrained.get("input_size"), (list, tuple)):
+        channels = _integer(pretrained["input_size"][0]) if len(pretrained["input_size"]) == 3 else None
+    if channels is None and isinstance(arguments, dict):
+        channels = _integer(arguments.get("in_chans"))
+    return channels or 3
 
 
 def names_size(vision: PretrainedConfig) -> bool:
@@ -101,9 +113,9 @@ def _timm_side(config: PretrainedConfig) -> int | None:
     (``model_args``), else its architecture's default input size."""
     pretrained = getattr(config, "pretrained_cfg", None)
     if isinstance(pretrained, dict) and isinstance(pretrained.get("input_size"), (list, tuple)):
-        return _integer(pretrained["input_size"][-1])
+        return _integer(square_side(list(pretrained["input_size"][-2:]), "pretrained_cfg.input_size[-2:]"))
     arguments = getattr(config, "model_args", None)
-    if isinstance(arguments, dict) and _integer(arguments.get("img_size")):
+    if isinstance(arguments, dict) and _integer(square_side(arguments.get("img_size"), "model_args.img_size")):
         return _integer(arguments["img_size"])
     architecture = getattr(config, "architecture", None)
     if not isinstance(architecture, str):
@@ -125,14 +137,20 @@ def patch_conv(model: nn.Module) -> nn.Module | None:
 def patch_side(model: nn.Module) -> int:
     """One patch's side in pixels: the config's ``patch_size``, else the kernel of the model's first convolution
     whose stride equals its kernel (the patch embedding of a model whose config names no patch size: timm's)."""
-    size = getattr(vision_config(model.config), "patch_size", None)
+    vision = vision_config(model.config)
+    size = getattr(vision, "patch_size", None)
+    arguments = getattr(vision, "model_args", None)
+    if size is None and isinstance(arguments, dict):  # a timm model's: the patch size it was built with
+        built = arguments.get("patch_size")
+        # Sizes per branch (CrossViT's [12, 16]) name no one patch: the patch embedding's kernel tells.
+        size = built if not isinstance(built, (list, tuple)) or len(set(built)) == 1 else None
     if size is None:
         conv = patch_conv(model)
         size = conv.kernel_size[-1] if conv is not None else None
     if size is None:
         raise DataError(f"{type(model).__name__} names no patch_size in its config and has no patch-embedding "
                         "convolution (stride equal to its kernel); set config.patch_size.")
-    return int(size[0] if isinstance(size, (tuple, list)) else size)
+    return int(square_side(size, "patch_size"))
 
 
 def takes_grid(model: nn.Module) -> bool:

@@ -11,6 +11,13 @@ from transformers import PretrainedConfig
 from . import vision_config
 from ..errors import CheckpointError
 
+try:  # what transformers' strict config classes raise for a value they refuse (huggingface_hub >= 1.0)
+    from huggingface_hub.errors import StrictDataclassError
+except ImportError:  # pragma: no cover - an older huggingface_hub: configs raise ValueError
+    StrictDataclassError = ValueError
+#: What reading a config, or building a model from one, raises where the config is at fault.
+CONFIG_ERRORS = (ValueError, StrictDataclassError)
+
 #: The largest model a config or a stored ranking may describe; beyond these it is corrupt (or hostile) and is refused
 #: before anything of that size is built. ViT-22B has 48 blocks of 48 heads and 24,576 neurons, width 6,144.
 MAX_LAYERS = 1024
@@ -21,7 +28,7 @@ MAX_UNITS, MAX_MATRIX = 2**24, 2**32  # heads and neurons of all blocks (what a 
 # (least, largest) value of the integer fields of a stored ModelShape and of a config; others: 1 to MAX_WIDTH.
 _RANGES = {"num_layers": (1, MAX_LAYERS), "num_hidden_layers": (1, MAX_LAYERS), "ffn_matrices": (2, 3),
            "params_per_head": (1, None), "params_per_neuron": (1, None), "fixed_params": (0, None),
-           "head_flops": (0, None), "num_register_tokens": (0, MAX_WIDTH)}
+           "head_flops": (0, None), "num_register_tokens": (0, MAX_WIDTH), "attention_keys": (0, MAX_WIDTH)}
 
 
 def out_of_range(name: str, value: Any) -> str:

@@ -124,6 +124,9 @@ def match_block(trace: Trace, model: str, block: str) -> Match:
     # A packed FFN (timm's GluMlp) computes value and gate in one projection of twice the neurons.
     downs = [(n, m) for n, m in rest if m.out_features == hidden and ups
              and ups[0][1].out_features in (m.in_features, 2 * m.in_features)]
+    square = [(n, m) for n, m in rest if m.in_features == m.out_features == hidden]
+    if not ups and len(square) == len(rest) in (2, 3):  # an FFN as wide as the model: the last call is its output
+        ups, downs = square[:-1], square[-1:]
     if not ups or not downs:
         after = [(n, m.in_features, m.out_features) for n, m in rest][:6]
         raise UnsupportedArchitectureError(

@@ -2,7 +2,7 @@
 blocks in the backbone, which stay dense (DepthPro's second encoder, CaiT's class-attention blocks, MobileViT's other
 stages).
 
-A stack here is an ``nn.ModuleList`` or ``nn.Sequential`` of at least two children of one class, each holding at
+A stack here is an ``nn.ModuleList`` or ``nn.Sequential`` of children of one class (one is enough), each holding at
 least four ``nn.Linear`` (as a transformer block does: q, k, v, o or a fused qkv and its output, and the FFN's; a
 list of small MLPs does not), outside the pruned stack and not containing it. The
 scan reads the module tree only; the shares of parameters and of the FLOPs one forward computes are measured only
@@ -77,7 +77,7 @@ def _counted_root(model: nn.Module) -> nn.Module:
 
 def _repeats(module: nn.Module) -> bool:
     children = list(module.children())
-    return (len(children) >= 2 and len({type(child) for child in children}) == 1
+    return (len(children) >= 1 and len({type(child) for child in children}) == 1
             and all(sum(isinstance(m, nn.Linear) for m in child.modules()) >= 4 for child in children))
 
 

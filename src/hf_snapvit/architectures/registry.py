@@ -115,7 +115,7 @@ class ArchitectureSpec:
     excluded_from_budget: tuple[str, ...] = ()
     extra_tokens: Callable[[PretrainedConfig], int] = field(default=lambda config: 1)
     num_patches: Callable[[PretrainedConfig], int] = field(
-        default=lambda config: (config.image_size // config.patch_size) ** 2
+        default=lambda config: square_patches(config)
     )
     head_count_attrs: tuple[str, ...] = ("num_heads", "num_attention_heads")
     head_size_attrs: tuple[str, ...] = ("all_head_size",)
@@ -314,6 +314,25 @@ def vision_config(config: PretrainedConfig) -> PretrainedConfig:
     if task is not None:
         return getattr(config, task.encoder_config, None) or config
     return getattr(config, "vision_config", None) or getattr(config, "backbone_config", None) or config
+
+
+def square_side(value: object, name: str) -> object:
+    """``value`` (a config's ``name``: ``image_size``, ``patch_size``) as one side: a pair of equal sides is that
+    side, other values are returned as they are. A rectangle is refused: hf_snapvit draws, embeds and counts square
+    images."""
+    if isinstance(value, (list, tuple)) and value:
+        if len(set(value)) > 1:
+            raise UnsupportedArchitectureError(
+                f"This model's config has {name}={list(value)}, which is not square: hf_snapvit ranks, embeds and "
+                "counts square images only. Use a checkpoint configured for square inputs.")
+        return value[0]
+    return value
+
+
+def square_patches(config: PretrainedConfig) -> int:
+    """The patches of one image of the configured size (``image_size`` and ``patch_size`` as sides or square
+    pairs)."""
+    return (square_side(config.image_size, "image_size") // square_side(config.patch_size, "patch_size")) ** 2
 
 
 def model_class(config: PretrainedConfig) -> type:

@@ -13,7 +13,8 @@ import torch
 import torch.nn as nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from .limits import check_config_sizes
+from ..errors import CheckpointError
+from .limits import CONFIG_ERRORS, check_config_sizes
 from .registry import model_class
 
 
@@ -46,16 +47,24 @@ def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
         warnings.simplefilter("ignore")
         # Meta tensors hold no data, so initialising them is wasted time.
         try:
-            with init_empty_weights(), no_init_weights():
-                model = build()
-        except RuntimeError as error:
-            if "meta" not in str(error):
-                raise
-            # A model that runs part of itself while it is built (timm's hybrid ViTs run their convolutional stem
-            # on a blank image to size the patch embedding) cannot be built on the meta device: build it in memory,
-            # still without initialising its weights.
-            with no_init_weights():
-                model = build()
+            try:
+                with init_empty_weights(), no_init_weights():
+                    model = build()
+            except RuntimeError as error:
+                if "meta" not in str(error):
+                    raise
+                # A model that runs part of itself while it is built (timm's hybrid ViTs run their convolutional
+                # stem on a blank image to size the patch embedding) cannot be built on the meta device: build it in
+                # memory, still without initialising its weights.
+                with no_init_weights():
+                    model = build()
+        except (*CONFIG_ERRORS, TypeError, KeyError, AttributeError, RuntimeError) as error:
+            # transformers' own refusal of the config (a width no head count divides, no class for it)
+            cause = " ".join(str(error).split())
+            raise CheckpointError(
+                f"transformers cannot build {cls.__name__} from this config ({type(error).__name__}: "
+                f"{cause[:160]}{'...' if len(cause) > 160 else ''}): config.json is corrupt or names another "
+                "model. Fix the entry named, or re-save the model with save_pretrained.") from error
         # Built without weights, the model has not tied what its class shares (SAM's positional embedding, tied
         # word embeddings): tie now, or the skeleton counts the shared parameters twice.
         model.tie_weights()
@@ -71,10 +80,10 @@ def meta_twin(model: nn.Module) -> nn.Module:
 
 def twin(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor] | None = None) -> nn.Module:
     """A copy of ``model``'s module tree, without gradients and without the hooks registered on its modules (a
-    caller's hook would see the twin's forward), whose every parameter and buffer is ``make(tensor)`` (once per
-    tensor): by default a parameter shares its tensor's memory and a buffer is copied, so the twin costs no memory
-    for weights and a forward that writes a buffer does not write ``model``'s. Tensors a module keeps as plain
-    attributes are copied as they are."""
+    caller's hook would see the twin's forward; transformers installs its output-recording ones again), whose every
+    parameter and buffer is ``make(tensor)`` (once per tensor): by default a parameter shares its tensor's memory and
+    a buffer is copied, so the twin costs no memory for weights and a forward that writes a buffer does not write
+    ``model``'s. Tensors a module keeps as plain attributes are copied as they are."""
     memo: dict[int, torch.Tensor] = {}
     for tensor in itertools.chain(model.parameters(), model.buffers()):
         new = make(tensor) if make is not None else (
@@ -84,7 +93,13 @@ def twin(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor] | None =
     for module in copied.modules():
         for hooks in _HOOKS:
             getattr(module, hooks, {}).clear()
+        # transformers' own output-recording hooks went with the others: let its next forward install them again
+        # (else a model that ran once before gives the twin no hidden states: BEiT's segmentation head reads them).
+        vars(module).pop(_RECORDING, None)
     return copied
+
+
+_RECORDING = "_output_capturing_hooks_installed"  # transformers 5's mark of a model whose recording hooks are set
 
 
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",

@@ -6,6 +6,8 @@ is traced too: tensors its ``__init__`` left on the CPU (rotary tables) are move
 
 from __future__ import annotations
 
+import inspect
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -13,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
-from transformers import PretrainedConfig
+from transformers import PreTrainedModel
 
 from ..errors import UnsupportedArchitectureError
 from .inputs import blank_inputs, names_size, patch_conv, pixel_shape
@@ -88,8 +90,10 @@ def trace(model: nn.Module, block: nn.Module, shape: tuple[int, ...] | None = No
     ran: set[int] = set()
     grid: list[int] = []
 
+    widths = {m.in_features for m in block.modules() if isinstance(m, nn.Linear)}
+
     def enter(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        tokens.append(_tokens(args, kwargs))
+        tokens.append(_tokens(args, kwargs, widths))
         recorder.inside = len(tokens) == 1
 
     def patches(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
@@ -111,7 +115,7 @@ def trace(model: nn.Module, block: nn.Module, shape: tuple[int, ...] | None = No
         cause = " ".join(f"{type(error).__name__}: {error}".split())
         raise UnsupportedArchitectureError(
             f"hf_snapvit could not run one forward of {type(model).__name__} on blank pixel_values of shape "
-            f"{list(shape)} to discover its structure ({cause[:160]}). {_input_fix(model.config)}") from error
+            f"{list(shape)} to discover its structure ({cause[:160]}). {_input_fix(model, cause)}") from error
     finally:
         model.train(training)
         for hook in hooks:
@@ -125,9 +129,22 @@ def trace(model: nn.Module, block: nn.Module, shape: tuple[int, ...] | None = No
     return Trace(order, first[0], first[1], recorder.tokens, recorder.splits, grid[0] if grid else 0), ran
 
 
-def _input_fix(config: PretrainedConfig) -> str:
-    """What makes a blank forward run: the input sizes the config names."""
-    vision = vision_config(config)
+def _input_fix(model: nn.Module, cause: str) -> str:
+    """What makes a blank forward run: pixel_values alone, where the forward needs more (a text, prompts: its
+    required inputs, or those the error names), else the input sizes the config names."""
+    parameters = inspect.signature(model.forward).parameters
+    words = set(re.findall(r"\w+", cause))
+    needs = [n for n, p in parameters.items() if n != "pixel_values" and p.default is p.empty and p.kind in (
+        p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)] or [  # else those the error names, and a text's
+        n for n in parameters if n != "pixel_values" and (n in words or n.endswith("input_ids") or any(
+            n.endswith(f"_{w}") for w in words if "_" in w))]
+    if needs:
+        tower = next((name for name, m in model.named_modules() if name and isinstance(m, PreTrainedModel)
+                      and "pixel_values" in inspect.signature(m.forward).parameters), None)
+        return (f"Its forward needs {', '.join(needs[:3])} besides pixel_values: " + (
+            f"rank its vision tower ({tower}) instead." if tower else "hf_snapvit ranks models that take images "
+                                                                       "alone."))
+    vision = vision_config(model.config)
     if not names_size(vision):
         return ("Its config names no image_size: set config.image_size (and patch_size) to the input size the model "
                 "takes.")
@@ -145,12 +162,15 @@ def trace_block(model: nn.Module, block: nn.Module, splits: list[Split] | None =
     return found.calls, found.tokens
 
 
-def _tokens(args: tuple, kwargs: dict) -> tuple[int, int]:
-    """Tokens per image a block sees (``[B, N, D]`` hidden states, or one image's ``[N, D]`` sequence) and their
-    width."""
+def _tokens(args: tuple, kwargs: dict, widths: set[int]) -> tuple[int, int]:
+    """Tokens per image a block sees (``[B, N, D]`` hidden states, one image's ``[N, D]`` sequence, or a grid of them:
+    ``[B, H, W, D]``, or ``[B, D, H, W]`` where only ``D`` is a width the block's ``nn.Linear`` layers take, ViTDet's)
+    and their width; a grid's tokens are 0 (its tokens are the patch grid's)."""
     hidden = args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
     if not isinstance(hidden, torch.Tensor) or hidden.dim() == 0:
         return 0, 0
+    if hidden.dim() == 4 and int(hidden.shape[-1]) not in widths and int(hidden.shape[1]) in widths:
+        return 0, int(hidden.shape[1])  # channels first
     count = int(hidden.shape[1]) if hidden.dim() == 3 else int(hidden.shape[0]) if hidden.dim() == 2 else 0
     return count, int(hidden.shape[-1])
 

@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
 
-from ..architectures import ffn_inputs, get_attention, get_layers, get_mlp, get_spec, model_class, qkv_projections
+from ..architectures import ffn_inputs, get_attention, get_layers, get_mlp, get_spec, qkv_projections
 from ..architectures.budget import ModelShape
-from ..architectures.registry import SPEC_KEY, auto_class_table
+from ..architectures.registry import SPEC_KEY
 from ..errors import CheckpointError, RankingFormatError
-from ..sources import check_source
+from .config_file import check_architecture, read_config  # noqa: F401 (the loader's and the CLI's)
 from .fingerprint import RESAVE, block_of, close, expected_values, read_units, unit_rows
 from .ranking import ElasticRanking
 from .saved_names import disk_names, unrenamed_hint
@@ -30,40 +30,7 @@ from .saved_names import disk_names, unrenamed_hint
 HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
 
 
-# ------------------------------------------------------------------------------------ finding the checkpoint
-def read_config(source: str | os.PathLike, hub_kwargs: dict[str, Any],
-                overrides: dict[str, Any]) -> tuple[PretrainedConfig, dict[str, Any]]:
-    """``config.json`` of ``source`` with ``overrides`` applied, and the overrides that are no config attribute
-    (``AutoConfig.from_pretrained(..., return_unused_kwargs=True)``), checked by :func:`check_source` before it is
-    read and by :func:`check_architecture` after."""
-    check_source(source, hub_kwargs.get("subfolder"))
-    config, unused = AutoConfig.from_pretrained(source, return_unused_kwargs=True, **hub_kwargs, **overrides)
-    check_architecture(config, source)
-    return config, unused
-
-
-def check_architecture(config: PretrainedConfig, source: str | os.PathLike) -> None:
-    """Refuse a ``config.json`` whose ``architectures`` names the class of another model type (hand-edited, or copied
-    from another checkpoint): building it would fail deep inside transformers, or load another model's weights.
-
-    Raises:
-        CheckpointError: The class ``config.architectures`` names takes another config class than ``model_type``'s.
-    """
-    cls = model_class(config)
-    expected = getattr(cls, "config_class", None)
-    if cls.__module__.startswith("transformers.models.auto") or expected is None or isinstance(config, expected):
-        return  # the Auto fallback, a class without a config class, or the class of this config
-    bare = auto_class_table("MODEL_MAPPING_NAMES").get(config.model_type)
-    example = f" (the bare model is {bare!r})" if isinstance(bare, str) else ""
-    raise CheckpointError(
-        f"{str(source)!r}: config.json's \"architectures\" names {cls.__name__}, a {expected.model_type!r} model "
-        f"that takes a {expected.__name__}, but its \"model_type\" is {config.model_type!r} "
-        f"({type(config).__name__}): the checkpoint's architecture does not match its config. Set \"architectures\" "
-        f"in config.json to the class the weights were saved from, a class of model_type "
-        f"{config.model_type!r}{example}, or re-save the model with save_pretrained (hf_snapvit.save_elastic for an "
-        "elastic checkpoint).")
-
-
+# ------------------------------------------------------------------------------------ the stored entries
 def elastic_entries(config: Any, source: Any, *, how_to_create: str = "ranking = hf_snapvit.rank(model) and "
                     "hf_snapvit.save_elastic(model, ranking, save_directory)") -> tuple[ElasticRanking | None, dict | None]:
     """``(ranking, layout)`` stored in a checkpoint's config: an elastic checkpoint has a ranking, a sliced one a
@@ -311,14 +278,14 @@ def _order_error(source: Any, model: PreTrainedModel, block: int, kind: str) -> 
     was made on: the message names the tower, since the rest of the checkpoint may well be right.
     """
     spec = get_spec(model)
-    stored = (f" (or config.json's {SPEC_KEY!r} names another v_proj or first mlp_in than the ranking's weights "
-              "fingerprint was taken of)") if getattr(model.config, SPEC_KEY, None) is not None else ""
+    stored = (f" (or its {SPEC_KEY} names other v_proj or mlp_in rows than the fingerprint's)"
+              if getattr(model.config, SPEC_KEY, None) is not None else "")
     if spec.task is None:
         return RankingFormatError(
             f"The weights of {str(source)!r} are not in the weight order its elastic_ranking describes (block "
-            f"{block}: the {kind} differ from the ranking's weights fingerprint). The ranking was stored beside "
-            "weights it was not made for (plain save_pretrained of an unpermuted model, or a config.json copied "
-            f"from another checkpoint){stored}; {RESAVE} from the model it was ranked on.")
+            f"{block}: the {kind} differ from the ranking's weights fingerprint): it was stored beside weights it "
+            "was not made for (save_pretrained of an unpermuted model, a config.json copied from another "
+            f"checkpoint){stored}; {RESAVE} from the model it was ranked on.")
     return RankingFormatError(
         f"The weights of {str(source)!r} are not in the weight order its elastic_ranking describes (block {block} "
         f"of the vision encoder {spec.encoder!r} of this {spec.task.model_type} model: the {kind} differ from the "

@@ -318,6 +318,8 @@ class ElasticRanking:
         try:
             shape = ModelShape.from_dict(data["shape"])
             heads, neurons = decode_scores(data["scores"], shape)
+            if not isinstance(data.get("provenance", {}), dict):
+                raise RankingFormatError(f"provenance must be a JSON object, got {type(data['provenance']).__name__}.")
             floors = {name: data.get(name, default) for name, default in Floors().to_dict().items()}
             if bad := [f"{k}={v!r}" for k, v in floors.items() if type(v) not in (int, float)]:  # JSON numbers
                 raise RankingFormatError(f"{', '.join(bad)} must be numbers in [0, 1).")

@@ -150,7 +150,8 @@ def _dense_skeleton(config: Any, layout: dict | None, ranking: ElasticRanking | 
     get_spec(model)
     dense_shape = model_shape(model)
     if ranking is not None:  # what the forward computes beyond the formulas, measured when the ranking was made
-        dense_shape = replace(dense_shape, other_flops=ranking.shape.other_flops)
+        dense_shape = replace(dense_shape, other_flops=ranking.shape.other_flops,
+                              attention_keys=ranking.shape.attention_keys)
     check_stored_spec_loads(model, ranking, dense_shape)
     return model, dense_shape
 

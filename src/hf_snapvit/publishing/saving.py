@@ -81,6 +81,8 @@ def save_elastic(
         The ranking as stored (in rank order): what ``ElasticViTModel.from_pretrained`` resolves budgets with.
     """
     spec = ensure_proven(model)
+    if not isinstance(ranking, ElasticRanking):
+        raise ConfigError(f"save_elastic needs the ElasticRanking hf_snapvit.rank returns, got {type(ranking).__name__}.")
     ranking.check_matches(model_shape(model))
     ranking = note_partial(model, ranking)  # part of the backbone only: a warning, and the card says which share
     if not spec.prune_heads and ranking.floors()[0] < ranking.shape.num_heads:
@@ -94,8 +96,7 @@ def save_elastic(
             "elastic checkpoint or the original model instead."
         )
     options = dict(card_options or {})
-    reserved = sorted({"base_model", "evaluations", "source", "save_directory"} & set(options))
-    if reserved:
+    if reserved := sorted({"base_model", "evaluations", "source", "save_directory"} & set(options)):
         raise CheckpointError(f"card_options must not hold {reserved}: pass them as save_elastic's own arguments.")
     data = ranking.sorted().to_dict()
     data["provenance"]["base_model"] = public_name(base_model or data["provenance"].get("base_model"))

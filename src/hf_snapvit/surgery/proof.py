@@ -35,7 +35,9 @@ from ..architectures.budget import backbone_parameters, model_shape
 from ..architectures.discovery import adopt_discovered, discovery_guesses, forget_discovered, is_discovered
 from ..architectures.embedding import dummy_inputs
 from ..architectures.flops import counting
+from ..architectures.given import check_blocks, check_given
 from ..errors import UnsupportedArchitectureError
+from .diagnosis import unsliced_width
 from .slicing import slice_model_
 from .ties import shared_parameters
 
@@ -52,9 +54,9 @@ _BATCH = 1  # FLOPs per input: a batch of several can cost more per input (Pixtr
 _PROVEN: set[int] = set()
 _SPEC_FIX = "Wrong modules? Register the right ones: hf_snapvit.register_architecture(ArchitectureSpec(...))."
 _FEWER = "its blocks see fewer tokens than the image has patches (hierarchical stages or a downsampling stem)"
-_FEWER_FIX = ("hf_snapvit prunes plain ViTs. If the token count is wrong, register an ArchitectureSpec whose "
-              "num_patches and extra_tokens give it.")
-_ONCE_FIX = "hf_snapvit budgets each block, attention and FFN run once: give each run its own module to prune it."
+_FEWER_FIX = "hf_snapvit prunes plain ViTs."
+_NO_SLICE_FIX = "hf_snapvit prunes heads and neurons whose outputs go straight to their output projections."
+_ONCE_FIX = "hf_snapvit budgets blocks, attentions and FFNs that run once per input."
 
 
 class _Unprovable(Exception):
@@ -184,7 +186,8 @@ def _check_counts(base: PreTrainedModel, widths: list[tuple[int, int]], dense_fl
     one_neuron = (f"removing one FFN neuron saves {per_neuron:.4g} FLOPs per input where hf_snapvit's formula counts "
                   f"{neuron} for {n} tokens")
     if per_neuron > (1 + _TOLERANCE) * neuron:
-        raise _Unprovable(f"{one_neuron}: its forward runs a block or an FFN more than once", _ONCE_FIX)
+        raise _Unprovable(f"{one_neuron}: its forward runs a block or an FFN more than once (on several crops or "
+                          "windows of one input, or in a loop)", _ONCE_FIX)
     if per_neuron < (1 - _TOLERANCE) * neuron:
         raise _Unprovable(f"{one_neuron}: {_FEWER}", _FEWER_FIX)
     if head is None:
@@ -247,8 +250,10 @@ def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, 
         raise _refusal(model, spec, error.why, error.fix, final=error.final) from None
     except Exception as error:  # noqa: BLE001 - any failure of a guessed spec is a refusal, with its cause
         cause = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        refusal = _refusal(model, spec, f"slicing with it failed ({type(error).__name__}: {_cut(cause)})")
-        refusal.short = f"slicing with it failed ({_cut(cause, 60)})"  # as the first of two reasons
+        named = _unsliced(model, spec)  # the module that holds the width, rather than the shape error it caused
+        refusal = _refusal(model, spec, named or f"slicing with it failed ({type(error).__name__}: {_cut(cause)})",
+                           _NO_SLICE_FIX if named else _SPEC_FIX)
+        refusal.short = named or f"slicing with it failed ({_cut(cause, 60)})"  # as the first of two reasons
         raise refusal from error
     scale = float(reference.abs().max()) if reference.numel() else 0.0
     bad = {name: value for name, value in differences.items() if not value <= atol * max(1.0, scale)}
@@ -262,6 +267,13 @@ def prove_spec(model: PreTrainedModel, spec: ArchitectureSpec | None = None, *, 
     except _Unprovable as error:
         raise _refusal(model, spec, error.why, error.fix, final=error.final) from None
     return differences
+
+
+def _unsliced(model: PreTrainedModel, spec: ArchitectureSpec) -> str:
+    try:
+        return unsliced_width(model, spec)
+    except Exception:  # noqa: BLE001 - a spec whose modules cannot be read names nothing
+        return ""
 
 
 def _cut(text: str, limit: int = 100) -> str:
@@ -283,7 +295,7 @@ def _refusal(model: PreTrainedModel, spec: ArchitectureSpec, why: str, fix: str 
     fix."""
     error = UnsupportedArchitectureError(
         f"hf_snapvit cannot prune this {type(model).__name__} ({spec.model_type!r}): {why}.\n"
-        f"Found {found_modules(spec)}.\n{fix}")
+        f"Found {_cut(found_modules(spec), 140)}.\n{fix}")
     error.why, error.final = why, final
     return error
 
@@ -307,7 +319,10 @@ def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
     first if it was discovered rather than registered (once per spec and process): the first of discovery's
     guesses that passes is kept (the last keeps every head, with a warning); if none does, the first one's failure
     is raised, with why keeping every head did not help."""
+    check_given(model)
     spec = get_spec(model)
+    if spec.task is None:
+        check_blocks(model, get_layers(model, spec), spec.layers)
     check_shared(model, spec)
     if spec.task is not None:  # a task model: its encoder's spec is the one discovered (or registered)
         ensure_proven(model.get_submodule(spec.encoder))
@@ -336,6 +351,8 @@ def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
             return guess
         forget_discovered(spec.model_type, model)
         why = getattr(last, "why", None)
+        if why and _FEWER in why:  # the blocks see fewer tokens: no plain ViT, whatever its heads
+            raise last from first
         if why and why != getattr(first, "why", None):
             # The second reason is the one that stops the model: the first, why heads cannot go, is cut short.
             first_why = getattr(first, "short", first.why)

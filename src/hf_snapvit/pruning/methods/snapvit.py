@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 
 from ...architectures.budget import ModelShape, layer_widths
 from ...architectures.flops import measured_shape
+from ...architectures.given import check_given
 from ...data.calibration import draw_calibration
 from ...correction.config import CorrectionConfig
 from ...distributed import on_process_device, process_state, resolve_precision, tf32_matmuls
@@ -119,6 +120,7 @@ class SnapViTPruner:
             UnsupportedArchitectureError: a model no registry knows whose discovered structure fails the proof
                 (:func:`~hf_snapvit.surgery.proof.ensure_proven`), or whose prunable weights are tied or shared.
         """
+        check_given(model)
         heads_now, neurons_now = layer_widths(model)
         if len(set(heads_now)) != 1 or len(set(neurons_now)) != 1:
             raise ConfigError("SnapViT ranks a dense model; this one is already sliced.")
