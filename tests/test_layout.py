@@ -18,9 +18,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "hf_snapvit"
 
 # Stage of each top-level module or package (or of a package's module of another stage), in data-flow order.
 STAGES: dict[str, int] = {
-    # Shared by every stage: the version, exceptions, argument checks, extras, atomic files, checkpoint sources and
-    # accelerate's processes.
+    # Shared by every stage: the version, exceptions, argument checks, extras, atomic files, checkpoint sources,
+    # accelerate's processes, the loggers.
     "_version": 0, "errors": 0, "validation": 0, "extras": 0, "files": 0, "sources": 0, "distributed": 0,
+    "logs": 0,
     "architectures": 1,
     "surgery": 2,
     "data": 3,

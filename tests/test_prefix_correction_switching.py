@@ -10,7 +10,7 @@ import torch
 
 from hf_snapvit import ElasticViTModel
 from hf_snapvit.correction.prefix_file import PREFIX_FILE, PrefixFile, pack_lower, unpack_lower
-from hf_snapvit.correction.solve import one_thread
+from hf_snapvit.surgery.threads import one_thread
 from hf_snapvit.errors import CheckpointError
 from hf_snapvit.surgery.slicing import OUTPUT_KINDS
 

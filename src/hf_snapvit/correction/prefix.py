@@ -34,7 +34,8 @@ from .config import CorrectionConfig
 from .guard import held_out_count
 from .inputs import (HessianHook, capture_first_block_inputs, dense_block_hessians, halve, model_inputs_of,
                      output_columns, output_projections)
-from .solve import damped_cholesky, one_thread
+from .solve import damped_cholesky
+from ..surgery.threads import one_thread
 
 #: The two column-pruned projections of a block, in the order :class:`PrefixCorrection` keeps them.
 KINDS = OUTPUT_KINDS

@@ -15,7 +15,7 @@ from PIL import Image
 
 from ..errors import DataError
 from ..files import public_name
-from .folders import check_image_source, looks_like_path
+from .folders import check_image_source
 from .sampling import DEFAULT_STREAM_PREFIX
 from .streams import MAX_CORRUPT_FRACTION
 from ..logs import get_logger

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
-import warnings
+from functools import partial
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -14,15 +14,14 @@ import torch
 from transformers import PreTrainedModel
 
 from ..architectures import get_spec
-from ..architectures.budget import layer_widths, model_shape, resolve_width_multiple
+from ..architectures.budget import model_shape, resolve_width_multiple
 from ..architectures.skeleton import skeleton
 from ..architectures.stored import require_stored_spec
-from ..elastic.checkpoint import (CheckpointReader, check_ranking, disk_names, elastic_entries, fused_row_blocks,
-                                  load_sliced_state_dict, read_config, stored_widths)
+from ..elastic.checkpoint import CheckpointReader, check_ranking, elastic_entries, read_config, stored_widths
 from ..correction import CorrectionConfig, correct_model_
 from ..correction.prefix import correct_widths_
 from ..correction.prefix_file import prefix_file_for
-from ..errors import BudgetError, CheckpointError, ConfigError, CorrectionError, RankingFormatError, RecoveryError
+from ..errors import BudgetError, ConfigError, CorrectionError, RankingFormatError, RecoveryError
 from ..elastic.ranking import ElasticRanking, KeepCounts
 from ..recovery import RecoveryConfig, recover_, warn_if_untrained
 from .arguments import READ_BY_CONFIG, LoadOptions, model_dtype, sort_arguments
@@ -30,6 +29,7 @@ from .latency_table import load_latency_tables
 from .sliced import finish_sliced
 from .stored_spec import check_stored_spec_loads
 from .switchable import as_switchable
+from .weights import load_weights
 from ..surgery.slicing import prefixes, slice_model_
 from ..data.views import load_processor
 
@@ -83,19 +83,13 @@ class ElasticViTModel:
             processor: Image processor for the images of either; by default the checkpoint's own.
             switchable: Load every unit; the model then changes size in place (``model.set_budget(...)``, see
                 :mod:`hf_snapvit.loading.switchable`), starting at the budget given here, else at full size.
-            prefix_correction: The checkpoint's correction for every size (:func:`hf_snapvit.add_prefix_correction`):
-                ``None`` applies it where it helps, unless images are given to fit; ``True`` requires it; ``False``.
-            **kwargs: transformers' own, as ``PreTrainedModel.from_pretrained`` takes them
-                (:mod:`hf_snapvit.loading.arguments`): ``revision``, ``token``, ``cache_dir``, ``force_download``,
-                ``local_files_only``, ``subfolder`` and ``proxies`` go to the Hub; ``dtype`` (or ``torch_dtype``),
-                ``attn_implementation`` and ``device_map`` (one device, or ``"auto"``: the accelerator if there is
-                one, else the CPU) shape the model; ``ignore_mismatched_sizes=True`` initialises anew a task head
-                whose shape a config override changed (``num_labels=10``); ``output_loading_info=True`` also returns
-                the missing, unexpected and mismatched keys; ``low_cpu_mem_usage`` and the other arguments
-                transformers ignores are ignored; anything else overrides config attributes and then goes to the
-                model class's ``__init__``, as in transformers. Options this loader cannot honour
-                (``quantization_config``, ``tp_plan``, ...) raise :class:`~hf_snapvit.errors.ConfigError` saying how
-                to load with them.
+            prefix_correction: The stored correction of every size: ``None`` applies it where it helps (unless images
+                are given to fit), ``True`` requires it, ``False`` leaves it.
+            **kwargs: transformers' own, routed as ``PreTrainedModel.from_pretrained`` routes them (each is listed
+                in :mod:`hf_snapvit.loading.arguments`): the Hub's (``revision``, ``token``, ...), ``dtype``,
+                ``attn_implementation``, ``device_map``, ``ignore_mismatched_sizes``, ``output_loading_info``; the
+                rest override config attributes, then go to the model's ``__init__``. Options this loader cannot
+                honour (``quantization_config``, ``tp_plan``, ...) raise :class:`~hf_snapvit.errors.ConfigError`.
 
         Returns:
             The stock transformers model, sliced, in eval mode (its twin in :mod:`hf_snapvit.loading.sliced`);
@@ -107,9 +101,7 @@ class ElasticViTModel:
         Example: ``ElasticViTModel.from_pretrained("my-org/vit-elastic", sparsity=0.3)``.
         """
         options = sort_arguments(kwargs)
-        hub_kwargs = options.hub
-        # checks the folder first; what is no config attribute goes to the model's __init__, as in transformers
-        config, unused = read_config(pretrained_model_name_or_path, hub_kwargs, options.config_kwargs)
+        config, unused = read_config(pretrained_model_name_or_path, options.hub, options.config_kwargs)
         options.build.update(unused)
         require_stored_spec(config, pretrained_model_name_or_path)  # a model no registry knows: never a guess
         get_spec(config)  # unsupported architectures fail before any weight is touched
@@ -119,21 +111,20 @@ class ElasticViTModel:
         _check_fit_arguments(*fitting, layout, budget=resized, switchable=switchable)
         model, dense_shape = _dense_skeleton(config, layout, ranking, options.build)
         checkpoint_shape = _checkpoint_shape(pretrained_model_name_or_path, options, layout, ranking, dense_shape)
-        reader = CheckpointReader(pretrained_model_name_or_path, **hub_kwargs)
+        reader = CheckpointReader(pretrained_model_name_or_path, **options.hub)
         check_ranking(config, ranking, pretrained_model_name_or_path, model, checkpoint_shape, reader,
                       sliced=layout is not None, resized=resized)
         stored = stored_widths(layout, dense_shape)
         counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
                                            target_gflops, width_multiple, corrected=_fitted_to_size(config))
-        prefix = prefix_file_for(pretrained_model_name_or_path, prefix_correction, hub_kwargs, fitting, layout)
+        prefix = prefix_file_for(pretrained_model_name_or_path, prefix_correction, options.hub, fitting, layout)
         info: dict[str, Any] = {}
         if switchable:
             model = _load_switchable(model, pretrained_model_name_or_path, ranking, dense_shape, reader, options,
                                      (sparsity, target_params, target_gflops, width_multiple), prefix, info)
         else:
-            _load_sized(model, counts, stored, reader, options, fitting, processor,
-                        lambda images, given: _processor_for(images, given, pretrained_model_name_or_path,
-                                                             hub_kwargs), prefix, info)
+            processor_for = partial(_processor_for, source=pretrained_model_name_or_path, hub_kwargs=options.hub)
+            _load_sized(model, counts, stored, reader, options, fitting, processor, processor_for, prefix, info)
             model.config._name_or_path = str(pretrained_model_name_or_path)
             model = finish_sliced(model, counts, multiple, dense_shape)
         return (model, info) if options.output_loading_info else model
@@ -191,7 +182,7 @@ def _load_sized(model: PreTrainedModel, counts: KeepCounts, stored: tuple[list[i
     warn_if_untrained(model.config, counts.sparsity)
     keep = prefixes(counts.heads, counts.neurons)
     fit = correction_data is not None or recovery_data is not None
-    info.update(_load_weights(model, prefixes(*stored) if fit else keep, reader, stored, options))
+    info.update(load_weights(model, prefixes(*stored) if fit else keep, reader, stored, options))
     if options.device is not None:
         model.to(options.device)
     if fit:
@@ -219,7 +210,7 @@ def _load_switchable(model: PreTrainedModel, source: str | os.PathLike, ranking:
     """Fill the dense skeleton with every unit, make it switchable, and switch it to ``budget`` (sparsity,
     target_params, target_gflops, width_multiple) if one is given."""
     dense = (dense_shape.dense_heads, dense_shape.dense_neurons)
-    info.update(_load_weights(model, prefixes(*dense), reader, dense, options))
+    info.update(load_weights(model, prefixes(*dense), reader, dense, options))
     if options.device is not None:
         model.to(options.device)
     model.config._name_or_path = str(source)
@@ -324,58 +315,6 @@ def _resolve_budget(ranking: ElasticRanking | None, dense_shape: Any, layout: di
     return counts, multiple
 
 
-def _load_weights(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], reader: CheckpointReader,
-                  stored: tuple[list[int], list[int]], options: LoadOptions) -> dict[str, Any]:
-    """Slice the meta-device skeleton to ``keep`` and fill it with exactly those slices of the checkpoint, whose
-    tensors must have the shapes of the ``stored`` widths (the dense ones, or a sliced checkpoint's layout); returns
-    transformers' loading info (missing, unexpected and mismatched keys)."""
-    dense_state = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    sliced = tuple(map(list, stored)) != layer_widths(model)
-    slice_model_(model, prefixes(*stored))
-    held = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    slice_model_(model, keep)  # a prefix of what the checkpoint holds
-    sliceable = {k for k, v in model.state_dict().items() if tuple(v.shape) != dense_state[k]}
-    mapping = disk_names(model, reader.keys())
-    mismatched = _mismatched(mapping, reader, held, sliceable, options)
-    state = load_sliced_state_dict(model, reader, sliceable, held,
-                                   "config.json's elastic_layout" if sliced else "config.json",
-                                   fused_row_blocks(model), skip=set(mismatched))  # fused qkv: rows per block
-    tied = getattr(model, "all_tied_weights_keys", None) or {}  # lm_head sharing the token embeddings (VLMs)
-    missing = [name for name in model.state_dict() if name not in state and name not in tied]
-    if missing:
-        _initialise_missing(model, missing)
-    model.load_state_dict(state, strict=False, assign=True)
-    if tied:
-        model.tie_weights()
-    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
-    if left:
-        raise CheckpointError(f"These tensors were neither in the checkpoint nor initialised: {left}.")
-    model.eval()
-    used = {key for key, _ in mapping.values()}
-    return {"missing_keys": set(missing) - set(mismatched), "unexpected_keys": reader.keys() - used,
-            "mismatched_keys": set(mismatched), "error_msgs": []}
-
-
-def _mismatched(mapping: dict[str, Any], reader: CheckpointReader, held: dict[str, tuple[int, ...]],
-                sliceable: set[str], options: LoadOptions) -> list[str]:
-    """The tensors outside the blocks whose checkpoint shape differs from the model's because config overrides or
-    ``__init__`` arguments changed them (a task head for ``num_labels=10``): refused as transformers refuses them,
-    or, with ``ignore_mismatched_sizes``, left to be initialised anew. Without overrides a shape that differs is a
-    damaged checkpoint, which :func:`~hf_snapvit.elastic.checkpoint.load_sliced_state_dict` reports."""
-    if not options.changes_the_model:
-        return []
-    found = {name: (key, reader.shape(key)) for name, (key, chunk) in mapping.items()
-             if name not in sliceable and chunk is None and reader.shape(key) != held[name]}
-    if found and not options.ignore_mismatched_sizes:
-        listed = "; ".join(f"{key}: the checkpoint holds {shape}, the model {held[name]}"
-                           for name, (key, shape) in sorted(found.items()))
-        raise ConfigError(f"The keyword arguments {options.overrides} change tensors the checkpoint holds "
-                          f"({listed}). Pass "
-                          "ignore_mismatched_sizes=True to initialise them anew (then train them), as transformers "
-                          "does, or load without the overrides.")
-    return sorted(found)
-
-
 def _processor_for(data: Any, processor: Any, source: Any, hub_kwargs: dict[str, Any]) -> Any:
     """The processor for images handed to the loader: the caller's, else the checkpoint's own (pixels need none)."""
     if processor is None and not isinstance(data, (torch.Tensor, Mapping)):
@@ -395,17 +334,3 @@ def _correct(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], 
             "mean_error_after": round(summary.mean_error("after"), 6),
             **summary.guard_record(),
         }
-
-
-def _initialise_missing(model: PreTrainedModel, names: list[str]) -> None:
-    """Give tensors absent from the checkpoint fresh values, as transformers does, and say so."""
-    warnings.warn(
-        f"Some weights were not in the checkpoint and are newly initialized: {names}. You should probably train "
-        "them before use (as transformers would tell you for the same checkpoint).",
-        stacklevel=3,
-    )
-    owners = {name.rsplit(".", 1)[0] if "." in name else "" for name in names}
-    for owner in owners:
-        module = model.get_submodule(owner)
-        module.to_empty(device="cpu", recurse=False)
-        model._init_weights(module)

@@ -67,9 +67,8 @@ def save_elastic(
         model_card: Write ``README.md`` (and its allocation heatmap when matplotlib, ``hf-snapvit[plots]``, is
             installed): metadata, sizes table, usage, the ranking's provenance. A hand-written README.md already in
             ``save_directory`` is kept as it is; a generated one is rewritten. ``False`` writes no card.
-        base_model: Hub id of the model that was ranked (the one a local copy came from), for the card's metadata;
-            recorded as the ranking's ``provenance["base_model"]``, so later cards (an upload, a sliced export) name
-            it too. Default: the recorded one when it is a Hub id (a local folder is never put into the metadata).
+        base_model: Hub id of the model that was ranked (the one a local copy came from), stored as the ranking's
+            ``provenance["base_model"]`` for this and later cards; default: the recorded one (a folder: its name).
         evaluations: Measured metrics per sparsity for the card's table and ``model-index`` (the forms accepted
             are listed in :mod:`hf_snapvit.cards.results`).
         card_options: Further arguments of :func:`hf_snapvit.cards.elastic.write_model_card` (``sparsities``,

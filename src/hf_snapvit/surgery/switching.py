@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 from ..architectures import (ArchitectureSpec, ffn_inputs, get_attention, get_layers, get_mlp, get_projection,
                              get_spec, head_dim, head_rows, head_tables, num_heads, qkv_projections)
 from ..errors import BudgetError, UnsupportedArchitectureError
+from .threads import one_thread
 from .slicing import OUTPUT_KINDS, set_head_count_
 
 
@@ -185,9 +186,7 @@ def install_corrections_(blocks: Sequence[SwitchBlock], source: Any) -> None:
     current width from ``source`` (a prefix correction, see :func:`hf_snapvit.correction.prefix.correct_widths_`);
     at full width, or with ``source`` ``None``, it computes with its own weight again. A projection whose width did
     not change keeps the corrected weight it has (it depends on the width alone). The solves run on one thread
-    (:func:`~hf_snapvit.correction.solve.one_thread`)."""
-    from ..correction.solve import one_thread  # the correction package imports this module
-
+    (:func:`~hf_snapvit.surgery.threads.one_thread`)."""
     with one_thread():
         for index, block in enumerate(blocks):
             for kind, linear in zip(OUTPUT_KINDS, (block.o_proj, block.ffn_out)):
