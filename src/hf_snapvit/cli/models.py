@@ -85,7 +85,7 @@ def model_config(name: str, what: str, *, elastic: bool) -> Any:
     """
     from transformers import AutoConfig
 
-    from ..data.images import looks_like_path
+    from ..data.folders import looks_like_path
     from ..sources import check_source
 
     fix = _ELASTIC_FIX if elastic else _DENSE_FIX
