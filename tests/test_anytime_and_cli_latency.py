@@ -199,7 +199,7 @@ def test_bench_latency_table_merges_by_key_and_renders_a_table(writable_dir, tmp
     (["{elastic}", "--latency-table", "--device", "nope"], ["--device 'nope'"]),
     (["{elastic}", "--latency-table", "--warmup", "-1"], ["--warmup"]),
     (["{elastic}", "--latency-table", "--batch-sizes", "1", "--sparsities", "0.9"], ["out of range"]),
-    (["my-org/vit-elastic", "--latency-table"], ["not a local folder", "--output"]),
+    (["my-org/vit-elastic", "--latency-table"], ["is no folder here", "looked up on the Hub"]),
     (["./no/such/folder", "--latency-table"], ["no such folder"]),
 ])
 def test_bench_latency_table_bad_input_is_one_error_line(argv, needles, elastic_dir, capsys):

@@ -59,6 +59,8 @@ def skeleton(config: PretrainedConfig, **kwargs) -> PreTrainedModel:
                 with no_init_weights():
                     model = build()
         except (*CONFIG_ERRORS, TypeError, KeyError, AttributeError, RuntimeError) as error:
+            if kwargs and isinstance(error, TypeError):  # the caller's __init__ arguments: fail as transformers does
+                raise
             # transformers' own refusal of the config (a width no head count divides, no class for it)
             cause = " ".join(str(error).split())
             raise CheckpointError(
