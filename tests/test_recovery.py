@@ -319,6 +319,20 @@ def test_a_batch_smaller_than_the_processes_raises_before_training(monkeypatch):
                 show_progress=False)
 
 
+def interrupted(student, teacher, config: RecoveryConfig) -> None:
+    """Recover ``student`` in place, stopped by a KeyboardInterrupt in the 3rd step (the same one on every process)."""
+    calls = [0]
+
+    def interrupt(module, args):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+
+    student.register_forward_pre_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        recover_(student, teacher, images(20), config, processor=PROCESSOR, show_progress=False)
+
+
 def scenario(out: Path, rank: int) -> None:
     """Recover per size and elastically (the elastic checkpoint in ``out/elastic``) with 1 thread; write the weights
     of this process."""
@@ -329,6 +343,19 @@ def scenario(out: Path, rank: int) -> None:
     per_size, first = recover(sliced(teacher), teacher, images(20), config, processor=PROCESSOR,
                               show_progress=False)
     torch.save(per_size.state_dict(), out / f"per_size.rank{rank}.pt")
+    # Interrupted in its 3rd step on every process (after the state of step 2), then resumed: the same weights.
+    saving = dict(steps=3, batch_size=7, warmup_steps=1, num_images=20, checkpoint_every=1)
+    shared = RecoveryConfig(**saving, output_dir=str(out / ("state" if rank < 9 else "state9")))
+    interrupted(sliced(teacher), teacher, shared)
+    resumed, summary = recover(sliced(teacher), teacher, images(20), shared, processor=PROCESSOR,
+                               show_progress=False)
+    assert summary.resumed_from == 2, summary.resumed_from
+    assert all(torch.equal(a, b) for a, b in zip(resumed.state_dict().values(), per_size.state_dict().values()))
+    if rank < 9:  # a state only the main process sees: every process refuses to resume, none waits forever
+        private = RecoveryConfig(**saving, output_dir=str(out / f"private{rank}"))
+        interrupted(sliced(teacher), teacher, private)
+        with pytest.raises(RecoveryError, match=r"different steps \[2, 0\]"):
+            recover(sliced(teacher), teacher, images(20), private, processor=PROCESSOR, show_progress=False)
     # ViTModel's pooler takes no part in the loss: no process gives it a gradient, so AdamW must leave it alone.
     pooled, _ = recover(sliced(CASE["vit"].build()), CASE["vit"].build(), images(20), config, processor=PROCESSOR,
                         show_progress=False)

@@ -40,7 +40,7 @@ from ..data.views import embedder, load_processor
 from .config import RecoveryConfig, RecoverySummary, warn_if_untrained
 from .forward import forward_outputs, prefix_view
 from .held_out import HeldOutCheck, check_sizes, held_out_record, skipped_record, split_held_out
-from .parallel import Parallel
+from .parallel import Parallel, check_same_start
 from .train import AugmentedBatches, TrainingState, make_optimizer
 
 #: On an accelerator, step losses are read back (and shown) every this many steps.
@@ -230,6 +230,7 @@ def _train(student, teacher, spec, batches: AugmentedBatches, config: RecoveryCo
     optimizer, scheduler = make_optimizer(student, config)
     saver = TrainingState(config)
     start, losses = saver.load(student, optimizer, scheduler)
+    check_same_start(start, saver.path)
     parallel = Parallel(student, spec, config, optimizer, scheduler)  # after loading: DDP starts from these weights
     bar = tqdm(range(start, config.steps), desc="recovery", initial=start, total=config.steps,
                disable=not show_progress or not state.is_main_process)

@@ -119,6 +119,21 @@ class Parallel:
         self.module = self.optimizer = self.scheduler = None
 
 
+def check_same_start(step: int, where: Any) -> None:
+    """Raise on every process unless all of them resume at ``step``: a process that did not see the saved state
+    (``where``, on a disk of its own machine) would run other steps and leave the others waiting in a collective."""
+    state = process_state()
+    if state.num_processes == 1:
+        return
+    from accelerate.utils import gather_object
+
+    steps = gather_object([step])
+    if len(set(steps)) > 1:
+        raise RecoveryError(f"The processes would resume recovery at different steps {steps} (process index order): "
+                            f"not every process sees the same saved state {str(where)!r}. Put output_dir on a file system that every "
+                            "machine of the launch shares, or delete the state to start over.")
+
+
 def _accelerator() -> Any:
     from accelerate import Accelerator, DataLoaderConfiguration
     from accelerate.utils import AutocastKwargs, DistributedDataParallelKwargs
