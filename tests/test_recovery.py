@@ -306,11 +306,28 @@ def test_gradients_are_reduced_by_accelerate_not_by_hand():
     assert "accelerator.prepare(" in sources[1] and "accelerator.backward(" in sources[1]
 
 
-def test_a_batch_smaller_than_the_processes_raises_before_training(monkeypatch):
+class TwoProcesses:
+    """What :func:`hf_snapvit.distributed.process_state` says under a 2-process launch, as far as the checks read."""
+
+    num_processes = 2
+
+
+def test_a_sharded_launch_is_refused_naming_what_it_asked_for(monkeypatch):
     from hf_snapvit.recovery import parallel
 
-    class TwoProcesses:
-        num_processes = 2
+    class Sharded:
+        distributed_type = type("Kind", (), {"value": "FSDP"})
+
+    monkeypatch.setattr(parallel, "process_state", TwoProcesses)
+    monkeypatch.setattr(parallel, "_accelerator", Sharded)
+    teacher = CASE["vit-cls"].build()
+    with pytest.raises(RecoveryError, match="asks for FSDP.*--use_fsdp"):
+        recover(sliced(teacher), teacher, pixels(4), RecoveryConfig(steps=1, batch_size=2, held_out_images=0),
+                show_progress=False)
+
+
+def test_a_batch_smaller_than_the_processes_raises_before_training(monkeypatch):
+    from hf_snapvit.recovery import parallel
 
     monkeypatch.setattr(parallel, "process_state", TwoProcesses)
     teacher = CASE["vit-cls"].build()

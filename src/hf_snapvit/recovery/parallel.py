@@ -1,9 +1,9 @@
 """Recovery on N processes through accelerate: the student wrapped by ``Accelerator.prepare``, gradients reduced by it.
 
 Under ``accelerate launch`` the student (inside :class:`Distilled`, whose forward ends at the loss), its AdamW and its
-schedule go through ``Accelerator.prepare``: DDP on GPUs or CPU processes (gloo), or FSDP when the accelerate
-configuration asks for it (``accelerate launch --use_fsdp``, GPUs only in accelerate). The wrapper reduces the
-gradients during ``backward``; nothing here sums them.
+schedule go through ``Accelerator.prepare``, which wraps it in DDP on GPUs or on CPU processes (gloo). The wrapper
+reduces the gradients during ``backward``; nothing here sums them. Sharded training (FSDP, DeepSpeed) is refused
+with an error for now: each process holds the whole student, its AdamW state and the teacher.
 
 DDP averages the processes' gradients, while one step of recovery is the *sum* of its images' gradients divided by
 the global batch size: each process's loss is multiplied by the number of processes before ``backward``, so the
@@ -27,6 +27,11 @@ from ..distributed import process_state
 from ..errors import RecoveryError
 from .config import RecoveryConfig
 from .forward import Outputs, forward_outputs, per_image_loss
+
+
+#: accelerate's distributed types whose ``prepare`` wraps the student in DDP.
+DATA_PARALLEL = ("MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_MUSA", "MULTI_SDAA",
+                 "MULTI_HPU")
 
 
 class Distilled(nn.Module):
@@ -73,6 +78,11 @@ class Parallel:
         self.accelerator = None
         if state.num_processes > 1:
             self.accelerator = _accelerator()
+            kind = self.accelerator.distributed_type.value
+            if kind not in DATA_PARALLEL:
+                raise RecoveryError(f"Recovery runs on several processes through DDP (accelerate's {DATA_PARALLEL}); "
+                                    f"this launch asks for {kind}, which it does not support yet. Launch without "
+                                    "--use_fsdp / DeepSpeed (accelerate config), or on one process.")
             self.module, self.optimizer, self.scheduler = self.accelerator.prepare(self.module, optimizer, scheduler)
         self.wrapper = type(self.module).__name__
 
@@ -130,8 +140,8 @@ def check_same_start(step: int, where: Any) -> None:
     steps = gather_object([step])
     if len(set(steps)) > 1:
         raise RecoveryError(f"The processes would resume recovery at different steps {steps} (process index order): "
-                            f"not every process sees the same saved state {str(where)!r}. Put output_dir on a file system that every "
-                            "machine of the launch shares, or delete the state to start over.")
+                            f"not every process sees the same saved state {str(where)!r}. Put output_dir on a file "
+                            "system that every machine of the launch shares, or delete the state to start over.")
 
 
 def _accelerator() -> Any:
