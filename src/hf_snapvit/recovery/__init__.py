@@ -266,7 +266,7 @@ def _train(student, teacher, spec, batches: AugmentedBatches, config: RecoveryCo
                 settle()
             if config.checkpoint_every and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
                 settle()
-                saver.save(step + 1, parallel.state_dict(student), optimizer, scheduler, losses)
+                saver.save(step + 1, student, optimizer, scheduler, losses)  # DDP trains the student in place
         processes = parallel.describe()
     finally:
         parallel.close()

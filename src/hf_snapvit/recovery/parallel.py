@@ -88,8 +88,8 @@ class Parallel:
 
     def describe(self) -> dict[str, Any]:
         """What ``config.elastic_recovery["processes"]`` records: the number of processes, accelerate's distributed
-        type and the class that held the student (``Distilled`` on one process, ``DistributedDataParallel`` or
-        ``FullyShardedDataParallel`` on N)."""
+        type and the class that held the student (``Distilled`` on one process, ``DistributedDataParallel`` on
+        N)."""
         kind = "NO" if self.accelerator is None else str(self.accelerator.distributed_type.value)
         return {"num_processes": self.num_processes, "distributed_type": kind, "wrapper": self.wrapper}
 
@@ -114,13 +114,6 @@ class Parallel:
             loss.backward()
         else:
             self.accelerator.backward(loss * self.num_processes)
-
-    def state_dict(self, student: nn.Module) -> dict[str, torch.Tensor]:
-        """The student's full weights (gathered from the shards under FSDP), as one process's ``state_dict``."""
-        if self.accelerator is None:
-            return student.state_dict()
-        full = self.accelerator.get_state_dict(self.module)
-        return {name.removeprefix("student."): value for name, value in full.items()}
 
     def close(self) -> None:
         """Drop accelerate's references to the wrapper (its hooks on the student's gradients go with it)."""

@@ -110,15 +110,13 @@ class TrainingState:
         self.config = config
         self.path = Path(config.output_dir) / STATE_FILE if config.output_dir is not None else None
 
-    def save(self, step: int, weights: dict[str, torch.Tensor], optimizer: Any, scheduler: Any,
-             losses: list[float]) -> None:
-        """Write the state after ``step`` steps: the student's full ``weights`` (a ``state_dict``), the optimizer,
-        schedule and losses (main process only; atomic, so an interrupted save keeps the old)."""
+    def save(self, step: int, model: nn.Module, optimizer: Any, scheduler: Any, losses: list[float]) -> None:
+        """Write the state after ``step`` steps (main process only; atomic, so an interrupted save keeps the old)."""
         state = process_state()
         if self.path is not None and state.is_main_process:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             remove_torn_writes(self.path)  # a run killed mid-write left them
-            payload = {"step": step, "key": self.config.training_key(), "model": weights,
+            payload = {"step": step, "key": self.config.training_key(), "model": model.state_dict(),
                        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                        "losses": list(losses), "torch_rng": torch.get_rng_state()}
             with atomic_file(self.path, "wb") as handle:
