@@ -383,6 +383,16 @@ def scenario(out: Path, rank: int) -> None:
                               processor=PROCESSOR, show_progress=False)
     torch.save(elastic.state_dict(), out / f"elastic.rank{rank}.pt")
     (out / f"processes.rank{rank}.json").write_text(json.dumps([first.processes, second.processes]))
+    # Last: the CLI ends the process group. Every process recovers, the main one writes the folder.
+    from hf_snapvit.cli import main
+
+    folder = out / f"images{rank}"
+    folder.mkdir()
+    for i, image in enumerate(images(6)):
+        image.save(folder / f"{i}.png")
+    assert main(["export", "--model", str(out / "elastic"), "--sparsity", "0.3", "--output",
+                 str(out / ("export" if rank < 9 else "export9")), "--recover", "--data", str(folder),
+                 "--num-samples", "6", "--steps", "2", "--batch-size", "3", "-q"]) == 0
 
 
 @pytest.mark.slow  # launches two accelerate processes
@@ -390,7 +400,8 @@ def test_two_processes_recover_like_one(tmp_path):
     from test_distributed import _free_port
 
     teacher = CASE["vit-cls"].build()
-    hf_snapvit.save_elastic(teacher, hf_snapvit.rank(teacher, method="magnitude"), tmp_path / "elastic")
+    hf_snapvit.save_elastic(teacher, hf_snapvit.rank(teacher, method="magnitude"), tmp_path / "elastic",
+                            image_processor=PROCESSOR)
     env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONWARNINGS="ignore")
     command = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
@@ -415,6 +426,11 @@ def test_two_processes_recover_like_one(tmp_path):
             assert record == {"num_processes": 2, "distributed_type": "MULTI_CPU",
                               "wrapper": "DistributedDataParallel"}, record
     assert json.loads((tmp_path / "processes.rank9.json").read_text())[0]["wrapper"] == "Distilled"
+    exported, reference = (hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / name)
+                           for name in ("export", "export9"))
+    assert exported.config.elastic_recovery["processes"]["num_processes"] == 2
+    for (name, a), b in zip(exported.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"export: {name}")
     pooler = {k: v for k, v in sliced(CASE["vit"].build()).state_dict().items() if k.startswith("pooler.")}
     for rank in (0, 1, 9):
         trained = torch.load(tmp_path / f"pooled.rank{rank}.pt")
