@@ -262,8 +262,7 @@ def gradient_scores(
         precision: Autocast precision of the forward passes (``"no"``, ``"bf16"``, ...; see
             :func:`hf_snapvit.distributed.resolve_precision`); ``None`` follows accelerate's configuration.
         micro_batch: Run each gradient step in parts of at most this many images (a memory plan's,
-            :func:`hf_snapvit.pruning.memory_plan.plan_memory`); the scores are the same up to float rounding.
-            ``None``: whole steps.
+            :func:`~hf_snapvit.pruning.memory_plan.plan_memory`), with the same scores up to float rounding.
 
     Returns:
         Per-unit scores as float64 arrays: heads ``[L, H]`` and FFN neurons ``[L, F]``.
@@ -308,11 +307,8 @@ def gradient_scores(
         model.train(was_training)
     hd = head_dim(get_attention(get_layers(model, spec)[0], spec), spec)
     squared_sum = config.definition == "taylor"
-    heads = _reduce([[(stats[id(m.weight)][rows], m.in_features) for m, rows in group] for group in head_layers],
-                    hd, squared_sum)
-    neurons = _reduce([[(stats[id(m.weight)][rows], m.in_features) for m, rows in group] for group in neuron_layers],
-                      1, squared_sum)
-    return heads, neurons
+    return tuple(_reduce([[(stats[id(m.weight)][rows], m.in_features) for m, rows in group] for group in groups],
+                         unit_rows, squared_sum) for groups, unit_rows in ((head_layers, hd), (neuron_layers, 1)))
 
 
 def _check_labels(model: PreTrainedModel, config: ScoreConfig, labelled: bool) -> None:
