@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..architectures import ffn_rows, get_attention, get_layers, get_mlp, get_spec, qkv_rows, vision_config
+from ..architectures import ffn_rows, get_attention, get_layers, get_mlp, get_spec, qkv_rows
+from ..architectures.budget import layer_widths
 from ..architectures.embedding import input_size as architecture_input_size
 from ..architectures.inputs import patch_side
 from ..errors import ConfigError
@@ -52,6 +53,8 @@ CUDA_SHARE = 0.9
 _GRADIENT_PER_SAMPLE = (11.0, 4.75)
 _GRADIENT_BATCHED = (10.0, 3.5)
 _FORWARD = (8.0, 3.0)
+# Values each token keeps per checkpointed block (its input, and what the recorder of the backward pass holds).
+_CHECKPOINTED = 2.0
 # Eager attention keeps each head's [tokens, tokens] probabilities (and their dropout mask) for the backward pass.
 _EAGER_ATTENTION = 2.5
 # The largest per-sample gradient block of SquaredSampleGradients (elements) and the bytes each costs at once.
@@ -137,10 +140,10 @@ class ModelDims:
         ffn = {id(m): m for m, _ in ffn_rows(mlp, variant)}
         per_block = sum(m.weight.numel() for m in {**scored, **ffn}.values())
         parameters = list(model.parameters())
-        config = vision_config(model.config)
+        heads, neurons = layer_widths(model)
         return cls(
-            num_layers=len(layers), hidden_size=int(config.hidden_size),
-            num_heads=int(config.num_attention_heads), intermediate_size=int(config.intermediate_size),
+            num_layers=len(layers), hidden_size=qkv_rows(attention, spec, 2)[0].in_features,
+            num_heads=max(heads), intermediate_size=max(neurons),
             ffn_rows=sum(m.out_features for m in ffn.values()),
             scored_rows=sum(m.out_features for m in scored.values()),
             scored_weights=per_block * len(layers), num_params=sum(p.numel() for p in parameters),
@@ -161,16 +164,20 @@ class ModelDims:
 
 @dataclass(frozen=True)
 class PhasePlan:
-    """One phase's micro-batch and its estimate: ``fixed + batch * per_image`` bytes at its peak."""
+    """One phase's micro-batch (``wanted`` without a budget) and its estimate: ``fixed + n * per_image`` bytes at
+    its peak, ``n`` the micro-batch or, when fewer, the ``images`` the phase has; ``checkpoint``: the gradient
+    phase recomputes every block's activations in the backward pass (:mod:`hf_snapvit.pruning.checkpointing`)."""
 
     batch: int
     wanted: int
     fixed: int
     per_image: int
+    images: int | None = None
+    checkpoint: bool = False
 
     @property
     def peak(self) -> int:
-        return self.fixed + self.batch * self.per_image
+        return self.fixed + min(self.batch, self.images or self.batch) * self.per_image
 
 
 @dataclass(frozen=True)
@@ -194,8 +201,11 @@ class MemoryPlan:
         return max(p.peak for p in (self.gradient, self.search, self.correction, self.evaluation))
 
     def to_dict(self) -> dict[str, Any]:
+        """The provenance's record. A default budget's bytes (the memory free when the run started) are left out, so
+        that two runs of the same ranking write the same config.json."""
         phases = ("gradient", "search", "correction", "evaluation")
-        return {"budget_bytes": self.budget, "budget": self.source, "estimated_peak_bytes": self.peak,
+        budget = self.budget if self.source == "given" else None
+        return {"budget_bytes": budget, "budget": self.source, "estimated_peak_bytes": self.peak,
                 **{name: {**asdict(getattr(self, name)), "peak": getattr(self, name).peak} for name in phases}}
 
 
@@ -206,11 +216,29 @@ def _crop_tokens(dims: ModelDims, crops: Any) -> list[tuple[int, int]]:
             (crops.num_local, dims.tokens(crops.local_size or side))]
 
 
-def _gradient_phase(dims: ModelDims, scores: Any, activation_bytes: float, budget: int) -> PhasePlan:
+def _gradient_phase(dims: ModelDims, scores: Any, activation_bytes: float, budget: int,
+                    num_images: int | None = None, held: int = 0) -> PhasePlan:
+    """The gradient steps' plan; ``held``: bytes the phase finds allocated (the fitness pixels).
+
+    Activation checkpointing is planned only where one image would not fit without it, and only for the batched
+    definitions: fisher and obd record every scored layer's input and output for the per-sample products, which
+    is most of what a block keeps, so recomputing the rest saved nothing on a CPU (``docs/scale.md``)."""
     per_sample = scores.definition in ("fisher", "obd")
     coefficients = _GRADIENT_PER_SAMPLE if per_sample else _GRADIENT_BATCHED
+    crops = _crop_tokens(dims, scores.crops)
     per_image = sum(count * tokens * dims.num_layers * dims.per_token(coefficients, activation_bytes, tokens)
-                    for count, tokens in _crop_tokens(dims, scores.crops))
+                    for count, tokens in crops)
+    # Checkpointed: each block's input, and one block's activations at a time while it is recomputed.
+    checkpointed = sum(count * tokens * (dims.num_layers * _CHECKPOINTED * dims.hidden_size * activation_bytes
+                                         + dims.per_token(coefficients, activation_bytes, tokens))
+                       for count, tokens in crops)
+    side = dims.input_size
+    # The crops' pixels (float32): more than the tokens' share of the fitted coefficients when they are wide.
+    pixels = 4 * 3 * sum(count * (size or side) ** 2 for count, size in (
+        (scores.crops.num_global, scores.crops.global_size), (scores.crops.num_local, scores.crops.local_size)))
+    per_image += pixels
+    if per_sample:  # one layer's per-sample gradients at a time, float32 and float64 (at most _SAMPLE_BLOCK bytes)
+        per_image += min(_SAMPLE_BLOCK, dims.hidden_size * max(dims.ffn_rows, dims.scored_rows) * 20)
     weights = dims.num_params * dims.param_bytes
     # Autocast keeps a low-precision copy of every weight it casts for the backward pass.
     cast = dims.num_params * 2 if activation_bytes < 4 else 0
@@ -218,18 +246,35 @@ def _gradient_phase(dims: ModelDims, scores: Any, activation_bytes: float, budge
     # a gradient per scored weight.
     sums = dims.num_layers * (dims.scored_rows + dims.ffn_rows) * 8 if per_sample else \
         dims.scored_weights * (8 + dims.param_bytes)
-    block = min(_SAMPLE_BLOCK, scores.batch_size * dims.hidden_size * max(dims.ffn_rows, dims.scored_rows) * 20) \
-        if per_sample else 0
-    return _fit_batch(budget, scores.batch_size, weights + cast + sums + block, per_image)
+    plan = _fit_batch(budget, scores.batch_size, held + weights + cast + sums, per_image, num_images)
+    if plan.batch >= 1 or per_sample:
+        return plan
+    return replace(_fit_batch(budget, scores.batch_size, plan.fixed, checkpointed + pixels, num_images),
+                   checkpoint=True)
 
 
-def _forward_fixed(dims: ModelDims, num_images: int, activation_bytes: float, side: int) -> int:
+def plan_gradient_steps(model: nn.Module, scores: Any, *, max_memory: Any = None,
+                        device: torch.device | str | None = None, precision: str = "no") -> PhasePlan:
+    """The gradient phase's plan alone (the gradient baselines' one phase): ``scores`` is their
+    :class:`~hf_snapvit.pruning.scoring.ScoreConfig`; the other arguments as for :func:`plan_memory`."""
+    device = torch.device(device or next(model.parameters()).device)
+    given = max_memory is not None
+    budget = parse_memory(max_memory) if given else default_budget(device)
+    phase = _gradient_phase(ModelDims.from_model(model, scores.head_rows), scores,
+                            3.0 if precision in ("bf16", "fp16", "fp8") else 4.0, budget)
+    empty = PhasePlan(1, 1, 0, 0)
+    plan = _check_fits(MemoryPlan(budget, "given" if given else f"default ({device.type})", phase, empty, empty,
+                                  empty), given)
+    return plan.gradient
+
+
+def _forward_fixed(dims: ModelDims, pixels: int, activation_bytes: float) -> int:
     """What the search holds whatever its batch: the weights and their two working copies (bf16: a bf16 copy
-    and the sliced candidate; else the candidate) and the fitness pixels (and their bf16 copy)."""
+    and the sliced candidate; else the candidate) and the fitness pixels (``pixels`` bytes) with room for two more
+    copies (their bf16 copy, or the image processor's intermediates when they were made)."""
     weights = dims.num_params * dims.param_bytes
     copies = 2 * dims.num_params * 2 if activation_bytes < 4 else weights
-    pixels = num_images * 3 * side * side * (4 + (2 if activation_bytes < 4 else 0))
-    return weights + copies + pixels
+    return weights + copies + 3 * pixels
 
 
 def _forward_per_image(dims: ModelDims, activation_bytes: float, side: int) -> int:
@@ -237,10 +282,10 @@ def _forward_per_image(dims: ModelDims, activation_bytes: float, side: int) -> i
     return int(tokens * dims.per_token(_FORWARD, activation_bytes, tokens))
 
 
-def _fit_batch(budget: int, wanted: int, fixed: float, per_image: float) -> PhasePlan:
+def _fit_batch(budget: int, wanted: int, fixed: float, per_image: float, images: int | None = None) -> PhasePlan:
     fixed, per_image = int(math.ceil(fixed)), max(1, int(math.ceil(per_image)))
     return PhasePlan(batch=max(0, min(wanted, (budget - fixed) // per_image)), wanted=wanted, fixed=fixed,
-                     per_image=per_image)
+                     per_image=per_image, images=images)
 
 
 def plan_memory(model: nn.Module, config: Any, *, max_memory: Any = None, device: torch.device | str | None = None,
@@ -265,7 +310,8 @@ def plan_memory(model: nn.Module, config: Any, *, max_memory: Any = None, device
     dims = ModelDims.from_model(model, config.scores.head_rows)
     value_bytes = 3.0 if precision in ("bf16", "fp16", "fp8") else 4.0
     side = config.fitness_image_size or dims.input_size
-    search_fixed = _forward_fixed(dims, config.num_fitness_images, value_bytes, side)
+    pixels = config.num_fitness_images * 3 * dims.input_size ** 2 * 4  # float32, held from the data phase on
+    search_fixed = _forward_fixed(dims, pixels, value_bytes)
     tokens = dims.tokens(side)
     # The unit order captures every fitness image's block inputs and outputs (float32) and one block's Hessians.
     captured = 2 * config.num_fitness_images * tokens * dims.hidden_size * 4 if config.unit_order != "scores" else 0
@@ -273,12 +319,14 @@ def plan_memory(model: nn.Module, config: Any, *, max_memory: Any = None, device
     per_image = _forward_per_image(dims, value_bytes, side)
     plan = MemoryPlan(
         budget=budget, source="given" if given else f"default ({device.type})",
-        gradient=_gradient_phase(dims, config.scores, value_bytes, budget),
-        search=_fit_batch(budget, search_batch, search_fixed, per_image),
+        gradient=_gradient_phase(dims, config.scores, value_bytes, budget, config.num_gradient_images, pixels),
+        search=_fit_batch(budget, search_batch, search_fixed, per_image, config.num_fitness_images),
         correction=_fit_batch(budget, config.scores.batch_size,
-                              dims.num_params * dims.param_bytes + captured + hessians, per_image),
+                              pixels + dims.num_params * dims.param_bytes + captured + hessians, per_image,
+                              config.num_fitness_images),
         evaluation=_fit_batch(budget, evaluation_batch, dims.num_params * dims.param_bytes,
-                              _forward_per_image(dims, value_bytes, dims.input_size)))
+                              _forward_per_image(dims, value_bytes, dims.input_size),
+                              config.num_gradient_images + config.num_fitness_images))
     return _check_fits(plan, given)
 
 

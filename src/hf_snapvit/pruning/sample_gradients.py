@@ -42,10 +42,11 @@ class SquaredSampleGradients:
         self.layers = list(layers)
         self._calls: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in self.layers]
         self._handles: list = []
+        self._recording = True
 
     def __enter__(self) -> "SquaredSampleGradients":
         for calls, layer in zip(self._calls, self.layers):
-            self._handles.append(layer.register_forward_hook(_recorder(calls)))
+            self._handles.append(layer.register_forward_hook(_recorder(calls, self)))
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
@@ -69,6 +70,7 @@ class SquaredSampleGradients:
         reaching a sample's rows is that sample's own. The recorded calls are released.
         """
         scales = list(scales) if scales is not None else [None] * len(sums)
+        self._recording = False  # a checkpointed block's forward, run again in the backward pass, adds no calls
         try:
             outputs = [output for calls in self._calls for _, output in calls]
             # A layer the loss does not reach (an unused head) gets zero gradients rather than an error.
@@ -80,13 +82,14 @@ class SquaredSampleGradients:
                 output_grads = [next(grads).reshape(num_samples, -1, out.shape[-1]) for _, out in calls]
                 _add_squared(torch.cat(output_grads, 1), torch.cat(inputs, 1), total, scale)
         finally:
+            self._recording = True
             for calls in self._calls:
                 calls.clear()
 
 
-def _recorder(calls: list):
+def _recorder(calls: list, recorder: SquaredSampleGradients):
     def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-        if output.requires_grad:
+        if output.requires_grad and recorder._recording:
             calls.append((args[0].detach(), output))
 
     return hook

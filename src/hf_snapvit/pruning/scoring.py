@@ -48,6 +48,7 @@ from ..errors import ConfigError, DataError
 from ..validation import require_choice, require_int
 from ..data.calibration import GradientSteps
 from ..distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
+from .checkpointing import checkpointed_blocks
 from .sample_gradients import SquaredSampleGradients
 from ..logs import get_logger
 
@@ -240,8 +241,9 @@ def gradient_scores(
     show_progress: bool = True,
     precision: str | None = None,
     micro_batch: int | None = None,
+    checkpoint: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Gradient scores ``(heads [L, H], neurons [L, F])`` of ``model`` on calibration ``images``.
+    """Gradient scores ``(heads [L, H], neurons [L, F])`` of ``model`` on calibration ``images``, float64 per unit.
 
     On several processes (``accelerate launch``) each process computes the gradient steps ``rank, rank + N, ...``
     of the same sample and the per-weight float64 sums are added across processes, so every process returns the
@@ -261,11 +263,9 @@ def gradient_scores(
         show_progress: Show a progress bar over gradient steps (on the main process).
         precision: Autocast precision of the forward passes (``"no"``, ``"bf16"``, ...; see
             :func:`hf_snapvit.distributed.resolve_precision`); ``None`` follows accelerate's configuration.
-        micro_batch: Run each gradient step in parts of at most this many images (a memory plan's,
+        micro_batch, checkpoint: Run each gradient step in parts of at most ``micro_batch`` images, and with
+            ``checkpoint`` every block's activations recomputed in the backward pass (a memory plan's choices,
             :func:`~hf_snapvit.pruning.memory_plan.plan_memory`), with the same scores up to float rounding.
-
-    Returns:
-        Per-unit scores as float64 arrays: heads ``[L, H]`` and FFN neurons ``[L, F]``.
     """
     spec = get_spec(model)
     state = process_state()
@@ -294,7 +294,8 @@ def gradient_scores(
     try:
         model.zero_grad(set_to_none=True)
         try:  # a failure here must reach the other processes before they wait in the reduction
-            sums = _accumulate(steps, weights, add, show_progress and state.is_main_process, per_row, micro_batch)
+            with checkpointed_blocks(model, checkpoint):
+                sums = _accumulate(steps, weights, add, show_progress and state.is_main_process, per_row, micro_batch)
         except Exception as exc:
             error = exc
         raise_if_failed_anywhere(error, state)
