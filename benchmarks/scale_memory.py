@@ -161,12 +161,36 @@ def compare(shape: str, preset: str, args: argparse.Namespace) -> dict[str, Any]
     same, worst = _equal(budgeted, free)
     row = {"shape": shape, "config": MEMORY_SHAPES[shape], "tokens": free["tokens"], "preset": preset,
            "budget_bytes": budget, "planned_fixed_bytes": fixed, "budget_holds": budgeted["peak_bytes"] <= budget * (1 + TOLERANCE),
-           "same_ranking": same, "max_relative_score_difference": worst}
+           "same_ranking": same, "max_relative_score_difference": worst,
+           "budgeted_over_unbudgeted_peak": budgeted["peak_bytes"] / free["peak_bytes"]}
     for name, run in (("unbudgeted", free), ("budgeted", budgeted)):
         row[name] = {k: run[k] for k in ("wall_seconds", "phases", "peak_bytes", "phase_peak_bytes")}
         row[name]["micro_batches"] = {p: run["plan"][p]["batch"] for p in ("gradient", "search", "correction")}
         row[name]["estimated_peak_bytes"] = {p: run["plan"][p]["peak"] for p in ("gradient", "search", "correction")}
     return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The rows as the markdown table of ``docs/results.md``."""
+    mib = 2**20
+    lines = ["| shape | tokens | preset | peak MiB (gradients / search) | s (gradients / search) | budget MiB | "
+             "budgeted peak MiB (gradients / search) | s (gradients / search) | images per gradient part | holds | "
+             "same ranking |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = []
+        for name in ("unbudgeted", "budgeted"):
+            run, peaks = r[name], r[name]["phase_peak_bytes"]
+            phases = run["phases"]
+            cells.append(f"{run['peak_bytes'] / mib:.1f} ({(peaks['gradients'] or 0) / mib:.1f} / "
+                         f"{(peaks['search'] or 0) / mib:.1f})")
+            cells.append(f"{phases['gradients'] + phases.get('unit_order', 0):.1f} / {phases['search']:.1f}")
+        c = r["config"]
+        shape = f"{c['hidden_size']} x {c['num_hidden_layers']} blocks, {c['image_size']} px"
+        lines.append(f"| {shape} | {r['tokens']} | {r['preset']} | {cells[0]} | {cells[1]} | "
+                     f"{r['budget_bytes'] / mib:.1f} | {cells[2]} | {cells[3]} | "
+                     f"{r['budgeted']['micro_batches']['gradient']} | {'yes' if r['budget_holds'] else 'NO'} | "
+                     f"{'yes' if r['same_ranking'] else 'NO'} |")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace, output: Path, report: dict[str, Any], write_json) -> int:
@@ -186,6 +210,7 @@ def run(args: argparse.Namespace, output: Path, report: dict[str, Any], write_js
     report["memory_checks"] = {"budgets_hold": all(r["budget_holds"] for r in rows),
                                "rankings_equal": all(r["same_ranking"] for r in rows)}
     write_json(output, report)
+    print(table(rows))
     print(json.dumps(report["memory_checks"]))
     print(f"wrote {output}")
     return 0 if all(report["memory_checks"].values()) else 1

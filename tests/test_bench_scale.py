@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from helpers import load_benchmark
 
 
@@ -28,6 +30,7 @@ def test_the_scale_benchmark_ranks_loads_and_fits_growth_exponents(tmp_path):
     assert script.exponent([(1.0, 2.0), (2.0, 8.0), (4.0, 32.0)]) == 2.0
 
 
+@pytest.mark.slow  # two fresh child processes (the peak memory must be the ranking's own)
 def test_the_cpu_mode_measures_each_ranking_with_and_without_a_budget_that_holds(tmp_path):
     script = load_benchmark("scale")
     output = tmp_path / "memory.json"

@@ -11,7 +11,7 @@ each phase that fits the budget:
   per-image sums and the batch-mean gradients are linear in the images, so the parts add up to the step;
 * ``search``: images per forward of the xNES search (:class:`~hf_snapvit.pruning.fitness.EmbeddingFitness`);
 * ``correction``: images per forward of the per-block unit order and of the prefix correction;
-* ``evaluation``: images per forward of an evaluation of the dense model.
+* ``evaluation``: images per forward of the dense model's embeddings (the calibration coverage check's).
 
 Each changes the results only by float addition order. A budget below what one image needs is refused with the
 figure. The activation coefficients were fitted to the peak resident memory of float32 gradient steps of narrow
@@ -240,8 +240,8 @@ def _gradient_phase(dims: ModelDims, scores: Any, activation_bytes: float, budge
     if per_sample:  # one layer's per-sample gradients at a time, float32 and float64 (at most _SAMPLE_BLOCK bytes)
         per_image += min(_SAMPLE_BLOCK, dims.hidden_size * max(dims.ffn_rows, dims.scored_rows) * 20)
     weights = dims.num_params * dims.param_bytes
-    # Autocast keeps a low-precision copy of every weight it casts for the backward pass.
-    cast = dims.num_params * 2 if activation_bytes < 4 else 0
+    # Autocast keeps a low-precision copy of every float32 weight it casts, for the backward pass.
+    cast = dims.num_params * 2 if activation_bytes < 4 and dims.param_bytes > 2 else 0
     # fisher/obd reduce each step's squared gradients to one float64 sum per row; the others keep a float64 sum and
     # a gradient per scored weight.
     sums = dims.num_layers * (dims.scored_rows + dims.ffn_rows) * 8 if per_sample else \

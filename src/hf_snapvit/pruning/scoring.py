@@ -13,13 +13,17 @@ weights the unit owns (paper §3.2; the reference's choices are in ``snapvit-ref
   ``(Σ_unit w·g)²`` (Molchanov et al. 2019);
 * a neuron is scored on its FFN input rows, a head on its value rows (``head_rows="v"``, as the reference) or on its
   q, k and v rows; each score is the mean over those weights. Scores are accumulated in float64: they reach 1e-30.
+  ``fisher`` and ``obd`` sum one value per weight row every step (a unit's score is a sum over its rows), so they
+  hold no float64 copy of the weights; the others need each weight's whole gradient sum and keep one per weight.
 
 The per-image definitions take every image of a gradient step from the step's one backward pass
 (:mod:`hf_snapvit.pruning.sample_gradients`), not one backward pass per image.
 
-A step whose crops do not fit in the device's memory (SigLIP-so400m at 384 px: 16 images x 12 crops of 729 tokens
-need more than an H200's 141 GB) is run as parts of halving size (accelerate's ``find_executable_batch_size``): the
-per-image sums and the batch-mean gradients are linear in the images, so the parts add up to the step.
+A step whose crops do not fit in memory (SigLIP-so400m at 384 px: 16 images x 12 crops of 729 tokens need more than
+an H200's 141 GB) is run in parts: of the size a memory plan gives (``micro_batch``,
+:mod:`hf_snapvit.pruning.memory_plan`), halved again after an out-of-memory error (accelerate's
+``find_executable_batch_size``; a CPU is killed instead). The per-image sums and the batch-mean gradients are linear
+in the images, so the parts add up to the step.
 
 The crops of image ``i`` are drawn from ``numpy.random.default_rng([seed, i])``, so they do not depend on the batch
 or the process that embeds the image; on several processes (:mod:`hf_snapvit.distributed`) each takes whole gradient
@@ -69,10 +73,9 @@ class ScoreConfig:
         head_rows: ``"v"`` scores a head on its value rows (the reference), ``"qkv"`` on its q, k and v rows.
         batch_size: Images per gradient step. The per-image definitions (``"fisher"``, ``"obd"``) take every image's
             own gradient from the step's one backward pass (:mod:`hf_snapvit.pruning.sample_gradients`), so the step size
-            changes their scores only by float rounding; the others average the gradient over the step. Memory
-            grows with it: every crop of a step's images is forwarded with gradients at once. A step that runs out
-            of device memory is run in parts of half the size, with the same scores up to float rounding (a CPU
-            seldom raises an out-of-memory error: lower it there for a large model).
+            changes their scores only by float rounding; the others average the gradient over the step. It does
+            not set the memory: a step runs in parts planned to fit ``rank(..., max_memory=...)``, with the same
+            scores up to float rounding (and in halves again after an out-of-memory error on a GPU).
         crops: The multi-crop views of the DINO loss.
     """
 
