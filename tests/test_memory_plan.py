@@ -168,3 +168,9 @@ def test_the_cli_takes_a_budget_and_refuses_a_bad_one_before_loading_anything():
     assert _settings(args)["max_memory"] == 2 * 2**30
     with pytest.raises(ConfigError, match=r"--max-memory='2 gallons' is not a memory size"):
         _settings(argparse.Namespace(**{**vars(args), "max_memory": "2 gallons"}))
+
+
+def test_processes_on_one_host_share_the_default_cpu_budget(monkeypatch):
+    one = default_budget("cpu")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert default_budget("cpu") <= one / 4 * 1.2  # the free memory moves a little between the two reads

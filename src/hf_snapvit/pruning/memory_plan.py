@@ -81,13 +81,15 @@ def parse_memory(value: Any, name: str = "max_memory") -> int:
 
 
 def default_budget(device: torch.device | str) -> int:
-    """The budget of a ranking that names none: on CUDA :data:`CUDA_SHARE` of the device's free memory, elsewhere
-    :data:`CPU_SHARE` of the host's available memory (``/proc/meminfo``, else ``os.sysconf``)."""
+    """The budget of one process's ranking that names none: on CUDA :data:`CUDA_SHARE` of its device's free memory,
+    elsewhere :data:`CPU_SHARE` of the host's available memory (``/proc/meminfo``, else ``os.sysconf``) shared by
+    the processes ``accelerate launch`` started on the host (``LOCAL_WORLD_SIZE``)."""
     device = torch.device(device)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * CUDA_SHARE)
-    return int(_available_host_memory() * CPU_SHARE)
+    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return int(_available_host_memory() * CPU_SHARE / processes)
 
 
 def _available_host_memory() -> int:
