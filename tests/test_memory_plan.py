@@ -174,3 +174,9 @@ def test_processes_on_one_host_share_the_default_cpu_budget(monkeypatch):
     one = default_budget("cpu")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert default_budget("cpu") <= one / 4 * 1.2  # the free memory moves a little between the two reads
+
+
+def test_a_video_model_plans_the_tokens_of_every_tubelet():
+    model = _meta(transformers.VideoMAEModel, transformers.VideoMAEConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, num_frames=8, tubelet_size=2))
+    assert ModelDims.from_model(model).tokens(224) == 196 * 4

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..architectures import ffn_rows, get_attention, get_layers, get_mlp, get_spec, qkv_rows
+from ..architectures import ffn_rows, get_attention, get_layers, get_mlp, get_spec, qkv_rows, vision_config
 from ..architectures.budget import layer_widths
 from ..architectures.embedding import input_size as architecture_input_size
 from ..architectures.inputs import patch_side
@@ -114,6 +114,7 @@ class ModelDims:
         param_bytes: Bytes of one parameter.
         input_size, patch_size, extra_tokens: The input's side, one patch's side and the non-patch tokens.
         eager_attention: Whether attention materialises its probabilities (``attn_implementation="eager"``).
+        tubelets: Patch grids per input (a video model's ``num_frames // tubelet_size``; 1 for images).
     """
 
     num_layers: int
@@ -129,6 +130,7 @@ class ModelDims:
     patch_size: int
     extra_tokens: int
     eager_attention: bool
+    tubelets: int = 1
 
     @classmethod
     def from_model(cls, model: nn.Module, head_rows: str = "v") -> "ModelDims":
@@ -143,6 +145,8 @@ class ModelDims:
         per_block = sum(m.weight.numel() for m in {**scored, **ffn}.values())
         parameters = list(model.parameters())
         heads, neurons = layer_widths(model)
+        vision = vision_config(model.config)
+        frames, tubelet = getattr(vision, "num_frames", None), getattr(vision, "tubelet_size", None)
         return cls(
             num_layers=len(layers), hidden_size=qkv_rows(attention, spec, 2)[0].in_features,
             num_heads=max(heads), intermediate_size=max(neurons),
@@ -151,11 +155,12 @@ class ModelDims:
             scored_weights=per_block * len(layers), num_params=sum(p.numel() for p in parameters),
             param_bytes=parameters[0].element_size(), input_size=architecture_input_size(model.config),
             patch_size=patch_side(model), extra_tokens=int(spec.extra_tokens(model.config)),
-            eager_attention=getattr(model.config, "_attn_implementation", "eager") == "eager")
+            eager_attention=getattr(model.config, "_attn_implementation", "eager") == "eager",
+            tubelets=frames // tubelet if isinstance(frames, int) and isinstance(tubelet, int) and tubelet > 0 else 1)
 
     def tokens(self, side: int) -> int:
-        """Tokens of a square crop of ``side`` pixels."""
-        return (side // self.patch_size) ** 2 + self.extra_tokens
+        """Tokens of a square crop of ``side`` pixels (of every frame of a clip)."""
+        return (side // self.patch_size) ** 2 * self.tubelets + self.extra_tokens
 
     def per_token(self, coefficients: tuple[float, float], value_bytes: float, tokens: int) -> float:
         """Bytes one token holds in one block: the width terms plus eager attention's probabilities."""
