@@ -303,7 +303,8 @@ def plan_memory(model: nn.Module, config: Any, *, max_memory: Any = None, device
         model: The dense model (on any device, the meta device included: only shapes are read).
         config: Its :class:`~hf_snapvit.SnapViTConfig`.
         max_memory: The budget (see :func:`parse_memory`); ``None``: :func:`default_budget` of ``device``.
-        device: Where the ranking runs (default: the model's device; the meta device plans for a GPU's dtypes).
+        device: Where the ranking runs (default: the model's device); it only sets the default budget, so a model
+            on the meta device is planned with a given ``max_memory`` and the run's ``precision``.
         precision: The resolved forward precision (``"no"``, ``"bf16"``, ...).
         search_batch: Images per search forward wanted (the configured or the device's default).
         evaluation_batch: Images per evaluation forward wanted.
