@@ -7,7 +7,7 @@ a SnapViT run would (the caller passes the image count and score settings), so c
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from ...architectures.budget import ModelShape
 from ...data.calibration import draw_calibration
 from ...distributed import mixed_precision, on_process_device, process_state
 from ...errors import DataError
+from ..memory_plan import parse_memory, plan_gradient_steps
 from ..scoring import ScoreConfig, gradient_scores
 from ...data.views import embedder, load_processor
 
@@ -110,6 +111,7 @@ def gradient_baseline_scores(
     seed: int,
     label_column: str,
     show_progress: bool,
+    max_memory: int | str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any], dict[str, Any]]:
     """Scores of the gradient baseline ``method`` (a key of :data:`GRADIENT_METHODS`) on ``num_images`` images of
     ``data``, scored with ``scores`` changed as the method needs; and ``(settings, calibration)`` for the provenance.
@@ -125,12 +127,17 @@ def gradient_baseline_scores(
                                             embed=embedder(model, processor))
     if processor is None and not hasattr(images, "shape"):
         processor = load_processor(model, purpose=f"preprocess the calibration images of method={method!r}")
-    with on_process_device(model, state):
+    with on_process_device(model, state) as device:
+        # Planned for the autocast precision gradient_scores takes from accelerate's configuration.
+        plan = plan_gradient_steps(model, scores, max_memory=max_memory, device=device, precision=mixed_precision())
         heads, neurons = gradient_scores(model, images, processor, scores, labels=labels, seed=seed,
-                                         show_progress=show_progress and state.is_main_process)
+                                         show_progress=show_progress and state.is_main_process,
+                                         micro_batch=plan.batch, checkpoint=plan.checkpoint)
     if scores.definition != "taylor":  # means over a unit's weights -> totals, as every ranking score is
         heads, neurons = heads * shape.params_per_head, neurons * shape.params_per_neuron
     settings: dict[str, Any] = {"scores": scores.to_dict(), "num_gradient_images": len(images)}
+    settings["memory_plan"] = {"budget_bytes": None if max_memory is None else parse_memory(max_memory),
+                               "gradient": {**asdict(plan), "peak": plan.peak}}
     if mixed_precision() != "no":  # it changes the scores; full precision leaves the record as it always was
         settings["mixed_precision"] = mixed_precision()
     calibration = {"source": type(data).__name__, "num_gradient": len(images),
