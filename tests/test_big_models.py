@@ -3,15 +3,26 @@ only the kept slices; ranking and saving a model the caller dispatched with a de
 
 from __future__ import annotations
 
+import copy
+
+import numpy as np
 import pytest
 import torch
+from accelerate import cpu_offload, dispatch_model
+from safetensors.torch import load_file
 
 import hf_snapvit as hs
 from hf_snapvit.architectures.budget import layer_widths
+from hf_snapvit.data.views import MultiCropConfig
 from hf_snapvit.elastic.checkpoint import CheckpointReader
 from hf_snapvit.errors import ConfigError
+from hf_snapvit.pruning.scoring import ScoreConfig, gradient_scores
+from hf_snapvit.surgery.masking import masked
+from hf_snapvit.surgery.slicing import slice_model_
 
-from helpers import output_of, tiny_vit_classifier
+from helpers import CASES, PROCESSOR, images, output_of, tiny_vit_classifier
+
+CASE = {c.name: c for c in CASES}
 
 # Half the blocks on the CPU, the rest offloaded to disk: accelerate's hooks load them for every forward.
 SPREAD = {"vit.embeddings": "cpu", "vit.layers.0": "cpu", "vit.layers.1": "disk", "vit.layernorm": "cpu",
@@ -83,3 +94,76 @@ def test_the_loader_reads_only_the_kept_slices_of_every_block(elastic, monkeypat
         assert reads[prefix + "attention.output.dense.weight"] == (32, h * 8)
         assert reads[prefix + "intermediate.dense.weight"] == (f, 32)
         assert reads[prefix + "output.dense.weight"] == (32, f)
+
+
+# ------------------------------------------------------------------ ranking and saving a model accelerate placed
+FEW = dict(num_gradient_images=3, num_fitness_images=6, scores=ScoreConfig(crops=MultiCropConfig(num_local=2)),
+           max_generations=2, max_evaluations=None, fitness_sparsities=(0.1, 0.3), pca_components=8, precision="fp32")
+
+
+def _placed(model, how: str, folder):
+    """``model``'s copy placed by accelerate: half on the CPU and half offloaded to disk, or all offloaded to host
+    memory (``cpu_offload``); its weights then wait on the meta device between forwards."""
+    model = copy.deepcopy(model)
+    if how == "disk":
+        spread = {"embeddings": "cpu", "layers.0": "cpu", "layers.1": "disk", "layernorm": "cpu", "pooler": "cpu"}
+        return dispatch_model(model, spread, offload_dir=folder)
+    return cpu_offload(model, execution_device="cpu")
+
+
+def _state(model):
+    return {name: (p.requires_grad, p.is_meta) for name, p in model.named_parameters()}, model.training
+
+
+@pytest.fixture(scope="module")
+def plain_ranking():
+    model = CASE["vit"].build().eval()
+    return model, hs.SnapViTPruner(hs.SnapViTConfig(**FEW)).fit(model, images(12), processor=PROCESSOR,
+                                                                  show_progress=False)
+
+
+@pytest.mark.parametrize("how", ["disk", "cpu_offload"])
+def test_a_model_accelerate_offloaded_ranks_and_saves_as_the_plain_model(plain_ranking, how, tmp_path):
+    model, expected = plain_ranking
+    placed = _placed(model, how, tmp_path / "offload")
+    before = _state(placed)
+    assert any(p.is_meta for p in placed.parameters())
+    ranking = hs.SnapViTPruner(hs.SnapViTConfig(**FEW)).fit(placed, images(12), processor=PROCESSOR,
+                                                            show_progress=False)
+    np.testing.assert_allclose(ranking.head_scores, expected.head_scores, rtol=1e-5)
+    np.testing.assert_allclose(ranking.neuron_scores, expected.neuron_scores, rtol=1e-5)
+    for sparsity in (0.3, 0.5):
+        assert ranking.keep_counts(sparsity) == expected.keep_counts(sparsity)
+    assert _state(placed) == before  # still offloaded, flags as they were
+    # save_elastic reads the offloaded weights a block at a time: the same checkpoint as the plain model's.
+    hs.save_elastic(placed, ranking, tmp_path / "placed", model_card=False)
+    hs.save_elastic(model, expected, tmp_path / "plain", model_card=False)
+    found, wanted = (load_file(tmp_path / name / "model.safetensors") for name in ("placed", "plain"))
+    assert found.keys() == wanted.keys() and all(torch.equal(found[k], wanted[k]) for k in wanted)
+    assert _state(placed) == before
+
+
+def test_data_free_methods_read_offloaded_weights_and_grad_based_ones_are_refused(tmp_path):
+    model = CASE["vit"].build().eval()
+    placed = _placed(model, "disk", tmp_path)
+    for method in ("magnitude", "lamp"):
+        got, want = hs.rank(placed, method=method), hs.rank(model, method=method)
+        np.testing.assert_array_equal(got.head_scores, want.head_scores)
+        np.testing.assert_array_equal(got.neuron_scores, want.neuron_scores)
+    with pytest.raises(ConfigError, match="definition='accumulated'.*offload hooks.*'obd' or 'fisher'"):
+        gradient_scores(placed, images(2), PROCESSOR, ScoreConfig(definition="accumulated", batch_size=2,
+                                                                   crops=MultiCropConfig(num_local=0)),
+                        show_progress=False)
+
+
+@pytest.mark.parametrize("name", ["vit", "dinov2-swiglu"])
+def test_masking_the_removed_units_computes_what_slicing_them_computes(name):
+    model = CASE[name].build().eval()
+    _, neurons = layer_widths(model)
+    keep = [(np.array([2, 0]), np.arange(0, f, 3)) for f in neurons]
+    inputs = CASE[name].inputs(2, 3)
+    with masked(model, keep):
+        found = output_of(model, inputs)
+    sliced = slice_model_(copy.deepcopy(model), keep)
+    torch.testing.assert_close(found, output_of(sliced, inputs), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(output_of(model, inputs), found)  # the hooks are gone afterwards

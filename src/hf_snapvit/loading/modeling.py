@@ -88,8 +88,7 @@ class ElasticViTModel:
                 are given to fit), ``True`` requires it, ``False`` leaves it.
             **kwargs: transformers' own, routed as ``PreTrainedModel.from_pretrained`` routes them (each is listed
                 in :mod:`hf_snapvit.loading.arguments`): the Hub's (``revision``, ``token``, ...), ``dtype``,
-                ``attn_implementation``, ``device_map`` (one device, or a dict placed by accelerate's ``dispatch_model``, with
-                ``offload_folder``), ``ignore_mismatched_sizes``, ``output_loading_info``; the
+                ``attn_implementation``, ``device_map`` (a dict: placed by accelerate), ``ignore_mismatched_sizes``, ``output_loading_info``; the
                 rest override config attributes, then go to the model's ``__init__``. Options this loader cannot
                 honour (``quantization_config``, ``tp_plan``, ...) raise :class:`~hf_snapvit.errors.ConfigError`.
 

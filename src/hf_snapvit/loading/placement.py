@@ -30,9 +30,11 @@ def check_spread(device_map: dict[str, Any] | None, *, switchable: bool, fitting
     in place (every switch re-slices the weights) and correction or recovery (they fit the weights)."""
     if device_map is None or not (switchable or fitting):
         return
-    what = "switchable=True re-slices the weights in place" if switchable else "correction and recovery fit the weights"
-    raise ConfigError(f"A device_map that spreads the model over {sorted({device_name(d) for d in device_map.values()})}"
-                      f" cannot serve this load: {what} on one device. Load onto one device (device_map='auto' or "
+    what = ("switchable=True re-slices the weights in place" if switchable
+            else "correction and recovery fit the weights")
+    devices = sorted({device_name(d) for d in device_map.values()})
+    raise ConfigError(f"A device_map that spreads the model over {devices} cannot serve this load: {what} on one "
+                      "device. Load onto one device (device_map='auto' or "
                       "'cpu'), or load the size, save it, and load that folder with the device_map.")
 
 

@@ -48,6 +48,7 @@ from ..errors import ConfigError, DataError
 from ..validation import require_choice, require_int
 from ..data.calibration import GradientSteps
 from ..distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
+from ..architectures.placement import execution_device, offloaded_by_hooks, onloaded
 from .sample_gradients import SquaredSampleGradients
 from ..logs import get_logger
 
@@ -161,8 +162,11 @@ def _add_step(loss_of, chunk, labels, first: int, recorder: SquaredSampleGradien
     recorder.accumulate(loss, len(chunk), sums)
 
 
-def _accumulate(steps: list, weights: list[torch.Tensor], add, show_progress: bool) -> list[torch.Tensor]:
-    """The float64 sums over ``steps``, each step run in parts of at most as many images as fit in memory.
+def _accumulate(steps: list, weights: list[torch.Tensor], devices: list[torch.device], add,
+                show_progress: bool) -> list[torch.Tensor]:
+    """The float64 sums over ``steps``, each step run in parts of at most as many images as fit in memory, each sum
+    on its layer's execution device (``devices``: a weight accelerate offloaded is on the meta device between
+    forwards).
 
     On an out-of-memory error the sums restart from zero with parts of half the size: every step needs about the
     same memory, so the error comes in the first step and little work is repeated.
@@ -174,7 +178,7 @@ def _accumulate(steps: list, weights: list[torch.Tensor], add, show_progress: bo
             logger.warning("A gradient step of %d images did not fit in memory; running it in parts of %d images "
                            "(the scores are the same up to float rounding).", largest, part,
                            main_process_only=False)  # this process's memory
-        sums = [torch.zeros_like(w, dtype=torch.float64) for w in weights]
+        sums = [torch.zeros(w.shape, dtype=torch.float64, device=d) for w, d in zip(weights, devices)]
         for w in weights:
             w.grad = None
         for first, chunk, labels in tqdm(steps, desc="gradient scores", unit="step", disable=not show_progress):
@@ -262,7 +266,7 @@ def gradient_scores(
     state = process_state()
     num_images, steps, labelled = _this_process_steps(images, labels, config, state)
     _check_labels(model, config, labelled)
-    device = next(model.parameters()).device
+    device = execution_device(model)  # a dispatched model's hooks move the inputs on from there
     normalizer = Normalizer(processor) if processor is not None else None
     input_size = architecture_input_size(model.config)
     head_layers, neuron_layers = _scored_layers(model, config.head_rows)
@@ -270,6 +274,7 @@ def gradient_scores(
     weights = [m.weight for m in layers]
     saved, was_training = _only_these_require_grad(model, {id(w) for w in weights})
     recorder = SquaredSampleGradients(layers) if config.definition in ("fisher", "obd") else None
+    _check_offloaded(model, config, recorder)
     # Per-image squared gradients, or (batched definitions) the batch-mean gradients summed over batches, as the
     # reference accumulates them; float64 on every process so that the cross-process sum is exact up to rounding.
     loss_of = functools.partial(_batch_loss, model, spec, processor=processor, normalizer=normalizer, config=config,
@@ -283,22 +288,31 @@ def gradient_scores(
     try:
         model.zero_grad(set_to_none=True)
         try:  # a failure here must reach the other processes before they wait in the reduction
-            sums = _accumulate(steps, weights, add, show_progress and state.is_main_process)
+            sums = _accumulate(steps, weights, [execution_device(model, m) for m in layers], add,
+                               show_progress and state.is_main_process)
         except Exception as exc:
             error = exc
         raise_if_failed_anywhere(error, state)
         sums = reduce_sum(sums)
-        stats = _weight_statistics(config.definition, weights, sums, num_images)
+        stats = _weight_statistics(config.definition, model, layers, sums, num_images)
     finally:
-        for p, (flag, grad) in saved.items():
-            p.requires_grad_(flag)
-            p.grad = grad
+        for (module, name), (flag, grad) in saved.items():
+            getattr(module, name).requires_grad_(flag)  # an offloaded weight is a new tensor after each forward
+            getattr(module, name).grad = grad
         model.train(was_training)
     hd = head_dim(get_attention(get_layers(model, spec)[0], spec), spec)
     squared_sum = config.definition == "taylor"
-    heads = _reduce([[stats[id(m.weight)][rows] for m, rows in group] for group in head_layers], hd, squared_sum)
-    neurons = _reduce([[stats[id(m.weight)][rows] for m, rows in group] for group in neuron_layers], 1, squared_sum)
+    heads = _reduce([[stats[id(m)][rows] for m, rows in group] for group in head_layers], hd, squared_sum)
+    neurons = _reduce([[stats[id(m)][rows] for m, rows in group] for group in neuron_layers], 1, squared_sum)
     return heads, neurons
+
+
+def _check_offloaded(model: PreTrainedModel, config: ScoreConfig, recorder: SquaredSampleGradients | None) -> None:
+    if recorder is None and offloaded_by_hooks(model):
+        raise ConfigError(f"ScoreConfig(definition={config.definition!r}) reads the weights' .grad, which "
+                          "accelerate's offload hooks drop with the weights after each forward; score this "
+                          "offloaded model with definition='obd' or 'fisher' (every image's gradient comes from "
+                          "its layer's inputs and output gradients), or load it onto one device.")
 
 
 def _check_labels(model: PreTrainedModel, config: ScoreConfig, labelled: bool) -> None:
@@ -331,26 +345,32 @@ def _this_process_steps(images: Any, labels: torch.Tensor | None, config: ScoreC
     return num_images, steps, labels is not None
 
 
-def _weight_statistics(definition: str, weights: list[torch.Tensor], sums: list[torch.Tensor],
+def _weight_statistics(definition: str, model: nn.Module, layers: list[nn.Linear], sums: list[torch.Tensor],
                        num_images: int) -> dict[int, torch.Tensor]:
-    """Per-weight statistic of each score definition, from the float64 gradient sums (keyed by ``id(weight)``)."""
+    """Per-weight statistic of each score definition, from the float64 gradient sums (keyed by ``id(layer)``); the
+    weights are read a layer at a time, loaded by accelerate's hooks where they are offloaded."""
+    def weight(layer: nn.Linear) -> torch.Tensor:
+        with onloaded(model, layer):
+            return layer.weight.detach().to(torch.float64, copy=True)
+
     if definition in ("fisher", "obd"):
-        stats = {id(w): value / num_images for w, value in zip(weights, sums)}
+        stats = {id(m): value / num_images for m, value in zip(layers, sums)}
         if definition == "obd":
-            stats = {id(w): stats[id(w)] * w.detach().double() ** 2 for w in weights}
+            stats = {id(m): stats[id(m)] * weight(m).to(stats[id(m)].device) ** 2 for m in layers}
         return stats
-    total = {id(w): value for w, value in zip(weights, sums)}
+    total = {id(m): value for m, value in zip(layers, sums)}
     if definition == "accumulated":
         return {key: g**2 for key, g in total.items()}
     if definition == "snip":
-        return {id(w): (total[id(w)] * w.detach().double()).abs() for w in weights}
-    return {id(w): total[id(w)] * w.detach().double() for w in weights}
+        return {id(m): (total[id(m)] * weight(m)).abs() for m in layers}
+    return {id(m): total[id(m)] * weight(m) for m in layers}
 
 
 def _only_these_require_grad(model: PreTrainedModel, scored: set[int]) -> tuple[dict, bool]:
     """Make only the scored weights require gradients and put the model in eval mode; return what to restore:
     every parameter's ``requires_grad`` flag and gradient (the caller's ``.grad``), and the train mode."""
-    saved = {p: (p.requires_grad, p.grad) for p in model.parameters()}
+    saved = {(module, name): (p.requires_grad, p.grad) for module in model.modules()
+             for name, p in module.named_parameters(recurse=False)}
     was_training = model.training
     for p in model.parameters():
         p.requires_grad_(id(p) in scored)

@@ -36,6 +36,7 @@ from ..architectures.discovery import adopt_discovered, discovery_guesses, forge
 from ..architectures.embedding import dummy_inputs
 from ..architectures.flops import counting
 from ..architectures.given import check_blocks, check_given
+from ..architectures.placement import is_dispatched
 from ..errors import UnsupportedArchitectureError
 from .diagnosis import unsliced_width
 from .slicing import slice_model_
@@ -329,6 +330,12 @@ def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
         return get_spec(model)
     if not is_discovered(spec) or id(spec) in _PROVEN:
         return spec
+    if is_dispatched(model):  # the proof runs copies of the whole model, which a placed model may not fit
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__} ({model.config.model_type}) is no registered architecture, and its discovered "
+            "structure is proven on copies of the whole model before ranking, which this model placed by accelerate "
+            "(device_map, cpu_offload) cannot give. Register its ArchitectureSpec (hf_snapvit.register_architecture), "
+            "which needs no proof, or rank the model loaded on one device.")
     try:
         prove_spec(model, spec)
     except UnsupportedArchitectureError as first:

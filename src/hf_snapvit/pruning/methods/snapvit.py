@@ -31,9 +31,10 @@ from ...architectures.flops import measured_shape
 from ...architectures.given import check_given
 from ...data.calibration import draw_calibration
 from ...correction.config import CorrectionConfig
-from ...distributed import on_process_device, process_state, resolve_precision, tf32_matmuls
+from ...distributed import process_state, resolve_precision, tf32_matmuls
 from ...errors import ConfigError
 from ...files import public_name
+from ...architectures.placement import execution_device, on_device
 from ...surgery.proof import ensure_proven
 from ..fitness import EmbeddingFitness
 from ...elastic.ranking import ElasticRanking, RankingMode
@@ -130,7 +131,7 @@ class SnapViTPruner:
             self.config = replace(self.config, min_head_keep_ratio=1.0)
         state = process_state()
         show_progress = show_progress and state.is_main_process
-        with on_process_device(model, state) as device:
+        with on_device(model, state) as device:  # a model accelerate placed stays where it is
             precision = resolve_precision(self.config.precision, device)
             with tf32_matmuls(device, enabled=precision == "no"):
                 ranking = self._fit(model, data, processor, image_column, show_progress, precision)
@@ -155,7 +156,7 @@ class SnapViTPruner:
         if processor is None and not hasattr(fitness_images, "shape"):
             processor = load_processor(model, purpose="preprocess the calibration images")
         fitness_pixels = processor_inputs(fitness_images, processor)
-        fitness_batch_size = self.fitness_batch_size(next(model.parameters()).device)
+        fitness_batch_size = self.fitness_batch_size(execution_device(model))
         settings = {**config.to_dict(), "fitness_batch_size": fitness_batch_size}  # what runs
         # The key digests the pixels and weights: computed only for a run that saves or resumes.
         key = {} if config.output_dir is None else search_key({**settings, "precision": precision}, calibration,
