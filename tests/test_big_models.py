@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+import transformers
 from accelerate import cpu_offload, dispatch_model
 from safetensors.torch import load_file
 
@@ -15,7 +16,7 @@ import hf_snapvit as hs
 from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.data.views import MultiCropConfig
 from hf_snapvit.elastic.checkpoint import CheckpointReader
-from hf_snapvit.errors import ConfigError
+from hf_snapvit.errors import ConfigError, UnsupportedArchitectureError
 from hf_snapvit.pruning.scoring import ScoreConfig, gradient_scores
 from hf_snapvit.surgery.masking import masked
 from hf_snapvit.surgery.slicing import slice_model_
@@ -167,3 +168,19 @@ def test_masking_the_removed_units_computes_what_slicing_them_computes(name):
     sliced = slice_model_(copy.deepcopy(model), keep)
     torch.testing.assert_close(found, output_of(sliced, inputs), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(output_of(model, inputs), found)  # the hooks are gone afterwards
+
+
+def test_an_architecture_no_registry_knows_is_refused_when_placed_naming_the_fix():
+    from hf_snapvit.architectures import discovery
+
+    torch.manual_seed(0)
+    config = transformers.IJepaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=48, image_size=32, patch_size=8)
+    discovery._DISCOVERED.clear()  # a spec discovered for this model, never proven
+    placed = cpu_offload(transformers.IJepaModel(config).eval(), execution_device="cpu")
+    try:
+        with pytest.raises(UnsupportedArchitectureError, match="no registered architecture.*copies of the "
+                                                               "whole model.*register_architecture.*on one device"):
+            hs.rank(placed, method="magnitude")
+    finally:
+        discovery._DISCOVERED.clear()
