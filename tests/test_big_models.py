@@ -67,6 +67,25 @@ def test_a_device_map_that_cannot_place_the_model_is_refused_naming_the_fix(elas
         hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, offload_folder=tmp_path)
 
 
+def test_a_strategy_with_max_memory_is_computed_by_accelerate_for_the_sliced_model(elastic, tmp_path):
+    plain = hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3)
+    block = sum(p.numel() * p.element_size() for p in plain.vit.layers[0].parameters())
+    # Room on the CPU for the embeddings: accelerate sends the rest to disk, whole blocks at a time.
+    spread = hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, device_map="sequential",
+                                                max_memory={"cpu": 3 * block}, offload_folder=tmp_path)
+    assert "disk" in spread.hf_device_map.values() and "cpu" in spread.hf_device_map.values()
+    assert not any(name.startswith("vit.layers.0.") for name in spread.hf_device_map)  # a block is never split
+    torch.testing.assert_close(output_of(spread, _inputs()), output_of(plain, _inputs()))
+    with pytest.raises(ConfigError, match="sends every module to disk.*raise max_memory"):
+        hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, device_map="sequential",
+                                           max_memory={"cpu": block}, offload_folder=tmp_path)
+    with pytest.raises(ConfigError, match="max_memory=.*needs device_map='auto', 'balanced' or 'sequential'"):
+        hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, max_memory={"cpu": "1GB"}, device_map="cpu")
+    with pytest.raises(ConfigError, match="over devices by 'sequential'.*switchable=True"):
+        hs.ElasticViTModel.from_pretrained(elastic, switchable=True, device_map="sequential",
+                                           max_memory={"cpu": "1GB"})
+
+
 def test_dtype_is_passed_through_to_the_slices(elastic):
     model = hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, dtype=torch.bfloat16)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}

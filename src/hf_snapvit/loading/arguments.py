@@ -39,7 +39,6 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "key_mapping": ((None,), "weight names are mapped with transformers' own conversions"),
     "quantization_config": ((None,), "the slices are read in floating point"),
     "gguf_file": ((None,), "elastic checkpoints are safetensors"),
-    "max_memory": ((None,), "give device_map as a dict, e.g. from accelerate.infer_auto_device_map"),
     "distributed_config": ((None,), "the model goes to one device"),
     "device_mesh": ((None,), "the model goes to one device"),
     "tp_plan": ((None,), "the model goes to one device"),
@@ -58,14 +57,16 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
 class LoadOptions:
     """``from_pretrained``'s keyword arguments, sorted: ``hub`` for the downloads, ``build`` for the model class
     (dtype, attention implementation, ``__init__`` arguments), ``device`` (one device) or ``device_map`` (a dict
-    spreading the model, with ``offload_folder`` and ``offload_buffers``), transformers' loading switches, and the
+    spreading the model, or a strategy accelerate computes one by, with ``max_memory``; ``offload_folder`` and
+    ``offload_buffers``), transformers' loading switches, and the
     candidate config overrides (``config_kwargs``, with ``trust_remote_code`` and ``code_revision``, which
     ``AutoConfig`` reads; those that are no config attribute go to ``__init__``)."""
 
     hub: dict[str, Any] = field(default_factory=dict)
     build: dict[str, Any] = field(default_factory=dict)
     device: Any = None
-    device_map: dict[str, Any] | None = None
+    device_map: dict[str, Any] | str | None = None
+    max_memory: dict[Any, Any] | None = None
     offload_folder: Any = None
     offload_buffers: bool = False
     ignore_mismatched_sizes: bool = False
@@ -111,7 +112,8 @@ def sort_arguments(kwargs: dict[str, Any]) -> LoadOptions:
         if kwargs.get(name) is not None:
             options.build[name] = kwargs.pop(name)
         kwargs.pop(name, None)
-    options.device, options.device_map = placement(kwargs.pop("device_map", None))
+    options.max_memory = kwargs.pop("max_memory", None)
+    options.device, options.device_map = placement(kwargs.pop("device_map", None), options.max_memory)
     options.offload_folder = kwargs.pop("offload_folder", None)
     options.offload_buffers = bool(kwargs.pop("offload_buffers", False))
     if options.device_map is None and options.offload_folder is not None:
@@ -122,12 +124,24 @@ def sort_arguments(kwargs: dict[str, Any]) -> LoadOptions:
     return options
 
 
-def placement(device_map: Any) -> tuple[Any, dict[str, Any] | None]:
-    """``(device, None)`` for a ``device_map`` that names one device (``"auto"``: the accelerator torch sees, its
-    current device, else the CPU; a dict sending every module to one device), or ``(None, the dict)`` for a dict
-    that spreads the model over several devices or offloads part of it, for accelerate to place. The strategies
-    ``"balanced"`` and ``"sequential"`` are refused: a dict (``accelerate.infer_auto_device_map``) places a model
-    over several devices."""
+#: The strategies accelerate's ``infer_auto_device_map`` computes a device map by, as transformers names them.
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def placement(device_map: Any, max_memory: Any = None) -> tuple[Any, dict[str, Any] | str | None]:
+    """``(device, None)`` for a ``device_map`` that names one device (``"auto"`` without ``max_memory``: the
+    accelerator torch sees, its current device, else the CPU; a dict sending every module to one device), or
+    ``(None, map)`` for accelerate to place the sliced model by: a dict that spreads it over several devices or
+    offloads part of it, or a strategy (:data:`STRATEGIES`; ``"auto"`` with ``max_memory``) to compute one by.
+
+    Raises:
+        ConfigError: ``max_memory`` without a strategy to use it, or an empty dict.
+    """
+    if max_memory is not None and device_map not in STRATEGIES:
+        raise ConfigError(f"max_memory={max_memory!r} caps what accelerate places on each device, which needs "
+                          f"device_map='auto', 'balanced' or 'sequential' (got device_map={device_map!r}).")
+    if isinstance(device_map, str) and device_map in STRATEGIES and (device_map != "auto" or max_memory is not None):
+        return None, device_map
     if isinstance(device_map, dict):
         devices = {device_name(d) for d in device_map.values()}
         if not devices:
@@ -140,11 +154,6 @@ def placement(device_map: Any) -> tuple[Any, dict[str, Any] | None]:
         accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
         return (torch.device(accelerator.type, torch.accelerator.current_device_index()) if accelerator
                 else "cpu"), None
-    if isinstance(device_map, str) and device_map in ("balanced", "balanced_low_0", "sequential"):
-        raise ConfigError(f"device_map={device_map!r} is a strategy hf_snapvit does not compute; pass "
-                          "device_map='auto' (the one accelerator, else the CPU), a device, or a dict of module names "
-                          "to devices ('cpu', 'disk', 'cuda:0', ...), e.g. from accelerate.infer_auto_device_map on "
-                          "the sliced model's skeleton.")
     return device_map, None
 
 
@@ -155,4 +164,4 @@ def model_dtype(dtype: Any, config: Any) -> torch.dtype:
 
 
 __all__ = ["IGNORED_BY_TRANSFORMERS", "LoadOptions", "NO_EFFECT", "READ_BY_CONFIG", "SHAPING", "UNSUPPORTED",
-           "model_dtype", "placement", "sort_arguments"]
+           "STRATEGIES", "model_dtype", "placement", "sort_arguments"]

@@ -25,17 +25,33 @@ def device_name(device: Any) -> str:
         return str(device)
 
 
-def check_spread(device_map: dict[str, Any] | None, *, switchable: bool, fitting: bool) -> None:
+def check_spread(device_map: dict[str, Any] | str | None, *, switchable: bool, fitting: bool) -> None:
     """Refuse a ``device_map`` that spreads the model for what needs the whole model on one device: switching sizes
     in place (every switch re-slices the weights) and correction or recovery (they fit the weights)."""
     if device_map is None or not (switchable or fitting):
         return
     what = ("switchable=True re-slices the weights in place" if switchable
             else "correction and recovery fit the weights")
-    devices = sorted({device_name(d) for d in device_map.values()})
+    devices = (sorted({device_name(d) for d in device_map.values()}) if isinstance(device_map, dict)
+               else f"devices by {device_map!r}")
     raise ConfigError(f"A device_map that spreads the model over {devices} cannot serve this load: {what} on one "
-                      "device. Load onto one device (device_map='auto' or "
-                      "'cpu'), or load the size, save it, and load that folder with the device_map.")
+                      "device. Load onto one device (device_map='auto' without max_memory, or 'cpu'), or load the "
+                      "size, save it, and load that folder with the device_map.")
+
+
+def computed_map(model: PreTrainedModel, strategy: str, max_memory: dict[Any, Any] | None) -> dict[str, Any]:
+    """The device map accelerate computes for the sliced ``model`` by ``strategy`` (``"auto"`` and ``"balanced"``
+    spread it evenly over the accelerators, ``"balanced_low_0"`` leaves the first one room, ``"sequential"`` fills
+    them in order; then the CPU, then ``"disk"``), within ``max_memory``, never splitting the modules the model
+    names unsplittable (its blocks), as transformers computes it for a dense model."""
+    from accelerate import infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    no_split = list(getattr(model, "_no_split_modules", None) or [])
+    if strategy != "sequential":
+        max_memory = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=no_split,
+                                         low_zero=strategy == "balanced_low_0")
+    return infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split)
 
 
 def dispatch_sliced(model: PreTrainedModel, options: Any) -> PreTrainedModel:
@@ -53,6 +69,11 @@ def dispatch_sliced(model: PreTrainedModel, options: Any) -> PreTrainedModel:
     device_map, offload_folder = options.device_map, options.offload_folder
     if device_map is None:
         return model
+    if isinstance(device_map, str):
+        device_map = computed_map(model, device_map, options.max_memory)
+    if {device_name(d) for d in device_map.values()} == {"disk"}:
+        raise ConfigError(f"device_map={dict(device_map)} sends every module to disk, so nothing runs anywhere: give "
+                          "the first modules a device (e.g. {'vit.embeddings': 'cpu', ...}) or raise max_memory.")
     names = {name for name, _ in model.named_modules()}
     unknown = sorted(str(k) for k in device_map if k not in names)
     if unknown:
@@ -72,4 +93,4 @@ def dispatch_sliced(model: PreTrainedModel, options: Any) -> PreTrainedModel:
                           offload_buffers=options.offload_buffers)
 
 
-__all__ = ["check_spread", "device_name", "dispatch_sliced"]
+__all__ = ["check_spread", "computed_map", "device_name", "dispatch_sliced"]
