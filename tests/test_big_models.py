@@ -3,7 +3,10 @@ only the kept slices; ranking and saving a model the caller dispatched with a de
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ from safetensors.torch import load_file
 
 import hf_snapvit as hs
 from hf_snapvit.architectures.budget import layer_widths
+from hf_snapvit.architectures.placement import weights_reloaded_for_backward
 from hf_snapvit.data.views import MultiCropConfig
 from hf_snapvit.elastic.checkpoint import CheckpointReader
 from hf_snapvit.errors import ConfigError, UnsupportedArchitectureError
@@ -170,10 +174,12 @@ def test_data_free_methods_read_offloaded_weights_and_grad_based_ones_are_refuse
         got, want = hs.rank(placed, method=method), hs.rank(model, method=method)
         np.testing.assert_array_equal(got.head_scores, want.head_scores)
         np.testing.assert_array_equal(got.neuron_scores, want.neuron_scores)
+    before = _state(placed)
     with pytest.raises(ConfigError, match="definition='accumulated'.*offload hooks.*'obd' or 'fisher'"):
         gradient_scores(placed, images(2), PROCESSOR, ScoreConfig(definition="accumulated", batch_size=2,
                                                                    crops=MultiCropConfig(num_local=0)),
                         show_progress=False)
+    assert _state(placed) == before
 
 
 @pytest.mark.parametrize("name", ["vit", "dinov2-swiglu"])
@@ -203,3 +209,33 @@ def test_an_architecture_no_registry_knows_is_refused_when_placed_naming_the_fix
             hs.rank(placed, method="magnitude")
     finally:
         discovery._DISCOVERED.clear()
+
+
+def test_a_forward_with_gradients_holds_no_loaded_weight_until_the_backward(monkeypatch, tmp_path):
+    model = CASE["vit"].build().eval()
+    placed = _placed(model, "cpu_offload", tmp_path).requires_grad_(False)  # as the gradient scores run it
+    loaded = []  # the weight tensors the offloaded linears ran with
+    linear = torch.nn.functional.linear
+
+    def recording(x, weight, bias=None):
+        loaded.append(weakref.ref(weight))
+        return linear(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", recording)
+    pixels = CASE["vit"].inputs(2, 3)["pixel_values"]
+
+    def gradient(context) -> torch.Tensor:
+        loaded.clear()
+        x = pixels.clone().requires_grad_(True)
+        with context:
+            loss = placed(pixel_values=x).last_hidden_state.square().sum()
+        gc.collect()
+        alive = sum(ref() is not None for ref in loaded)
+        loss.backward()
+        return alive, x.grad
+
+    held, expected = gradient(contextlib.nullcontext())
+    assert held >= len(loaded) - 1 > 0  # autograd keeps every loaded weight for the backward (not the pooler's)
+    alive, found = gradient(weights_reloaded_for_backward(placed))
+    assert alive == 0  # ... unless they are loaded again when it needs them
+    torch.testing.assert_close(found, expected, rtol=0, atol=0)

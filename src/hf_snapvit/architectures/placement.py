@@ -104,6 +104,45 @@ def on_device(model: nn.Module, state: Any = None) -> Iterator[torch.device]:
     yield execution_device(model)
 
 
+@contextlib.contextmanager
+def weights_reloaded_for_backward(model: nn.Module) -> Iterator[None]:
+    """Inside the block, autograd keeps no offloaded linear weight that a forward loaded: each one it saves for the
+    backward pass (to take the gradient of the layer's input) is saved as where to load it from, and loaded again
+    by its hook when the backward pass needs it. Without this, a forward with gradients would hold every block's
+    loaded weights on the execution device until the backward pass, the whole model at once."""
+    holders = _holders(model)
+    if not holders:
+        yield
+        return
+    current: list[nn.Module] = []
+
+    def enter(module: nn.Module, args: tuple) -> None:  # the linear about to run: loaded when its forward saves it
+        current[:] = [module]
+
+    def pack(tensor: torch.Tensor) -> Any:
+        weight = current[0]._parameters.get("weight") if current else None
+        base = tensor._base if tensor._base is not None else tensor  # a linear saves its weight transposed
+        if weight is None or weight.device != tensor.device or base is not weight:
+            return tensor
+        return current[0], tensor.size(), tensor.stride(), tensor.storage_offset()
+
+    def unpack(packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        module, size, stride, offset = packed
+        with onloaded(model, module):
+            return module.weight.detach().as_strided(size, stride, offset)
+
+    linears = {id(m): m for holder in holders.values() for m in holder.modules() if isinstance(m, nn.Linear)}
+    handles = [m.register_forward_pre_hook(enter) for m in linears.values()]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 #: What accelerate's ``add_hook_to_module`` sets on a module instance (and ``dispatch_model`` on the model).
 HOOK_ATTRIBUTES = ("_hf_hook", "_old_forward", "forward", "hf_device_map")
 
@@ -132,4 +171,4 @@ def offloaded_values(model: nn.Module) -> Iterator[tuple[nn.Module, dict[str, to
 
 
 __all__ = ["HOOK_ATTRIBUTES", "execution_device", "is_dispatched", "offloaded_by_hooks", "offloaded_values",
-           "on_device", "onloaded", "strip_hooks_"]
+           "on_device", "onloaded", "strip_hooks_", "weights_reloaded_for_backward"]

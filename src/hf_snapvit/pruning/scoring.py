@@ -48,7 +48,7 @@ from ..errors import ConfigError, DataError
 from ..validation import require_choice, require_int
 from ..data.calibration import GradientSteps
 from ..distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
-from ..architectures.placement import execution_device, offloaded_by_hooks, onloaded
+from ..architectures.placement import execution_device, offloaded_by_hooks, onloaded, weights_reloaded_for_backward
 from .sample_gradients import SquaredSampleGradients
 from ..logs import get_logger
 
@@ -209,9 +209,14 @@ def _halve(start: int):
 
 
 def _batch_loss(model, spec, chunk, labels, *, processor, normalizer, config, input_size, first_index, seed,
-                device) -> torch.Tensor:
+                device, input_grad: bool = False) -> torch.Tensor:
+    """The step's loss; with ``input_grad`` the pixels, not the weights, carry the gradient into the graph (of an
+    offloaded model, whose weights must not be held by the graph's leaves)."""
+    def leaf(pixels: torch.Tensor) -> torch.Tensor:
+        return pixels.detach().requires_grad_(True) if input_grad else pixels
+
     if config.loss == "ce":
-        logits = model(pixel_values=processor_inputs(chunk, processor).to(device)).logits
+        logits = model(pixel_values=leaf(processor_inputs(chunk, processor).to(device))).logits
         return F.cross_entropy(logits.float(), labels.to(device))
     global_views, local_views = seeded_multi_crops(chunk, first_index, seed, config.crops, normalizer, input_size,
                                                    None if device.type == "cpu" else device)
@@ -219,10 +224,10 @@ def _batch_loss(model, spec, chunk, labels, *, processor, normalizer, config, in
     b, g = global_views.shape[:2]
     with torch.no_grad():
         teacher = image_embedding(model, {"pixel_values": global_views.flatten(0, 1)}, spec).view(b, g, -1)
-    student = [image_embedding(model, {"pixel_values": global_views.flatten(0, 1)}, spec).view(b, g, -1)]
+    student = [image_embedding(model, {"pixel_values": leaf(global_views.flatten(0, 1))}, spec).view(b, g, -1)]
     if local_views is not None:
         local_views = local_views.to(device)
-        student.append(image_embedding(model, {"pixel_values": local_views.flatten(0, 1)}, spec)
+        student.append(image_embedding(model, {"pixel_values": leaf(local_views.flatten(0, 1))}, spec)
                        .view(b, local_views.shape[1], -1))
     return dino_loss(teacher.float(), torch.cat(student, 1).float())
 
@@ -272,17 +277,19 @@ def gradient_scores(
     head_layers, neuron_layers = _scored_layers(model, config.head_rows)
     layers = list(dict.fromkeys(m for group in head_layers + neuron_layers for m, _ in group))  # a fused qkv once
     weights = [m.weight for m in layers]
-    saved, was_training = _only_these_require_grad(model, {id(w) for w in weights})
+    offloaded = offloaded_by_hooks(model)  # then no weight requires a gradient: the pixels do (input_grad)
     recorder = SquaredSampleGradients(layers) if config.definition in ("fisher", "obd") else None
-    _check_offloaded(model, config, recorder)
+    _check_offloaded(offloaded, config, recorder)
+    saved, was_training = _only_these_require_grad(model, set() if offloaded else {id(w) for w in weights})
     # Per-image squared gradients, or (batched definitions) the batch-mean gradients summed over batches, as the
     # reference accumulates them; float64 on every process so that the cross-process sum is exact up to rounding.
     loss_of = functools.partial(_batch_loss, model, spec, processor=processor, normalizer=normalizer, config=config,
-                                input_size=input_size, seed=seed, device=device)
+                                input_size=input_size, seed=seed, device=device, input_grad=offloaded)
 
     def add(chunk, chunk_labels, first, sums, step_images):
-        _add_step(loss_of, chunk, chunk_labels, first, recorder, weights, sums,
-                  autocast(device, gradients=True, precision=precision), step_images)
+        with weights_reloaded_for_backward(model):  # an offloaded model: one block's weights loaded at a time
+            _add_step(loss_of, chunk, chunk_labels, first, recorder, weights, sums,
+                      autocast(device, gradients=True, precision=precision), step_images)
 
     error: BaseException | None = None
     try:
@@ -307,8 +314,8 @@ def gradient_scores(
     return heads, neurons
 
 
-def _check_offloaded(model: PreTrainedModel, config: ScoreConfig, recorder: SquaredSampleGradients | None) -> None:
-    if recorder is None and offloaded_by_hooks(model):
+def _check_offloaded(offloaded: bool, config: ScoreConfig, recorder: SquaredSampleGradients | None) -> None:
+    if recorder is None and offloaded:
         raise ConfigError(f"ScoreConfig(definition={config.definition!r}) reads the weights' .grad, which "
                           "accelerate's offload hooks drop with the weights after each forward; score this "
                           "offloaded model with definition='obd' or 'fisher' (every image's gradient comes from "
