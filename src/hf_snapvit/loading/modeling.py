@@ -88,9 +88,9 @@ class ElasticViTModel:
                 are given to fit), ``True`` requires it, ``False`` leaves it.
             **kwargs: transformers' own, routed as ``PreTrainedModel.from_pretrained`` routes them (each is listed
                 in :mod:`hf_snapvit.loading.arguments`): the Hub's (``revision``, ``token``, ...), ``dtype``,
-                ``device_map`` (a dict, or a strategy with ``max_memory``: placed by accelerate), ``attn_implementation``,
-                ``ignore_mismatched_sizes``, ``output_loading_info``; the rest override config attributes, then go to
-                the model's ``__init__``. Options it cannot honour (``quantization_config``, ...) raise ``ConfigError``.
+                ``device_map`` (a dict, or a strategy with ``max_memory``: placed by accelerate),
+                ``attn_implementation``, ``ignore_mismatched_sizes``, ``output_loading_info``; the rest override config
+                attributes, then ``__init__``. Options it cannot honour (``quantization_config``, ...) raise ConfigError.
 
         Returns:
             The stock transformers model, sliced, in eval mode (its twin in :mod:`hf_snapvit.loading.sliced`);
