@@ -90,7 +90,7 @@ class ElasticViTModel:
                 in :mod:`hf_snapvit.loading.arguments`): the Hub's (``revision``, ``token``, ...), ``dtype``,
                 ``device_map`` (a dict, or a strategy with ``max_memory``: placed by accelerate),
                 ``attn_implementation``, ``ignore_mismatched_sizes``, ``output_loading_info``; the rest override config
-                attributes, then ``__init__``. Options it cannot honour (``quantization_config``, ...) raise ConfigError.
+                attributes, then ``__init__``. Options it cannot honour (``tp_plan``, ...) raise ``ConfigError``.
 
         Returns:
             The stock transformers model, sliced, in eval mode (its twin in :mod:`hf_snapvit.loading.sliced`);
