@@ -3,13 +3,15 @@
 The model has the shape of DINOv3 ViT-7B/16 (hidden 4096, 40 blocks, 32 heads, SwiGLU FFN of 8192, patch 16, 4
 register tokens) with seeded random weights, built on the device in the ranking's dtype (a ranking's time and memory
 do not depend on the weights). It is ranked once (``bench_ranking_time.run_one``: wall time, phases, peak device
-memory), saved with ``save_elastic`` into ``--workdir``, freed, and loaded at each ``--load-sparsities`` in a fresh
+memory), with ``--max-memory-mib`` placed first by accelerate within that much of the device (the rest offloaded to
+host memory, or to disk on a CPU: a model larger than its device), saved with ``save_elastic`` into ``--workdir``, freed, and loaded at each ``--load-sparsities`` in a fresh
 process (``ElasticViTModel.from_pretrained(..., device_map=<device>, dtype=<dtype>)``), which reports its load time,
 the loaded parameters' bytes, its peak device memory (``torch.cuda.max_memory_allocated``) and the growth of its
 host memory during the load: of its anonymous (process-owned) memory at the end, and of the kernel's peak resident
 size ``VmHWM`` (reset before the load), which also counts the checkpoint pages it mapped.
 
     python benchmarks/big_vit.py --device cuda --shape dinov3-7b --images 64 --generations 1   # h100_checks step 24
+    python benchmarks/big_vit.py --device cuda --shape dinov3-7b --max-memory-mib 8192 --images 64  # step 25
     python benchmarks/big_vit.py --device cpu --shape tiny --images 4 --generations 1          # the dry run (tests)
 """
 
@@ -56,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--images", type=int, default=64, help="gradient and fitness images of the ranking")
     parser.add_argument("--generations", type=int, default=1, help="xNES generations (0: the scores alone)")
     parser.add_argument("--load-sparsities", type=float, nargs="+", default=[0.0, 0.3, 0.5])
+    parser.add_argument("--max-memory-mib", type=float, default=None,
+                        help="rank the model placed by accelerate within this much of the device's memory (MiB): "
+                        "the blocks that do not fit are offloaded to host memory (to disk on a CPU)")
     parser.add_argument("--workdir", default=None, help="where the elastic checkpoint goes (default: a temporary "
                         "folder, removed at the end)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -112,8 +117,26 @@ def load_in_children(folder: str, args: argparse.Namespace) -> list[dict[str, An
     return rows
 
 
+def placed(model: transformers.PreTrainedModel, args: argparse.Namespace, offload: str) -> transformers.PreTrainedModel:
+    """``model`` placed by accelerate within ``--max-memory-mib`` of its device: ``infer_auto_device_map`` fills the
+    device block by block and offloads the rest to host memory (on a CPU, to disk in ``offload``)."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    device, cap = torch.device(args.device), int(args.max_memory_mib * 2**20)
+    memory = {device.index or 0: cap, "cpu": 2**40} if device.type == "cuda" else {"cpu": cap}
+    model = model.to("cpu")  # accelerate moves what fits to the device, and keeps the rest where it is
+    device_map = infer_auto_device_map(model, max_memory=memory, no_split_module_classes=model._no_split_modules)
+    if set(device_map.values()) == {"disk"}:
+        raise SystemExit(f"--max-memory-mib {args.max_memory_mib} leaves no module on {args.device}: raise it.")
+    return dispatch_model(model, device_map, offload_dir=offload)
+
+
 def rank_and_save(folder: str, args: argparse.Namespace, report: dict[str, Any]) -> None:
     model, seconds = timed(lambda: build(args.shape, args.seed, args.device, DTYPES[args.precision]))
+    if args.max_memory_mib is not None:
+        model = placed(model, args, str(Path(folder).parent / "offload"))
+        places = [str(device) for device in model.hf_device_map.values()]
+        report["device_map"] = {place: places.count(place) for place in sorted(set(places))}
     report.update(build_seconds=seconds, parameters=sum(p.numel() for p in model.parameters()),
                   weight_bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
     print(f"built {report['parameters'] / 1e9:.2f} B parameters in {seconds:.0f} s", file=sys.stderr, flush=True)
