@@ -4,8 +4,9 @@ The model has the shape of DINOv3 ViT-7B/16 (hidden 4096, 40 blocks, 32 heads, S
 register tokens) with seeded random weights, built on the device in the ranking's dtype (a ranking's time and memory
 do not depend on the weights). It is ranked once (``bench_ranking_time.run_one``: wall time, phases, peak device
 memory), with ``--max-memory-mib`` placed first by accelerate within that much of the device (the rest offloaded to
-host memory, or to disk on a CPU: a model larger than its device), saved with ``save_elastic`` into ``--workdir``, freed, and loaded at each ``--load-sparsities`` in a fresh
-process (``ElasticViTModel.from_pretrained(..., device_map=<device>, dtype=<dtype>)``), which reports its load time,
+host memory, or to disk on a CPU: a model larger than its device), saved with ``save_elastic`` into ``--workdir``,
+freed, and loaded at each ``--load-sparsities`` in a fresh process (``ElasticViTModel.from_pretrained(...,
+device_map=<device>, dtype=<dtype>)``), which reports its load time,
 the loaded parameters' bytes, its peak device memory (``torch.cuda.max_memory_allocated``) and the growth of its
 host memory during the load: of its anonymous (process-owned) memory at the end, and of the kernel's peak resident
 size ``VmHWM`` (reset before the load), which also counts the checkpoint pages it mapped.
@@ -117,7 +118,7 @@ def load_in_children(folder: str, args: argparse.Namespace) -> list[dict[str, An
     return rows
 
 
-def placed(model: transformers.PreTrainedModel, args: argparse.Namespace, offload: str) -> transformers.PreTrainedModel:
+def placed(model: transformers.PreTrainedModel, args: argparse.Namespace, offload: str) -> torch.nn.Module:
     """``model`` placed by accelerate within ``--max-memory-mib`` of its device: ``infer_auto_device_map`` fills the
     device block by block and offloads the rest to host memory (on a CPU, to disk in ``offload``)."""
     from accelerate import dispatch_model, infer_auto_device_map

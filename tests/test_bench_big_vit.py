@@ -24,8 +24,8 @@ def test_steps_24_and_25_rank_save_and_load_the_tiny_shape_on_a_cpu(tmp_path):
     python3.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     python3.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT / "src"),
-           "DEV": "cpu", "BIG": "tiny", "BIG_IMAGES": "4", "BIG_CAP": "0.4", "STEPS": "24 25", "OUT": str(tmp_path / "out"),
-           "R": str(tmp_path / "r"), "OMP_NUM_THREADS": "1"}
+           "DEV": "cpu", "BIG": "tiny", "BIG_IMAGES": "4", "BIG_CAP": "0.4", "STEPS": "24 25",
+           "OUT": str(tmp_path / "out"), "R": str(tmp_path / "r"), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(["bash", "benchmarks/h100_checks.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     steps = "== step 24 rc=0" in done.stdout and "== step 25 rc=0" in done.stdout
