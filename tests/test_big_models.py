@@ -126,11 +126,16 @@ FEW = dict(num_gradient_images=3, num_fitness_images=6, scores=ScoreConfig(crops
 
 
 def _placed(model, how: str, folder):
-    """``model``'s copy placed by accelerate: half on the CPU and half offloaded to disk, or all offloaded to host
-    memory (``cpu_offload``); its weights then wait on the meta device between forwards."""
+    """``model``'s copy placed by accelerate: half on the CPU and half offloaded to disk (by ``dispatch_model``, or
+    by transformers' ``from_pretrained(device_map=...)``), or all offloaded to host memory (``cpu_offload``); its
+    weights then wait on the meta device between forwards."""
+    spread = {"embeddings": "cpu", "layers.0": "cpu", "layers.1": "disk", "layernorm": "cpu", "pooler": "cpu"}
+    if how == "transformers":
+        model.save_pretrained(folder / "dense")
+        return transformers.AutoModel.from_pretrained(folder / "dense", device_map=spread,
+                                                      offload_folder=folder / "offload").eval()
     model = copy.deepcopy(model)
     if how == "disk":
-        spread = {"embeddings": "cpu", "layers.0": "cpu", "layers.1": "disk", "layernorm": "cpu", "pooler": "cpu"}
         return dispatch_model(model, spread, offload_dir=folder)
     return cpu_offload(model, execution_device="cpu")
 
@@ -146,10 +151,10 @@ def plain_ranking():
                                                                   show_progress=False)
 
 
-@pytest.mark.parametrize("how", ["disk", "cpu_offload"])
+@pytest.mark.parametrize("how", ["disk", "cpu_offload", "transformers"])
 def test_a_model_accelerate_offloaded_ranks_and_saves_as_the_plain_model(plain_ranking, how, tmp_path):
     model, expected = plain_ranking
-    placed = _placed(model, how, tmp_path / "offload")
+    placed = _placed(model, how, tmp_path)
     before = _state(placed)
     assert any(p.is_meta for p in placed.parameters())
     ranking = hs.SnapViTPruner(hs.SnapViTConfig(**FEW)).fit(placed, images(12), processor=PROCESSOR,
