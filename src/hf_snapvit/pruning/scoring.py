@@ -53,6 +53,7 @@ from ..validation import require_choice, require_int
 from ..data.calibration import GradientSteps
 from ..distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
 from .checkpointing import checkpointed_blocks
+from ..architectures.placement import execution_device, offloaded_by_hooks, onloaded, weights_reloaded_for_backward
 from .sample_gradients import SquaredSampleGradients
 from ..logs import get_logger
 
@@ -167,10 +168,11 @@ def _add_step(loss_of, chunk, labels, first: int, recorder: SquaredSampleGradien
     recorder.accumulate(loss, len(chunk), sums, scales)
 
 
-def _accumulate(steps: list, weights: list[torch.Tensor], add, show_progress: bool, per_row: bool,
-                micro_batch: int | None = None) -> list[torch.Tensor]:
+def _accumulate(steps: list, weights: list[torch.Tensor], devices: list[torch.device], add, show_progress: bool,
+                per_row: bool, micro_batch: int | None = None) -> list[torch.Tensor]:
     """The float64 sums over ``steps`` (one per row of each weight with ``per_row``, else one per weight), each step
-    run in parts of at most ``micro_batch`` images (the memory plan's), at most as many as fit in memory.
+    run in parts of at most ``micro_batch`` images (the memory plan's), at most as many as fit in memory; each sum on
+    its layer's execution device (``devices``: a weight accelerate offloaded is on the meta device between forwards).
 
     On an out-of-memory error the sums restart from zero with parts of half the size: every step needs about the
     same memory, so the error comes in the first step and little work is repeated.
@@ -183,8 +185,8 @@ def _accumulate(steps: list, weights: list[torch.Tensor], add, show_progress: bo
             logger.warning("A gradient step in parts of %d images did not fit in memory; running it in parts of %d "
                            "images (the scores are the same up to float rounding).", start_with, part,
                            main_process_only=False)  # this process's memory
-        sums = [torch.zeros(w.shape[:1] if per_row else w.shape, dtype=torch.float64, device=w.device)
-                for w in weights]
+        sums = [torch.zeros(w.shape[:1] if per_row else w.shape, dtype=torch.float64, device=d)
+                for w, d in zip(weights, devices)]
         for w in weights:
             w.grad = None
         for first, chunk, labels in tqdm(steps, desc="gradient scores", unit="step", disable=not show_progress):
@@ -215,9 +217,14 @@ def _halve(start: int):
 
 
 def _batch_loss(model, spec, chunk, labels, *, processor, normalizer, config, input_size, first_index, seed,
-                device) -> torch.Tensor:
+                device, input_grad: bool = False) -> torch.Tensor:
+    """The step's loss; with ``input_grad`` the pixels, not the weights, carry the gradient into the graph (of an
+    offloaded model, whose weights must not be held by the graph's leaves)."""
+    def leaf(pixels: torch.Tensor) -> torch.Tensor:
+        return pixels.detach().requires_grad_(True) if input_grad else pixels
+
     if config.loss == "ce":
-        logits = model(pixel_values=processor_inputs(chunk, processor).to(device)).logits
+        logits = model(pixel_values=leaf(processor_inputs(chunk, processor).to(device))).logits
         return F.cross_entropy(logits.float(), labels.to(device))
     global_views, local_views = seeded_multi_crops(chunk, first_index, seed, config.crops, normalizer, input_size,
                                                    None if device.type == "cpu" else device)
@@ -225,10 +232,10 @@ def _batch_loss(model, spec, chunk, labels, *, processor, normalizer, config, in
     b, g = global_views.shape[:2]
     with torch.no_grad():
         teacher = image_embedding(model, {"pixel_values": global_views.flatten(0, 1)}, spec).view(b, g, -1)
-    student = [image_embedding(model, {"pixel_values": global_views.flatten(0, 1)}, spec).view(b, g, -1)]
+    student = [image_embedding(model, {"pixel_values": leaf(global_views.flatten(0, 1))}, spec).view(b, g, -1)]
     if local_views is not None:
         local_views = local_views.to(device)
-        student.append(image_embedding(model, {"pixel_values": local_views.flatten(0, 1)}, spec)
+        student.append(image_embedding(model, {"pixel_values": leaf(local_views.flatten(0, 1))}, spec)
                        .view(b, local_views.shape[1], -1))
     return dino_loss(teacher.float(), torch.cat(student, 1).float())
 
@@ -274,45 +281,59 @@ def gradient_scores(
     state = process_state()
     num_images, steps, labelled = _this_process_steps(images, labels, config, state)
     _check_labels(model, config, labelled)
-    device = next(model.parameters()).device
+    device = execution_device(model)  # a dispatched model's hooks move the inputs on from there
     normalizer = Normalizer(processor) if processor is not None else None
     input_size = architecture_input_size(model.config)
     head_layers, neuron_layers = _scored_layers(model, config.head_rows)
     layers = list(dict.fromkeys(m for group in head_layers + neuron_layers for m, _ in group))  # a fused qkv once
     weights = [m.weight for m in layers]
-    saved, was_training = _only_these_require_grad(model, {id(w) for w in weights})
-    per_row = config.definition in ("fisher", "obd")  # a per-image sum reduces to one value per row every step
-    recorder = SquaredSampleGradients(layers) if per_row else None
-    scales = weights if config.definition == "obd" else None
+    offloaded = offloaded_by_hooks(model)  # then no weight requires a gradient: the pixels do (input_grad)
+    recorder = SquaredSampleGradients(layers) if config.definition in ("fisher", "obd") else None
+    _check_offloaded(offloaded, config, recorder)
+    saved, was_training = _only_these_require_grad(model, set() if offloaded else {id(w) for w in weights})
+    # A per-image sum reduces to one value per row every step; obd's w² is applied in the step, unless the weights
+    # are offloaded (not there between forwards): then per weight, and w² once at the end.
+    per_row = recorder is not None and not (offloaded and config.definition == "obd")
+    scales = weights if config.definition == "obd" and per_row else None
     # Per-image squared gradients, or (batched definitions) the batch-mean gradients summed over batches, as the
     # reference accumulates them; float64 on every process so that the cross-process sum is exact up to rounding.
     loss_of = functools.partial(_batch_loss, model, spec, processor=processor, normalizer=normalizer, config=config,
-                                input_size=input_size, seed=seed, device=device)
+                                input_size=input_size, seed=seed, device=device, input_grad=offloaded)
 
     def add(chunk, chunk_labels, first, sums, step_images):
-        _add_step(loss_of, chunk, chunk_labels, first, recorder, weights, sums,
-                  autocast(device, gradients=True, precision=precision), step_images, scales)
+        with weights_reloaded_for_backward(model):  # an offloaded model: one block's weights loaded at a time
+            _add_step(loss_of, chunk, chunk_labels, first, recorder, weights, sums,
+                      autocast(device, gradients=True, precision=precision), step_images, scales)
 
     error: BaseException | None = None
     try:
         model.zero_grad(set_to_none=True)
         try:  # a failure here must reach the other processes before they wait in the reduction
             with checkpointed_blocks(model, checkpoint):
-                sums = _accumulate(steps, weights, add, show_progress and state.is_main_process, per_row, micro_batch)
+                sums = _accumulate(steps, weights, [execution_device(model, m) for m in layers], add,
+                                   show_progress and state.is_main_process, per_row, micro_batch)
         except Exception as exc:
             error = exc
         raise_if_failed_anywhere(error, state)
         sums = reduce_sum(sums)
-        stats = _weight_statistics(config.definition, weights, sums, num_images)
+        stats = _weight_statistics(config.definition, model, layers, sums, num_images)
     finally:
-        for p, (flag, grad) in saved.items():
-            p.requires_grad_(flag)
-            p.grad = grad
+        for (module, name), (flag, grad) in saved.items():
+            getattr(module, name).requires_grad_(flag)  # an offloaded weight is a new tensor after each forward
+            getattr(module, name).grad = grad
         model.train(was_training)
     hd = head_dim(get_attention(get_layers(model, spec)[0], spec), spec)
     squared_sum = config.definition == "taylor"
-    return tuple(_reduce([[(stats[id(m.weight)][rows], m.in_features) for m, rows in group] for group in groups],
+    return tuple(_reduce([[(stats[id(m)][rows], m.in_features) for m, rows in group] for group in groups],
                          unit_rows, squared_sum) for groups, unit_rows in ((head_layers, hd), (neuron_layers, 1)))
+
+
+def _check_offloaded(offloaded: bool, config: ScoreConfig, recorder: SquaredSampleGradients | None) -> None:
+    if recorder is None and offloaded:
+        raise ConfigError(f"ScoreConfig(definition={config.definition!r}) reads the weights' .grad, which "
+                          "accelerate's offload hooks drop with the weights after each forward; score this "
+                          "offloaded model with definition='obd' or 'fisher' (every image's gradient comes from "
+                          "its layer's inputs and output gradients), or load it onto one device.")
 
 
 def _check_labels(model: PreTrainedModel, config: ScoreConfig, labelled: bool) -> None:
@@ -345,26 +366,35 @@ def _this_process_steps(images: Any, labels: torch.Tensor | None, config: ScoreC
     return num_images, steps, labels is not None
 
 
-def _weight_statistics(definition: str, weights: list[torch.Tensor], sums: list[torch.Tensor],
+def _weight_statistics(definition: str, model: nn.Module, layers: list[nn.Linear], sums: list[torch.Tensor],
                        num_images: int) -> dict[int, torch.Tensor]:
     """Each weight row's sum of the definition's per-weight statistic, from the float64 gradient sums (keyed by
-    ``id(weight)``). fisher and obd arrive as row sums already (obd's ``w²`` applied every step); the others need
-    the whole gradient sum of every weight (the square, or the product with ``w``, of a sum is not a sum of parts),
-    so their sums stay per weight until here."""
+    ``id(layer)``). fisher and obd arrive as row sums already (obd's ``w²`` applied every step, except for offloaded
+    weights, whose sums stay per weight and take ``w²`` here); the others need the whole gradient sum of every weight
+    (the square, or the product with ``w``, of a sum is not a sum of parts), so their sums stay per weight until here.
+    The weights are read a layer at a time, loaded by accelerate's hooks where they are offloaded."""
+    def weight(layer: nn.Linear) -> torch.Tensor:
+        with onloaded(model, layer):
+            return layer.weight.detach().to(torch.float64, copy=True)
+
     if definition in ("fisher", "obd"):
-        return {id(w): value / num_images for w, value in zip(weights, sums)}
-    total = {id(w): value for w, value in zip(weights, sums)}
+        stats = {id(m): value / num_images for m, value in zip(layers, sums)}
+        if definition == "obd" and any(value.dim() == 2 for value in stats.values()):  # offloaded: per weight
+            stats = {id(m): (stats[id(m)] * weight(m).to(stats[id(m)].device) ** 2).sum(1) for m in layers}
+        return stats
+    total = {id(m): value for m, value in zip(layers, sums)}
     if definition == "accumulated":
         return {key: (g**2).sum(1) for key, g in total.items()}
     if definition == "snip":
-        return {id(w): (total[id(w)] * w.detach().double()).abs().sum(1) for w in weights}
-    return {id(w): (total[id(w)] * w.detach().double()).sum(1) for w in weights}
+        return {id(m): (total[id(m)] * weight(m).to(total[id(m)].device)).abs().sum(1) for m in layers}
+    return {id(m): (total[id(m)] * weight(m).to(total[id(m)].device)).sum(1) for m in layers}
 
 
 def _only_these_require_grad(model: PreTrainedModel, scored: set[int]) -> tuple[dict, bool]:
     """Make only the scored weights require gradients and put the model in eval mode; return what to restore:
     every parameter's ``requires_grad`` flag and gradient (the caller's ``.grad``), and the train mode."""
-    saved = {p: (p.requires_grad, p.grad) for p in model.parameters()}
+    saved = {(module, name): (p.requires_grad, p.grad) for module in model.modules()
+             for name, p in module.named_parameters(recurse=False)}
     was_training = model.training
     for p in model.parameters():
         p.requires_grad_(id(p) in scored)

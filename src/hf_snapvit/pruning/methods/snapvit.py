@@ -31,9 +31,10 @@ from ...architectures.flops import measured_shape
 from ...architectures.given import check_given
 from ...data.calibration import draw_calibration
 from ...correction.config import CorrectionConfig
-from ...distributed import on_process_device, process_state, resolve_precision, tf32_matmuls
+from ...distributed import process_state, resolve_precision, tf32_matmuls
 from ...errors import ConfigError
 from ...files import public_name
+from ...architectures.placement import on_device
 from ...surgery.proof import ensure_proven
 from ..fitness import EmbeddingFitness
 from ..memory_plan import MemoryPlan, plan_memory
@@ -138,7 +139,7 @@ class SnapViTPruner:
             self.config = replace(self.config, min_head_keep_ratio=1.0)
         state = process_state()
         show_progress = show_progress and state.is_main_process
-        with on_process_device(model, state) as device:
+        with on_device(model, state) as device:  # a model accelerate placed stays where it is
             precision = resolve_precision(self.config.precision, device)
             with tf32_matmuls(device, enabled=precision == "no"):
                 self.memory_plan_ = plan_memory(model, self.config, max_memory=max_memory, device=device,
