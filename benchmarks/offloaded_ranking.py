@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in report["rows"]:
         if plain is not None and "error" not in row:
             row.update(compare(row, plain))
+    for row in report["rows"]:  # the scores themselves (3 MB for a ViT-B) stay out of the file: the comparison is in
+        row.pop("head_scores", None), row.pop("neuron_scores", None)
     write_json(output, report)
     print(f"wrote {output}")
     return 1 if any("error" in row for row in report["rows"]) else 0
