@@ -170,8 +170,7 @@ def _per_image_reference(model, pictures, config, labels=None):
 # ViT and a gated FFN run in the quick suite; the other layouts (distilled tokens, patch sequences, pooled heads)
 # with the slow tests.
 BATCHED_CASES = [pytest.param(c, id=c.name, marks=[] if c.name in ("vit", "dinov2-swiglu") else [pytest.mark.slow])
-                 for c in CASES if c.name in ("vit", "deit-cls-teacher", "dinov2-swiglu", "siglip-vision",
-                                              "siglip2-vision", "clip-vision", "dinov3-gated")]
+                 for c in CASES if c.name in ("vit", "dinov2-swiglu", "siglip2-vision", "dinov3-gated")]
 
 
 @pytest.mark.parametrize("case", BATCHED_CASES)
