@@ -19,7 +19,8 @@ def _first_rows(parquet: tuple[str, ...], path, rows: int = 300):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.Table.from_batches([next(pq.ParquetFile(SHARED.joinpath(*parquet)).iter_batches(batch_size=rows))]), path)
+    first = next(pq.ParquetFile(SHARED.joinpath(*parquet)).iter_batches(batch_size=rows))
+    pq.write_table(pa.Table.from_batches([first]), path)
     return path
 
 

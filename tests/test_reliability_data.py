@@ -214,15 +214,6 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def elastic_dir(model_dir, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("elastic") / "vit-elastic"
-    model = transformers.ViTForImageClassification.from_pretrained(model_dir).eval()
-    processor = transformers.AutoImageProcessor.from_pretrained(model_dir)
-    hs.save_elastic(model, hs.rank(model, method="magnitude"), folder, image_processor=processor)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def split_files(tmp_path_factory):
     """train.parquet and validation.parquet with different images (so a mix-up shows in the counts)."""
     folder = tmp_path_factory.mktemp("splits")
