@@ -19,11 +19,9 @@ weights the unit owns (paper §3.2; the reference's choices are in ``snapvit-ref
 The per-image definitions take every image of a gradient step from the step's one backward pass
 (:mod:`hf_snapvit.pruning.sample_gradients`), not one backward pass per image.
 
-A step whose crops do not fit in memory (SigLIP-so400m at 384 px: 16 images x 12 crops of 729 tokens need more than
-an H200's 141 GB) is run in parts: of the size a memory plan gives (``micro_batch``,
-:mod:`hf_snapvit.pruning.memory_plan`), halved again after an out-of-memory error (accelerate's
-``find_executable_batch_size``; a CPU is killed instead). The per-image sums and the batch-mean gradients are linear
-in the images, so the parts add up to the step.
+A step too large for memory (SigLIP-so400m, 384 px: 16 images x 12 crops of 729 tokens) runs in parts of the memory
+plan's size (:mod:`hf_snapvit.pruning.memory_plan`), halved after an out-of-memory error (accelerate's
+``find_executable_batch_size``); per-image sums and batch-mean gradients are linear in the images, so parts add up.
 
 The crops of image ``i`` are drawn from ``numpy.random.default_rng([seed, i])``, so they do not depend on the batch
 or the process that embeds the image; on several processes (:mod:`hf_snapvit.distributed`) each takes whole gradient
@@ -45,7 +43,7 @@ from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
 from ..architectures.embedding import input_size as architecture_input_size
-from ..architectures import ffn_rows, get_attention, get_layers, get_mlp, get_spec, head_dim, qkv_rows
+from ..architectures import ffn_rows, get_attention, get_layers, get_mlp, get_spec, qkv_rows
 from ..architectures.embedding import image_embedding
 from ..data.views import MultiCropConfig, Normalizer, processor_inputs, seeded_multi_crops
 from ..errors import ConfigError, DataError
@@ -53,8 +51,9 @@ from ..validation import require_choice, require_int
 from ..data.calibration import GradientSteps
 from ..distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
 from .checkpointing import checkpointed_blocks
-from ..architectures.placement import execution_device, offloaded_by_hooks, onloaded, weights_reloaded_for_backward
+from ..architectures.placement import execution_device, offloaded_by_hooks, weights_reloaded_for_backward
 from .sample_gradients import SquaredSampleGradients
+from .unit_scores import unit_scores, weight_statistics
 from ..logs import get_logger
 
 logger = get_logger(__name__)
@@ -132,20 +131,6 @@ def _scored_layers(model: PreTrainedModel, head_rows: str) -> tuple[list[list[tu
         mlp, variant = get_mlp(layer, spec)
         neurons.append(ffn_rows(mlp, variant))
     return heads, neurons
-
-
-def _reduce(stats: list[list[tuple[torch.Tensor, int]]], unit_rows: int, squared_sum: bool) -> np.ndarray:
-    """One score per unit (``unit_rows`` consecutive rows of every matrix) from each matrix's per-row sums of the
-    per-weight statistic and its input width: the statistic's mean over the unit's weights, or with
-    ``squared_sum`` the square of its sum (a unit-level Taylor estimate)."""
-    rows = []
-    for matrices in stats:
-        total = sum(row_sums for row_sums, _ in matrices).view(-1, unit_rows).sum(1)  # [units]
-        if squared_sum:
-            rows.append((total**2).cpu().numpy())
-        else:
-            rows.append((total / (sum(width for _, width in matrices) * unit_rows)).cpu().numpy())
-    return np.stack(rows)
 
 
 def _add_step(loss_of, chunk, labels, first: int, recorder: SquaredSampleGradients | None,
@@ -295,8 +280,7 @@ def gradient_scores(
     # are offloaded (not there between forwards): then per weight, and w² once at the end.
     per_row = recorder is not None and not (offloaded and config.definition == "obd")
     scales = weights if config.definition == "obd" and per_row else None
-    # Per-image squared gradients, or (batched definitions) the batch-mean gradients summed over batches, as the
-    # reference accumulates them; float64 on every process so that the cross-process sum is exact up to rounding.
+    # Per-image squared gradients, or the batch-mean gradients summed over batches (the reference), in float64.
     loss_of = functools.partial(_batch_loss, model, spec, processor=processor, normalizer=normalizer, config=config,
                                 input_size=input_size, seed=seed, device=device, input_grad=offloaded)
 
@@ -316,16 +300,18 @@ def gradient_scores(
             error = exc
         raise_if_failed_anywhere(error, state)
         sums = reduce_sum(sums)
-        stats = _weight_statistics(config.definition, model, layers, sums, num_images)
+        stats = weight_statistics(config.definition, model, layers, sums, num_images)
     finally:
-        for (module, name), (flag, grad) in saved.items():
-            getattr(module, name).requires_grad_(flag)  # an offloaded weight is a new tensor after each forward
-            getattr(module, name).grad = grad
-        model.train(was_training)
-    hd = head_dim(get_attention(get_layers(model, spec)[0], spec), spec)
-    squared_sum = config.definition == "taylor"
-    return tuple(_reduce([[(stats[id(m)][rows], m.in_features) for m, rows in group] for group in groups],
-                         unit_rows, squared_sum) for groups, unit_rows in ((head_layers, hd), (neuron_layers, 1)))
+        _restore(model, saved, was_training)
+    return unit_scores(model, spec, config.definition, stats, head_layers, neuron_layers)
+
+
+def _restore(model: PreTrainedModel, saved: dict, was_training: bool) -> None:
+    """Put back what :func:`_only_these_require_grad` changed."""
+    for (module, name), (flag, grad) in saved.items():
+        getattr(module, name).requires_grad_(flag)  # an offloaded weight is a new tensor after each forward
+        getattr(module, name).grad = grad
+    model.train(was_training)
 
 
 def _check_offloaded(offloaded: bool, config: ScoreConfig, recorder: SquaredSampleGradients | None) -> None:
@@ -364,30 +350,6 @@ def _this_process_steps(images: Any, labels: torch.Tensor | None, config: ScoreC
     steps = local_share([(start, images[start:start + step], None if labels is None else labels[start:start + step])
                          for start in range(0, num_images, step)], state)
     return num_images, steps, labels is not None
-
-
-def _weight_statistics(definition: str, model: nn.Module, layers: list[nn.Linear], sums: list[torch.Tensor],
-                       num_images: int) -> dict[int, torch.Tensor]:
-    """Each weight row's sum of the definition's per-weight statistic, from the float64 gradient sums (keyed by
-    ``id(layer)``). fisher and obd arrive as row sums already (obd's ``w²`` applied every step, except for offloaded
-    weights, whose sums stay per weight and take ``w²`` here); the others need the whole gradient sum of every weight
-    (the square, or the product with ``w``, of a sum is not a sum of parts), so their sums stay per weight until here.
-    The weights are read a layer at a time, loaded by accelerate's hooks where they are offloaded."""
-    def weight(layer: nn.Linear) -> torch.Tensor:
-        with onloaded(model, layer):
-            return layer.weight.detach().to(torch.float64, copy=True)
-
-    if definition in ("fisher", "obd"):
-        stats = {id(m): value / num_images for m, value in zip(layers, sums)}
-        if definition == "obd" and any(value.dim() == 2 for value in stats.values()):  # offloaded: per weight
-            stats = {id(m): (stats[id(m)] * weight(m).to(stats[id(m)].device) ** 2).sum(1) for m in layers}
-        return stats
-    total = {id(m): value for m, value in zip(layers, sums)}
-    if definition == "accumulated":
-        return {key: (g**2).sum(1) for key, g in total.items()}
-    if definition == "snip":
-        return {id(m): (total[id(m)] * weight(m).to(total[id(m)].device)).abs().sum(1) for m in layers}
-    return {id(m): (total[id(m)] * weight(m).to(total[id(m)].device)).sum(1) for m in layers}
 
 
 def _only_these_require_grad(model: PreTrainedModel, scored: set[int]) -> tuple[dict, bool]:
