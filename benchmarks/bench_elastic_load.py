@@ -1,6 +1,7 @@
 """Benchmark: load time, load memory and forward latency of ElasticViTModel at several sparsities.
 
-Builds a ViT-B/16-shaped ``transformers.ViTModel`` (``ViTConfig()`` defaults) with seeded random weights, ranks it
+Builds a ViT-B/16-shaped ``transformers.ViTModel`` (``ViTConfig()`` defaults; ``--shape vit-l16``: ViT-L/16, 1.2 GB
+in float32, the scale check of issue 65) with seeded random weights, ranks it
 with ``magnitude`` and writes its elastic checkpoint into a temporary folder. ``hf_snapvit.benchmark.measure_loading``
 then loads every sparsity (0 is always added: the reference of the ratios) and the dense model by stock transformers,
 each in a FRESH Python process so the memory readings of one load do not leak into the next: the first load's time
@@ -13,6 +14,8 @@ The checkpoint is read from the page cache (it was just written), so load times 
 asserts on timing.
 
     python benchmarks/bench_elastic_load.py --load-repeats 2          # about 3-4 minutes per repeat on 2 cores
+    python benchmarks/bench_elastic_load.py --shape vit-l16 --sparsities 0 0.3 0.5 --batch-sizes 1 --repeats 2 \
+        --warm-loads 1 --no-stock --output benchmarks/results/elastic_load_vit-l16.json
 """
 
 from __future__ import annotations
@@ -39,20 +42,25 @@ from hf_snapvit.benchmark import MIB, hardware_info, measure_loading  # noqa: E4
 from hf_snapvit.files import public_name  # noqa: E402
 
 POLL_MS = 2.0
+#: The model shapes to build (``ViTConfig`` overrides): ViT-B/16 (346 MB in float32) and ViT-L/16 (1.2 GB).
+SHAPES: dict[str, dict[str, int]] = {
+    "vit-b16": {},
+    "vit-l16": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096},
+}
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size",
               "patch_size")
 
 
-def build_checkpoint(directory: Path, seed: int) -> dict[str, Any]:
-    """The ViT-B/16-shaped elastic checkpoint in ``directory``, and what it is."""
+def build_checkpoint(directory: Path, seed: int, shape: str = "vit-b16") -> dict[str, Any]:
+    """The elastic checkpoint of a ``shape`` (:data:`SHAPES`) ViT in ``directory``, and what it is."""
     torch.manual_seed(seed)
-    config = transformers.ViTConfig()
+    config = transformers.ViTConfig(**SHAPES[shape])
     model, build_s = timed(lambda: transformers.ViTModel(config).eval())
     ranking, rank_s = timed(lambda: hf_snapvit.rank(model, method="magnitude", seed=seed))
     save_s = timed(lambda: hf_snapvit.save_elastic(model, ranking, directory, model_card=False))[1]
     return {"path": public_name(directory), "files": sorted(p.name for p in directory.iterdir()),
             "size_bytes": sum(p.stat().st_size for p in directory.iterdir() if p.is_file()), "seed": seed,
-            "ranking_method": "magnitude", "config": {k: getattr(config, k) for k in SHAPE_KEYS},
+            "ranking_method": "magnitude", "shape": shape, "config": {k: getattr(config, k) for k in SHAPE_KEYS},
             "dense_params_total": sum(p.numel() for p in model.parameters()),
             "build_s": build_s, "rank_s": rank_s, "save_s": save_s}
 
@@ -87,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warm-loads", type=int, default=3, help="reloads in the first process (warm load time)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in every child (0: every CPU)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights, ranking and inputs")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="vit-b16", help="the ViT shape to build")
+    parser.add_argument("--no-stock", action="store_true", help="skip the dense load by stock transformers")
     parser.add_argument("--output", type=Path, default=RESULTS / "elastic_load.json")
     return parser.parse_args(argv)
 
@@ -100,12 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"sparsities": sparsities, "batch_sizes": args.batch_sizes, "repeats": args.repeats,
                 "warmup": args.warmup, "load_repeats": args.load_repeats, "warm_loads": args.warm_loads,
                 "threads": args.threads, "poll_ms": POLL_MS, "seed": args.seed, "inference_mode": True,
+                "shape": args.shape, "stock": not args.no_stock,
                 "checkpoint_in_page_cache": True}
 
     def run() -> tuple[dict, dict]:
         with tempfile.TemporaryDirectory(prefix="bench-elastic-load-") as tmp:
-            checkpoint = build_checkpoint(Path(tmp) / "vit-b16-elastic", args.seed)
-            loading = measure_loading(Path(tmp) / "vit-b16-elastic", sparsities, batch_sizes=args.batch_sizes,
+            folder = Path(tmp) / f"{args.shape}-elastic"
+            checkpoint = build_checkpoint(folder, args.seed, args.shape)
+            loading = measure_loading(folder, sparsities, batch_sizes=args.batch_sizes, stock=not args.no_stock,
                                       repeats=args.repeats, warmup=args.warmup, load_repeats=args.load_repeats,
                                       warm_loads=args.warm_loads, threads=args.threads, poll_ms=POLL_MS,
                                       seed=args.seed)

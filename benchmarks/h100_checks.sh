@@ -5,7 +5,16 @@
 # the shared train parquet as .gpu/train.parquet (parquet_rows.py); STEPS picks and orders the steps, T<n> caps step n
 # in seconds. On a CPU, `DEV=cpu B=tiny S=tiny OUT=/tmp/out` runs the same steps on a tiny model (a dry run; for steps
 # 19-22 add `BACKEND=aot_eager SCALE_SHAPES="tiny small" SCALE_IMAGES=4 GRID_SPARSITIES="0.1 0.5"`: no inductor C++
-# builds, and sizes the tiny model has; for step 23 `RSTEPS=2 NB=40 NV=40 RCAL=64`).
+# builds, and sizes the tiny model has; for step 23 `RSTEPS=2 NB=40 NV=40 RCAL=64`; for step 24 `RPSTEPS=2`; for
+# steps 25-26 `BIG=tiny BIG_IMAGES=4 BIG_CAP=0.4`).
+#
+# Step 24 (issue 65): recovery on 1 and several processes through accelerate's DDP (benchmarks/recovery_processes.py):
+# the weights' difference from one process, and each process's seconds and peak memory. One process per GPU (NCCL),
+# so a count above the machine's GPUs is recorded as skipped: on a one-GPU machine only the 1-process run is measured.
+# Step 25 (issue 65): a DINOv3 ViT-7B-shaped model ranked (fast preset, bf16), saved elastic and loaded sliced at 0,
+# 0.3 and 0.5 on one GPU (benchmarks/big_vit.py), each load in a fresh process; writes its ~13 GB checkpoint in /tmp.
+# Step 26: the same model ranked placed by accelerate within $BIG_CAP MiB of the GPU (8192: the blocks that do not fit
+# are offloaded to host memory), a model larger than its device. Their GPU figures are still to be measured.
 #
 # Still to run (issue 56): STEPS="22 18 13" (18: the default preset's 3 -> 20 generations on the shared ViT-Tiny,
 # seeds 0-2, model in .acc/vit, train/validation rows in .acc/data), then STEPS="21 3" as the default preset ships,
@@ -80,6 +89,14 @@ for step in ${STEPS:-22 18 13 21 3 23}; do case $step in
 21) timeout "${T21:-120}" python3 benchmarks/scale.py --device "$DEV" --shapes ${SCALE_SHAPES:-vit-b16 vit-l16 so400m \
      vit-g14} --images "${SCALE_IMAGES:-64}" --output "$R/scale.json" ;;
 23) recovery "${T23:-300}" ;;
+24) timeout "${T24:-300}" python3 benchmarks/recovery_processes.py --device "$DEV" --shape "${RPSHAPE:-$B}" \
+     --processes ${RPROCS:-1 2} --steps "${RPSTEPS:-20}" --batch-size "${RPBATCH:-16}" \
+     --work "${RPWORK:-/tmp/recovery_processes}" --output "$R/recovery_processes.json" ;;
+25) timeout "${T25:-540}" python3 benchmarks/big_vit.py --device "$DEV" --shape "${BIG:-dinov3-7b}" --preset fast \
+     --images "${BIG_IMAGES:-64}" --generations "${BIG_GENERATIONS:-1}" --output "$R/big_vit.json" ;;
+26) timeout "${T26:-540}" python3 benchmarks/big_vit.py --device "$DEV" --shape "${BIG:-dinov3-7b}" --preset fast \
+     --images "${BIG_IMAGES:-64}" --generations "${BIG_GENERATIONS:-1}" --max-memory-mib "${BIG_CAP:-8192}" \
+     --load-sparsities 0.3 --output "$R/big_vit_offloaded.json" ;;
 22) timeout "${T22:-170}" "${SERVING[@]}" --shapes "$S" --paths eager compile-unpadded graphs-unpadded \
      --path-batch-sizes compile-unpadded=32,256 graphs-unpadded=1,32 --batch-sizes 1 32 256 \
      --sparsities ${GRID_SPARSITIES:-0.1 0.3 0.5 0.6} --repeats 10 --output "$R/serving_paths_grid_small_compiled.json" ;;

@@ -9,6 +9,12 @@ in log-log): ``b = 1`` is linear growth.
 
     python benchmarks/scale.py --device cuda --shapes vit-b16 vit-l16 so400m vit-g14 --images 64
     python benchmarks/scale.py --device cpu --shapes tiny small --presets fast --images 4 --generations 1   # the test
+
+``--cpu-memory`` runs the CPU mode instead (:mod:`scale_memory`): peak resident memory and seconds per phase of narrow
+shapes at 197 to 1025 tokens and growing depth and width, with and without a ``max_memory`` budget of a quarter of
+the unbudgeted peak's activations, checking that the budget holds and the rankings are equal:
+
+    python benchmarks/scale.py --cpu-memory --output benchmarks/results/scale_memory_cpu.json
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import bench_ranking_time  # noqa: E402
+import scale_memory  # noqa: E402
 import hf_snapvit  # noqa: E402
 from _harness import SHAPES as STANDARD, build, device_report, timed, write_json  # noqa: E402
 from _harness import parser as harness_parser  # noqa: E402
@@ -52,6 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None, help="JSON (default: benchmarks/results/scale_<device name>.json)")
+    memory = parser.add_argument_group("CPU mode")
+    memory.add_argument("--cpu-memory", action="store_true",
+                        help="peak memory and phase seconds of narrow shapes, with and without a budget")
+    memory.add_argument("--memory-shapes", nargs="+", choices=sorted(scale_memory.MEMORY_SHAPES),
+                        default=["t197", "t577", "t729", "t1025", "t197-depth4", "t197-width128"])
+    memory.add_argument("--memory-images", type=int, default=8, help="gradient and fitness images of each ranking")
     return parser.parse_args(argv)
 
 
@@ -111,6 +124,10 @@ def growth(rows: list[dict[str, Any]], presets: list[str]) -> dict[str, float | 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.cpu_memory:
+        args.device, args.images = "cpu", args.memory_images
+        output, report = device_report("scale.py", argv, args, prefix="scale_memory")
+        return scale_memory.run(args, output, report, write_json)
     output, report = device_report("scale.py", argv, args, rows=[])
     # run_one reads these from its own command line's namespace.
     options = argparse.Namespace(images=args.images, generations=args.generations, seed=args.seed,

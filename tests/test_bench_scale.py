@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from helpers import load_benchmark
 
 
@@ -26,3 +28,20 @@ def test_the_scale_benchmark_ranks_loads_and_fits_growth_exponents(tmp_path):
     assert abs(report["growth_exponents"]["fast.wall_seconds"] - expected) < 1e-9
     assert report["growth_exponents"]["fast.peak_memory_bytes"] is None  # no GPU memory on a CPU
     assert script.exponent([(1.0, 2.0), (2.0, 8.0), (4.0, 32.0)]) == 2.0
+
+
+@pytest.mark.slow  # two fresh child processes (the peak memory must be the ranking's own)
+def test_the_cpu_mode_measures_each_ranking_with_and_without_a_budget_that_holds(tmp_path):
+    script = load_benchmark("scale")
+    output = tmp_path / "memory.json"
+    assert script.main(["--cpu-memory", "--memory-shapes", "tiny", "--presets", "fast", "--memory-images", "4",
+                        "--generations", "1", "--output", str(output)]) == 0
+    report = json.loads(output.read_text())
+    (row,) = report["memory_rows"]
+    assert report["memory_checks"] == {"budgets_hold": True, "rankings_equal": True}
+    assert row["same_ranking"] and row["max_relative_score_difference"] <= 1e-6
+    free, budgeted = row["unbudgeted"], row["budgeted"]
+    assert 0 < budgeted["peak_bytes"] <= 1.1 * row["budget_bytes"] and free["peak_bytes"] > 0
+    # The budget split the gradient steps; every phase was timed and its peak sampled.
+    assert budgeted["micro_batches"]["gradient"] < free["micro_batches"]["gradient"]
+    assert set(free["phases"]) >= {"data", "gradients", "search"} and free["phase_peak_bytes"]["gradients"] > 0

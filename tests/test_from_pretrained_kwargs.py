@@ -81,7 +81,7 @@ def test_arguments_transformers_ignores_or_that_change_nothing_load_the_same_mod
 
 @pytest.mark.parametrize("kwargs", [{"quantization_config": {"load_in_8bit": True}}, {"tp_plan": "auto"},
                                     {"use_safetensors": False}, {"config": transformers.ViTConfig()},
-                                    {"variant": "fp16"}, {"max_memory": {0: "1GB"}}])
+                                    {"variant": "fp16"}])
 def test_options_this_loader_cannot_honour_are_refused_naming_them_and_the_way(folders, kwargs):
     name = next(iter(kwargs))
     with pytest.raises(ConfigError, match=rf"{name}=.* is not supported.*save_pretrained.*transformers.*{name}="):

@@ -298,6 +298,58 @@ def test_cli_export_recover(elastic_dir, tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------------------------- two processes
+def test_gradients_are_reduced_by_accelerate_not_by_hand():
+    from hf_snapvit.recovery import parallel, train
+
+    sources = [Path(m.__file__).read_text() for m in (hf_snapvit.recovery, parallel, train)]
+    assert not hasattr(train, "sum_gradients") and not any(".grad" in text for text in sources)
+    assert "accelerator.prepare(" in sources[1] and "accelerator.backward(" in sources[1]
+
+
+class TwoProcesses:
+    """What :func:`hf_snapvit.distributed.process_state` says under a 2-process launch, as far as the checks read."""
+
+    num_processes = 2
+
+
+def test_a_sharded_launch_is_refused_naming_what_it_asked_for(monkeypatch):
+    from hf_snapvit.recovery import parallel
+
+    class Sharded:
+        distributed_type = type("Kind", (), {"value": "FSDP"})
+
+    monkeypatch.setattr(parallel, "process_state", TwoProcesses)
+    monkeypatch.setattr(parallel, "_accelerator", Sharded)
+    teacher = CASE["vit-cls"].build()
+    with pytest.raises(RecoveryError, match="asks for FSDP.*--use_fsdp"):
+        recover(sliced(teacher), teacher, pixels(4), RecoveryConfig(steps=1, batch_size=2, held_out_images=0),
+                show_progress=False)
+
+
+def test_a_batch_smaller_than_the_processes_raises_before_training(monkeypatch):
+    from hf_snapvit.recovery import parallel
+
+    monkeypatch.setattr(parallel, "process_state", TwoProcesses)
+    teacher = CASE["vit-cls"].build()
+    with pytest.raises(RecoveryError, match=r"batch_size=1\) on 2 processes.*batch_size >= 2"):
+        recover(sliced(teacher), teacher, pixels(4), RecoveryConfig(steps=1, batch_size=1, held_out_images=0),
+                show_progress=False)
+
+
+def interrupted(student, teacher, config: RecoveryConfig) -> None:
+    """Recover ``student`` in place, stopped by a KeyboardInterrupt in the 3rd step (the same one on every process)."""
+    calls = [0]
+
+    def interrupt(module, args):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+
+    student.register_forward_pre_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        recover_(student, teacher, images(20), config, processor=PROCESSOR, show_progress=False)
+
+
 def scenario(out: Path, rank: int) -> None:
     """Recover per size and elastically (the elastic checkpoint in ``out/elastic``) with 1 thread; write the weights
     of this process."""
@@ -305,13 +357,42 @@ def scenario(out: Path, rank: int) -> None:
     teacher = CASE["vit-cls"].build()
     # 7 images per step: the processes get unequal shares (4 and 3).
     config = RecoveryConfig(steps=3, batch_size=7, warmup_steps=1, num_images=20)
-    per_size, _ = recover(sliced(teacher), teacher, images(20), config, processor=PROCESSOR, show_progress=False)
+    per_size, first = recover(sliced(teacher), teacher, images(20), config, processor=PROCESSOR,
+                              show_progress=False)
     torch.save(per_size.state_dict(), out / f"per_size.rank{rank}.pt")
+    # Interrupted in its 3rd step on every process (after the state of step 2), then resumed: the same weights.
+    saving = dict(steps=3, batch_size=7, warmup_steps=1, num_images=20, checkpoint_every=1)
+    shared = RecoveryConfig(**saving, output_dir=str(out / ("state" if rank < 9 else "state9")))
+    interrupted(sliced(teacher), teacher, shared)
+    resumed, summary = recover(sliced(teacher), teacher, images(20), shared, processor=PROCESSOR,
+                               show_progress=False)
+    assert summary.resumed_from == 2, summary.resumed_from
+    assert all(torch.equal(a, b) for a, b in zip(resumed.state_dict().values(), per_size.state_dict().values()))
+    if rank < 9:  # a state only the main process sees: every process refuses to resume, none waits forever
+        private = RecoveryConfig(**saving, output_dir=str(out / f"private{rank}"))
+        interrupted(sliced(teacher), teacher, private)
+        with pytest.raises(RecoveryError, match=r"different steps \[2, 0\]"):
+            recover(sliced(teacher), teacher, images(20), private, processor=PROCESSOR, show_progress=False)
+    # ViTModel's pooler takes no part in the loss: no process gives it a gradient, so AdamW must leave it alone.
+    pooled, _ = recover(sliced(CASE["vit"].build()), CASE["vit"].build(), images(20), config, processor=PROCESSOR,
+                        show_progress=False)
+    torch.save(pooled.state_dict(), out / f"pooled.rank{rank}.pt")
     dense = hf_snapvit.ElasticViTModel.from_pretrained(out / "elastic")  # written by the test, before the launch
-    elastic, _ = recover(dense, None, images(20), RecoveryConfig(steps=3, batch_size=7, warmup_steps=1, elastic=True,
-                                                                elastic_range=(0.1, 0.5)),
-                         processor=PROCESSOR, show_progress=False)
+    elastic, second = recover(dense, None, images(20), RecoveryConfig(steps=3, batch_size=7, warmup_steps=1,
+                                                                     elastic=True, elastic_range=(0.1, 0.5)),
+                              processor=PROCESSOR, show_progress=False)
     torch.save(elastic.state_dict(), out / f"elastic.rank{rank}.pt")
+    (out / f"processes.rank{rank}.json").write_text(json.dumps([first.processes, second.processes]))
+    # Last: the CLI ends the process group. Every process recovers, the main one writes the folder.
+    from hf_snapvit.cli import main
+
+    folder = out / f"images{rank}"
+    folder.mkdir()
+    for i, image in enumerate(images(6)):
+        image.save(folder / f"{i}.png")
+    assert main(["export", "--model", str(out / "elastic"), "--sparsity", "0.3", "--output",
+                 str(out / ("export" if rank < 9 else "export9")), "--recover", "--data", str(folder),
+                 "--num-samples", "6", "--steps", "2", "--batch-size", "3", "-q"]) == 0
 
 
 @pytest.mark.slow  # launches two accelerate processes
@@ -319,7 +400,8 @@ def test_two_processes_recover_like_one(tmp_path):
     from test_distributed import _free_port
 
     teacher = CASE["vit-cls"].build()
-    hf_snapvit.save_elastic(teacher, hf_snapvit.rank(teacher, method="magnitude"), tmp_path / "elastic")
+    hf_snapvit.save_elastic(teacher, hf_snapvit.rank(teacher, method="magnitude"), tmp_path / "elastic",
+                            image_processor=PROCESSOR)
     env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONWARNINGS="ignore")
     command = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
@@ -332,12 +414,27 @@ def test_two_processes_recover_like_one(tmp_path):
         scenario(tmp_path, 9)
     finally:
         torch.set_num_threads(threads)
-    for kind in ("per_size", "elastic"):
+    for kind in ("per_size", "pooled", "elastic"):
         one = torch.load(tmp_path / f"{kind}.rank9.pt")
         for rank in (0, 1):
             two = torch.load(tmp_path / f"{kind}.rank{rank}.pt")
             for name in one:
                 torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5, msg=f"{kind}: {name}")
+    # The gradients went through accelerate's DDP (gloo), not through a sum of our own.
+    for rank in (0, 1):
+        for record in json.loads((tmp_path / f"processes.rank{rank}.json").read_text()):
+            assert record == {"num_processes": 2, "distributed_type": "MULTI_CPU",
+                              "wrapper": "DistributedDataParallel"}, record
+    assert json.loads((tmp_path / "processes.rank9.json").read_text())[0]["wrapper"] == "Distilled"
+    exported, reference = (hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / name)
+                           for name in ("export", "export9"))
+    assert exported.config.elastic_recovery["processes"]["num_processes"] == 2
+    for (name, a), b in zip(exported.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"export: {name}")
+    pooler = {k: v for k, v in sliced(CASE["vit"].build()).state_dict().items() if k.startswith("pooler.")}
+    for rank in (0, 1, 9):
+        trained = torch.load(tmp_path / f"pooled.rank{rank}.pt")
+        assert pooler and all(torch.equal(trained[k], v) for k, v in pooler.items()), rank
     start = sliced(CASE["vit-cls"].build()).state_dict()
     trained = torch.load(tmp_path / "per_size.rank9.pt")
     assert any(not torch.equal(trained[k], start[k]) for k in trained)

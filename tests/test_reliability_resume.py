@@ -83,7 +83,8 @@ def hang_in_writing_step_3(payload, handle, *args, **kwargs):
 if sys.argv[2] == "True":
     torch.save = hang_in_writing_step_3
 else:
-    recovery.forward_outputs = hang_in_step_5
+    # The teacher's forward is the loop's, the student's runs inside recovery.parallel.Distilled.
+    recovery.forward_outputs = recovery.parallel.forward_outputs = hang_in_step_5
 teacher = CASES[1].build()
 config = recovery.RecoveryConfig(**RECOVERY, checkpoint_every=1, output_dir=sys.argv[1])
 recovery.recover(student_of(teacher), teacher, recovery_pixels(), config, show_progress=False)

@@ -325,7 +325,7 @@ def test_lora_adapters_reload_through_auto_peft_model_and_the_recipe(saved, tmp_
     torch.testing.assert_close(output_of(recipe, inputs), output_of(trained, inputs))
 
 
-def test_device_map_auto_picks_the_one_device_and_multi_device_maps_are_refused(saved):
+def test_device_map_auto_picks_the_one_device_and_strategies_are_refused(saved):
     root, _ = saved
     path = root / "vit-cls-elastic"
     model = hs.ElasticViTModel.from_pretrained(path, sparsity=0.4, device_map="auto")
@@ -333,10 +333,7 @@ def test_device_map_auto_picks_the_one_device_and_multi_device_maps_are_refused(
     assert {p.device.type for p in model.parameters()} == {expected}
     model = hs.ElasticViTModel.from_pretrained(path, sparsity=0.4, device_map={"": "cpu"})
     assert {p.device.type for p in model.parameters()} == {"cpu"}
-    for device_map in ("balanced", "sequential", {"vit": "cpu", "classifier": "cuda:0"}, {"vit": "cpu",
-                                                                                          "classifier": "disk"}):
-        with pytest.raises(ConfigError, match="one device.*device_map='auto'|several devices.*device_map='auto'"):
-            hs.ElasticViTModel.from_pretrained(path, sparsity=0.4, device_map=device_map)
+    # Dicts and strategies are placed by accelerate: tests/test_big_models.py.
 
 
 class _Images(torch.utils.data.Dataset):

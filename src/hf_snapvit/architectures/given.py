@@ -2,7 +2,8 @@
 its weights. Anything else is refused in one line naming what to pass instead, before any part of it is read: a
 ``torch.compile`` wrapper or a PEFT model (their module trees are not the model's own, and a PEFT model's adapters
 are no part of the weights a checkpoint would hold), a model whose weights are on the meta device (nothing to rank or
-save), a module that is no ``PreTrainedModel`` (no config to store), and a model without blocks."""
+save; weights accelerate offloaded, which its hooks hold, are values and pass), a module that is no
+``PreTrainedModel`` (no config to store), and a model without blocks."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.nn as nn
 from transformers import PreTrainedModel
 
 from ..errors import UnsupportedArchitectureError
+from .placement import offloaded_by_hooks
 
 
 def check_given(model: Any) -> None:
@@ -32,7 +34,7 @@ def check_given(model: Any) -> None:
         raise UnsupportedArchitectureError(
             f"hf_snapvit ranks and saves a transformers PreTrainedModel (ViTModel, AutoModel.from_pretrained(...)), "
             f"got {name}" + (f"; pass the {inner} it holds." if inner else "."))
-    if any(p.is_meta for p in model.parameters()):
+    if any(p.is_meta for p in model.parameters()) and not offloaded_by_hooks(model):
         raise UnsupportedArchitectureError(
             f"This {name} has weights on the meta device (no values to rank or save): load its weights first, e.g. "
             "with from_pretrained, or call model.to_empty(device=...) and load a state dict.")

@@ -71,11 +71,12 @@ def _correction_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> dict[str, Any] | None:
     """Load the elastic checkpoint at the budget and save it, with its image processor, to ``--output`` in one
     atomic write: the one ``save_pretrained`` makes, which writes the card and the loading module too."""
     from ..architectures.budget import backbone_parameters, layer_widths
     from ..architectures.flops import estimate_gflops
+    from ..distributed import process_state
     from ..files import atomic_directory
     from ..loading.modeling import ElasticViTModel
 
@@ -86,6 +87,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "target_gflops": args.target_gflops, "width_multiple": args.width_multiple,
                               **_correction_kwargs(args)}
     model = ElasticViTModel.from_pretrained(args.model, **kwargs)
+    if not process_state().is_main_process:  # under accelerate launch every process recovers (DDP); one writes
+        return None
     _record_base_model(model, args.base_model, output.name)
     processor = load_processor(args.model, required=False)
     # save_pretrained is itself an atomic write; inside this one it writes into this staging folder (no second

@@ -43,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SnapViT forward passes: auto = bf16 on CUDA and on CPUs with bf16 matrix units (AMX, "
                              "AVX512-BF16), float32 elsewhere, or accelerate's "
                              "--mixed_precision when it sets one; fp32 uses TF32 products on CUDA (default: auto)")
+    parser.add_argument("--max-memory", default=None, metavar="SIZE",
+                        help="memory budget of every ranking phase, e.g. 40GiB or 512MB: the gradient steps, the "
+                             "search and the unit order run in micro-batches planned to fit it, with the same ranking "
+                             "up to float rounding; a budget below one image's needs is refused with the figure "
+                             "(default: 90%% of the GPU's free memory, on a CPU half the available host memory)")
     parser.add_argument("--prefix-correction", action=argparse.BooleanOptionalAction, default=None,
                         help="also fit the weight correction for every size on the --data images the command read "
                              "and store it beside the weights (prefix_correction.safetensors; applied at load where "
@@ -111,8 +116,22 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
                           "leave --generations out, or use --method snapvit.")
     if args.generations is not None and args.generations < 0:
         raise ConfigError(f"--generations {args.generations}: give 0 (no search) or more generations, e.g. 3.")
+    max_memory = getattr(args, "max_memory", None)
+    if max_memory is not None:
+        from ..pruning.memory_plan import parse_memory
+
+        max_memory = parse_memory(max_memory, "--max-memory")  # a bad size fails before anything is loaded
     return dict(preset=args.preset, mode=args.mode, seed=args.seed, precision=args.precision,
-                max_generations=args.generations)
+                max_generations=args.generations, max_memory=max_memory)
+
+
+def _correction_config(ranking: Any) -> Any:
+    """The prefix correction's settings: the defaults, with the forward batch of the ranking's memory plan."""
+    from ..correction.config import CorrectionConfig
+
+    planned = ranking.provenance.get("memory_plan", {}).get("correction", {}).get("batch")
+    return CorrectionConfig() if planned is None else CorrectionConfig(batch_size=min(CorrectionConfig.batch_size,
+                                                                                      planned))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -163,7 +182,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         from ..publishing.saving import add_prefix_correction
 
         # The card save_elastic just wrote, rewritten with the correction's section (a hand-written one is kept).
-        record = add_prefix_correction(output, data, processor, refresh_card=True, show_progress=show)
+        record = add_prefix_correction(output, data, processor, refresh_card=True, show_progress=show,
+                                       config=_correction_config(ranking))
         correction = [s["requested"] for s in record.get("sizes", []) if s["kept"]]
     dense = stored.keep_counts(sparsity=0.0)
     result: dict[str, Any] = {

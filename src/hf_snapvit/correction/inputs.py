@@ -15,6 +15,7 @@ from huggingface_hub.utils import tqdm
 from ..architectures import get_attention, get_layers, get_mlp, get_projection, head_dim
 from ..architectures.embedding import image_embedding
 from ..errors import CorrectionError
+from ..architectures.placement import execution_device
 from ..data.views import model_inputs, processor_inputs
 
 
@@ -49,17 +50,24 @@ class HessianHook:
     """Accumulates ``Σ xxᵀ`` (float32) over every token a linear layer sees."""
 
     def __init__(self, linear: nn.Linear) -> None:
-        self.sum = torch.zeros(linear.in_features, linear.in_features, dtype=torch.float32,
-                               device=linear.weight.device)
+        self.width = linear.in_features
+        # A weight accelerate offloaded waits on the meta device: the sum goes where the layer's first input is.
+        meta = linear.weight.device.type == "meta"
+        self.sum = None if meta else torch.zeros(self.width, self.width, dtype=torch.float32,
+                                                 device=linear.weight.device)
         self.count = 0
         self.handle = linear.register_forward_hook(self)
 
     def __call__(self, module, args, output) -> None:
         x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+        if self.sum is None:
+            self.sum = torch.zeros(self.width, self.width, dtype=torch.float32, device=x.device)
         self.sum.addmm_(x.T, x)
         self.count += x.shape[0]
 
     def hessian(self) -> torch.Tensor:
+        if self.sum is None:  # never called
+            return torch.zeros(self.width, self.width)
         return self.sum / max(self.count, 1)
 
 
@@ -83,7 +91,7 @@ def output_columns(layer: nn.Module, spec, units: tuple[Any, Any] | None) -> lis
 def capture_first_block_inputs(model: nn.Module, spec, batches: Sequence[Any], processor: Any,
                                 show_progress: bool) -> list[BlockInputs]:
     first = get_layers(model, spec)[0]
-    parameter = next(model.parameters())
+    dtype, device = next(model.parameters()).dtype, execution_device(model)  # offloaded weights wait on meta
     captured: list[BlockInputs] = []
 
     def hook(module, args, kwargs):
@@ -99,7 +107,7 @@ def capture_first_block_inputs(model: nn.Module, spec, batches: Sequence[Any], p
         for batch in tqdm(batches, desc="correction: embed calibration images", disable=not show_progress):
             try:
                 # The backbone's own embedding path (patchifying, position-embedding interpolation) up to block 0.
-                image_embedding(model, model_inputs_of(batch, processor, parameter.device, parameter.dtype), spec)
+                image_embedding(model, model_inputs_of(batch, processor, device, dtype), spec)
             except _StopForward:
                 pass
     finally:

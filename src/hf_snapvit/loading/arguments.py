@@ -3,8 +3,9 @@ them: Hub arguments to the downloads, the model-shaping ones to the build, trans
 loader does with each, and everything else first to the config (``num_labels=10``) and then to the model class's
 ``__init__`` (``add_pooling_layer=False``), where an argument neither takes fails as it fails in transformers.
 
-A transformers option this loader cannot honour (it reads only the slices a size keeps, from safetensors, onto one
-device) is refused naming it and the way to get it: save the size and load that folder with transformers.
+A transformers option this loader cannot honour (it reads only the slices a size keeps, from safetensors) is refused
+naming it and the way to get it: save the size and load that folder with transformers. A ``device_map`` dict that
+spreads the model is placed by accelerate's ``dispatch_model`` (:mod:`hf_snapvit.loading.placement`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from ..elastic.checkpoint import HUB_KWARGS
 from ..errors import ConfigError
+from .placement import device_name
 
 #: Arguments transformers' ``from_pretrained`` itself drops (transformers 5), accepted and ignored the same way.
 IGNORED_BY_TRANSFORMERS = ("low_cpu_mem_usage", "mirror", "_fast_init", "from_tf", "from_flax", "offload_state_dict")
@@ -37,9 +39,6 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "key_mapping": ((None,), "weight names are mapped with transformers' own conversions"),
     "quantization_config": ((None,), "the slices are read in floating point"),
     "gguf_file": ((None,), "elastic checkpoints are safetensors"),
-    "max_memory": ((None,), "the model goes to one device"),
-    "offload_folder": ((None,), "the model goes to one device"),
-    "offload_buffers": ((None, False), "the model goes to one device"),
     "distributed_config": ((None,), "the model goes to one device"),
     "device_mesh": ((None,), "the model goes to one device"),
     "tp_plan": ((None,), "the model goes to one device"),
@@ -57,13 +56,19 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
 @dataclass
 class LoadOptions:
     """``from_pretrained``'s keyword arguments, sorted: ``hub`` for the downloads, ``build`` for the model class
-    (dtype, attention implementation, ``__init__`` arguments), ``device``, transformers' loading switches, and the
+    (dtype, attention implementation, ``__init__`` arguments), ``device`` (one device) or ``device_map`` (a dict
+    spreading the model, or a strategy accelerate computes one by, with ``max_memory``; ``offload_folder`` and
+    ``offload_buffers``), transformers' loading switches, and the
     candidate config overrides (``config_kwargs``, with ``trust_remote_code`` and ``code_revision``, which
     ``AutoConfig`` reads; those that are no config attribute go to ``__init__``)."""
 
     hub: dict[str, Any] = field(default_factory=dict)
     build: dict[str, Any] = field(default_factory=dict)
     device: Any = None
+    device_map: dict[str, Any] | str | None = None
+    max_memory: dict[Any, Any] | None = None
+    offload_folder: Any = None
+    offload_buffers: bool = False
     ignore_mismatched_sizes: bool = False
     output_loading_info: bool = False
     config_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -107,36 +112,49 @@ def sort_arguments(kwargs: dict[str, Any]) -> LoadOptions:
         if kwargs.get(name) is not None:
             options.build[name] = kwargs.pop(name)
         kwargs.pop(name, None)
-    options.device = single_device(kwargs.pop("device_map", None))
+    options.max_memory = kwargs.pop("max_memory", None)
+    options.device, options.device_map = placement(kwargs.pop("device_map", None), options.max_memory)
+    options.offload_folder = kwargs.pop("offload_folder", None)
+    options.offload_buffers = bool(kwargs.pop("offload_buffers", False))
+    if options.device_map is None and options.offload_folder is not None:
+        raise ConfigError(f"offload_folder={options.offload_folder!r} holds the weights a device_map sends to "
+                          "'disk'; pass a device_map dict that does (e.g. {'vit.encoder.layer.11': 'disk', ...}) "
+                          "or leave offload_folder out.")
     options.config_kwargs = kwargs
     return options
 
 
-def single_device(device_map: Any) -> Any:
-    """The one device a ``device_map`` names: ``"auto"`` is the accelerator torch sees (its current device), else
-    the CPU; a dict must send every module to the same device. Multi-device placement is refused."""
+#: The strategies accelerate's ``infer_auto_device_map`` computes a device map by, as transformers names them.
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def placement(device_map: Any, max_memory: Any = None) -> tuple[Any, dict[str, Any] | str | None]:
+    """``(device, None)`` for a ``device_map`` that names one device (``"auto"`` without ``max_memory``: the
+    accelerator torch sees, its current device, else the CPU; a dict sending every module to one device), or
+    ``(None, map)`` for accelerate to place the sliced model by: a dict that spreads it over several devices or
+    offloads part of it, or a strategy (:data:`STRATEGIES`; ``"auto"`` with ``max_memory``) to compute one by.
+
+    Raises:
+        ConfigError: ``max_memory`` without a strategy to use it, or an empty dict.
+    """
+    if max_memory is not None and device_map not in STRATEGIES:
+        raise ConfigError(f"max_memory={max_memory!r} caps what accelerate places on each device, which needs "
+                          f"device_map='auto', 'balanced' or 'sequential' (got device_map={device_map!r}).")
+    if isinstance(device_map, str) and device_map in STRATEGIES and (device_map != "auto" or max_memory is not None):
+        return None, device_map
     if isinstance(device_map, dict):
-        devices = {_device_name(d) for d in device_map.values()}
-        if len(devices) != 1:
-            raise ConfigError(f"device_map={device_map!r} spreads the model over {sorted(devices)}; hf_snapvit "
-                              f"loads a sliced model onto one device: pass device_map='auto', 'cpu', 'cuda:0', or "
-                              f"a dict sending every module to one device (e.g. {{'': 'cuda:0'}}).")
+        devices = {device_name(d) for d in device_map.values()}
+        if not devices:
+            raise ConfigError("device_map={} places nothing: give {'': 'cpu'} (one device) or a dict of module "
+                              "names to devices.")
+        if len(devices) > 1 or devices == {"disk"}:
+            return None, dict(device_map)
         device_map = devices.pop()
     if device_map == "auto":
         accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-        return torch.device(accelerator.type, torch.accelerator.current_device_index()) if accelerator else "cpu"
-    if isinstance(device_map, str) and device_map in ("balanced", "balanced_low_0", "sequential"):
-        raise ConfigError(f"device_map={device_map!r} spreads the model over several devices, which hf_snapvit "
-                          "does not support; pass device_map='auto' (the one accelerator, else the CPU), 'cpu', "
-                          "'cuda:0', a torch.device or a device index.")
-    return device_map
-
-
-def _device_name(device: Any) -> str:
-    try:
-        return str(torch.device(device))
-    except (RuntimeError, TypeError):
-        return str(device)  # accelerate's "disk" offload, which torch does not name
+        return (torch.device(accelerator.type, torch.accelerator.current_device_index()) if accelerator
+                else "cpu"), None
+    return device_map, None
 
 
 def model_dtype(dtype: Any, config: Any) -> torch.dtype:
@@ -146,4 +164,4 @@ def model_dtype(dtype: Any, config: Any) -> torch.dtype:
 
 
 __all__ = ["IGNORED_BY_TRANSFORMERS", "LoadOptions", "NO_EFFECT", "READ_BY_CONFIG", "SHAPING", "UNSUPPORTED",
-           "model_dtype", "single_device", "sort_arguments"]
+           "STRATEGIES", "model_dtype", "placement", "sort_arguments"]

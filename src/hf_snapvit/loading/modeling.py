@@ -26,6 +26,7 @@ from ..elastic.ranking import ElasticRanking, KeepCounts
 from ..recovery import RecoveryConfig, recover_, warn_if_untrained
 from .arguments import READ_BY_CONFIG, LoadOptions, model_dtype, sort_arguments
 from .latency_table import load_latency_tables
+from .placement import check_spread, dispatch_sliced
 from .sliced import finish_sliced
 from .stored_spec import check_stored_spec_loads
 from .switchable import as_switchable
@@ -87,9 +88,9 @@ class ElasticViTModel:
                 are given to fit), ``True`` requires it, ``False`` leaves it.
             **kwargs: transformers' own, routed as ``PreTrainedModel.from_pretrained`` routes them (each is listed
                 in :mod:`hf_snapvit.loading.arguments`): the Hub's (``revision``, ``token``, ...), ``dtype``,
-                ``attn_implementation``, ``device_map``, ``ignore_mismatched_sizes``, ``output_loading_info``; the
-                rest override config attributes, then go to the model's ``__init__``. Options this loader cannot
-                honour (``quantization_config``, ``tp_plan``, ...) raise :class:`~hf_snapvit.errors.ConfigError`.
+                ``device_map`` (a dict, or a strategy with ``max_memory``: placed by accelerate),
+                ``attn_implementation``, ``ignore_mismatched_sizes``, ``output_loading_info``; the rest override config
+                attributes, then ``__init__``. Options it cannot honour (``tp_plan``, ...) raise ``ConfigError``.
 
         Returns:
             The stock transformers model, sliced, in eval mode (its twin in :mod:`hf_snapvit.loading.sliced`);
@@ -108,7 +109,7 @@ class ElasticViTModel:
         ranking, layout = elastic_entries(config, pretrained_model_name_or_path)
         resized = any(v is not None for v in (sparsity, target_params, target_gflops))
         fitting = (correction_data, correction), (recovery_data, recovery)
-        _check_fit_arguments(*fitting, layout, budget=resized, switchable=switchable)
+        _check_fit_arguments(*fitting, layout, budget=resized, switchable=switchable, device_map=options.device_map)
         model, dense_shape = _dense_skeleton(config, layout, ranking, options.build)
         checkpoint_shape = _checkpoint_shape(pretrained_model_name_or_path, options, layout, ranking, dense_shape)
         reader = CheckpointReader(pretrained_model_name_or_path, **options.hub)
@@ -126,7 +127,7 @@ class ElasticViTModel:
             processor_for = partial(_processor_for, source=pretrained_model_name_or_path, hub_kwargs=options.hub)
             _load_sized(model, counts, stored, reader, options, fitting, processor, processor_for, prefix, info)
             model.config._name_or_path = str(pretrained_model_name_or_path)
-            model = finish_sliced(model, counts, multiple, dense_shape)
+            model = dispatch_sliced(finish_sliced(model, counts, multiple, dense_shape), options)
         return (model, info) if options.output_loading_info else model
 
 
@@ -233,11 +234,13 @@ def _check_correction_arguments(correction: Any, correction_data: Any, layout: d
 
 
 def _check_fit_arguments(correcting: tuple[Any, Any], recovering: tuple[Any, Any], layout: dict | None, *,
-                         budget: bool, switchable: Any = False) -> None:
+                         budget: bool, switchable: Any = False, device_map: dict | None = None) -> None:
     """Check the ``(data, config)`` pairs of correction and recovery against the checkpoint, the budget and
-    ``switchable``."""
+    ``switchable`` (and a ``device_map`` that spreads the model against both)."""
     (correction_data, correction), (recovery_data, recovery) = correcting, recovering
     _check_switchable(switchable, layout, correction_data is not None or recovery_data is not None)
+    check_spread(device_map, switchable=switchable is True,
+                 fitting=correction_data is not None or recovery_data is not None)
     _check_correction_arguments(correction, correction_data, layout)
     if recovery is not None and not isinstance(recovery, RecoveryConfig):
         raise RecoveryError(f"recovery must be a RecoveryConfig, got {type(recovery).__name__}.")

@@ -20,6 +20,11 @@ precision (:func:`hf_snapvit.distributed.resolve_precision`), by default acceler
 teacher and every candidate run on a bf16 copy of the weights rather than under autocast: the search only compares
 candidates with a teacher computed the same way, and on a CPU with AMX this cut the ``fast`` preset's search from 94
 to 75 s with the same ranking (``docs/results.md``). Other precisions autocast.
+
+A model accelerate placed (``device_map``, ``cpu_offload``: :mod:`hf_snapvit.architectures.placement`) cannot be
+copied or sliced in place: its candidates run on it with the removed units masked
+(:func:`hf_snapvit.surgery.masking.masked`), which computes what the sliced model computes at the dense model's cost,
+and bf16 autocasts.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from .cka import linear_cka
 from ..architectures.embedding import image_embedding
 from ..distributed import autocast, map_across_processes, mixed_precision, process_state
 from ..errors import ConfigError
+from ..architectures.placement import execution_device, is_dispatched
+from ..surgery.masking import masked
 from ..surgery.slicing import slice_model_
 from .token_subset import TokenSubset
 from ..validation import is_real
@@ -115,10 +122,12 @@ class EmbeddingFitness:
         self._tokens = None if token_fraction == 1 else TokenSubset(
             self.spec.extra_tokens(model.config), float(token_fraction), seed, self.spec.model_type)
         self.precision = mixed_precision() if precision is None else precision
-        self.model = copy.deepcopy(model).to(torch.bfloat16) if self.precision == "bf16" else model
+        spread = is_dispatched(model)  # placed by accelerate: no copy, no slicing, masked candidates
+        self._bf16_copy = self.precision == "bf16" and not spread
+        self.model = copy.deepcopy(model).to(torch.bfloat16) if self._bf16_copy else model
         # Candidates are scored at the widths a user loads (aligned by default), so the search optimises those models.
         self.width_multiple = width_multiple
-        self.device = next(model.parameters()).device
+        self.device = execution_device(model)
         self.pixel_values = pixel_values.to(self.device)
         # In the weights' dtype once (the same tensor in float32); pixel_values stays as given for other readers
         # (the CKA covariance runs the caller's float32 model on it).
@@ -129,7 +138,7 @@ class EmbeddingFitness:
                        else [slice(None)] * len(self.sparsities))
         self.batch_size = batch_size
         self._clock = _ForwardClock(self.device)
-        self.work = copy.deepcopy(self.model)  # re-sliced from ``model`` for every evaluation
+        self.work = None if spread else copy.deepcopy(self.model)  # re-sliced from ``model`` for every evaluation
         teacher, blocks = self._forward(None)
         if blocks is not None:
             self.block_mean = blocks.mean(1, keepdim=True)
@@ -160,14 +169,19 @@ class EmbeddingFitness:
     def _forward(self, keep, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The embeddings of ``rows``, and for the ``"blocks"`` measure every block's token-mean output
         ``[L, N, D]``."""
-        model = self.model if keep is None else slice_model_(self.work, self._on_device(keep), source=self.model)
+        mask = contextlib.nullcontext()
+        if keep is None or self.work is None:
+            model = self.model
+            mask = mask if keep is None else masked(model, keep)
+        else:
+            model = slice_model_(self.work, self._on_device(keep), source=self.model)
         chunks = []
-        cast = contextlib.nullcontext() if self.precision == "bf16" else autocast(self.device, precision=self.precision)
+        cast = contextlib.nullcontext() if self._bf16_copy else autocast(self.device, precision=self.precision)
         blocks = _BlockOutputs(get_layers(model, self.spec)) if self.measure == "blocks" else None
         inputs, images = self._inputs[rows], range(len(self._inputs))[rows]
         tokens = self._tokens
         subset = contextlib.nullcontext() if tokens is None else tokens.on(get_layers(model, self.spec)[0])
-        with self._clock, cast, blocks or contextlib.nullcontext(), subset:
+        with self._clock, cast, mask, blocks or contextlib.nullcontext(), subset:
             for i in range(0, len(inputs), self.batch_size):
                 batch = {"pixel_values": inputs[i:i + self.batch_size]}
                 if tokens is not None:

@@ -13,13 +13,15 @@ weights the unit owns (paper §3.2; the reference's choices are in ``snapvit-ref
   ``(Σ_unit w·g)²`` (Molchanov et al. 2019);
 * a neuron is scored on its FFN input rows, a head on its value rows (``head_rows="v"``, as the reference) or on its
   q, k and v rows; each score is the mean over those weights. Scores are accumulated in float64: they reach 1e-30.
+  ``fisher`` and ``obd`` sum one value per weight row every step (a unit's score is a sum over its rows), so they
+  hold no float64 copy of the weights; the others need each weight's whole gradient sum and keep one per weight.
 
 The per-image definitions take every image of a gradient step from the step's one backward pass
 (:mod:`hf_snapvit.pruning.sample_gradients`), not one backward pass per image.
 
-A step whose crops do not fit in the device's memory (SigLIP-so400m at 384 px: 16 images x 12 crops of 729 tokens
-need more than an H200's 141 GB) is run as parts of halving size (accelerate's ``find_executable_batch_size``): the
-per-image sums and the batch-mean gradients are linear in the images, so the parts add up to the step.
+A step too large for memory (SigLIP-so400m, 384 px: 16 images x 12 crops of 729 tokens) runs in parts of the memory
+plan's size (:mod:`hf_snapvit.pruning.memory_plan`), halved after an out-of-memory error (accelerate's
+``find_executable_batch_size``); per-image sums and batch-mean gradients are linear in the images, so parts add up.
 
 The crops of image ``i`` are drawn from ``numpy.random.default_rng([seed, i])``, so they do not depend on the batch
 or the process that embeds the image; on several processes (:mod:`hf_snapvit.distributed`) each takes whole gradient
@@ -41,14 +43,17 @@ from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
 from ..architectures.embedding import input_size as architecture_input_size
-from ..architectures import ffn_rows, get_attention, get_layers, get_mlp, get_spec, head_dim, qkv_rows
+from ..architectures import ffn_rows, get_attention, get_layers, get_mlp, get_spec, qkv_rows
 from ..architectures.embedding import image_embedding
 from ..data.views import MultiCropConfig, Normalizer, processor_inputs, seeded_multi_crops
 from ..errors import ConfigError, DataError
 from ..validation import require_choice, require_int
 from ..data.calibration import GradientSteps
 from ..distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
+from .checkpointing import checkpointed_blocks
+from ..architectures.placement import execution_device, offloaded_by_hooks, weights_reloaded_for_backward
 from .sample_gradients import SquaredSampleGradients
+from .unit_scores import unit_scores, weight_statistics
 from ..logs import get_logger
 
 logger = get_logger(__name__)
@@ -68,10 +73,9 @@ class ScoreConfig:
         head_rows: ``"v"`` scores a head on its value rows (the reference), ``"qkv"`` on its q, k and v rows.
         batch_size: Images per gradient step. The per-image definitions (``"fisher"``, ``"obd"``) take every image's
             own gradient from the step's one backward pass (:mod:`hf_snapvit.pruning.sample_gradients`), so the step size
-            changes their scores only by float rounding; the others average the gradient over the step. Memory
-            grows with it: every crop of a step's images is forwarded with gradients at once. A step that runs out
-            of device memory is run in parts of half the size, with the same scores up to float rounding (a CPU
-            seldom raises an out-of-memory error: lower it there for a large model).
+            changes their scores only by float rounding; the others average the gradient over the step. It does
+            not set the memory: a step runs in parts planned to fit ``rank(..., max_memory=...)``, with the same
+            scores up to float rounding (and in halves again after an out-of-memory error on a GPU).
         crops: The multi-crop views of the DINO loss.
     """
 
@@ -129,21 +133,9 @@ def _scored_layers(model: PreTrainedModel, head_rows: str) -> tuple[list[list[tu
     return heads, neurons
 
 
-def _reduce(stats: list[list[torch.Tensor]], unit_rows: int, squared_sum: bool) -> np.ndarray:
-    """One score per unit (``unit_rows`` consecutive rows of every matrix): the mean of the per-weight statistic, or
-    with ``squared_sum`` the square of its sum (a unit-level Taylor estimate)."""
-    rows = []
-    for matrices in stats:
-        total = sum(g.sum(1) for g in matrices).view(-1, unit_rows).sum(1)  # [units]
-        if squared_sum:
-            rows.append((total**2).cpu().numpy())
-        else:
-            rows.append((total / (sum(g.shape[1] for g in matrices) * unit_rows)).cpu().numpy())
-    return np.stack(rows)
-
-
 def _add_step(loss_of, chunk, labels, first: int, recorder: SquaredSampleGradients | None,
-              weights: list[torch.Tensor], sums: list[torch.Tensor], precision_context, step_images: int) -> None:
+              weights: list[torch.Tensor], sums: list[torch.Tensor], precision_context, step_images: int,
+              scales: list[torch.Tensor] | None = None) -> None:
     """Add ``chunk`` (a step's images, or a part of them) to ``sums``: every image's squared gradient (with a
     ``recorder``), else its share of the step's batch-mean gradient (the step has ``step_images`` images)."""
     if recorder is None:
@@ -158,23 +150,28 @@ def _add_step(loss_of, chunk, labels, first: int, recorder: SquaredSampleGradien
     with recorder, precision_context:
         # The sum of the images' losses: each image's rows then receive that image's own gradient.
         loss = loss_of(chunk, labels, first_index=first) * len(chunk)
-    recorder.accumulate(loss, len(chunk), sums)
+    recorder.accumulate(loss, len(chunk), sums, scales)
 
 
-def _accumulate(steps: list, weights: list[torch.Tensor], add, show_progress: bool) -> list[torch.Tensor]:
-    """The float64 sums over ``steps``, each step run in parts of at most as many images as fit in memory.
+def _accumulate(steps: list, weights: list[torch.Tensor], devices: list[torch.device], add, show_progress: bool,
+                per_row: bool, micro_batch: int | None = None) -> list[torch.Tensor]:
+    """The float64 sums over ``steps`` (one per row of each weight with ``per_row``, else one per weight), each step
+    run in parts of at most ``micro_batch`` images (the memory plan's), at most as many as fit in memory; each sum on
+    its layer's execution device (``devices``: a weight accelerate offloaded is on the meta device between forwards).
 
     On an out-of-memory error the sums restart from zero with parts of half the size: every step needs about the
     same memory, so the error comes in the first step and little work is repeated.
     """
     largest = max((len(chunk) for _, chunk, _ in steps), default=1)
+    start_with = min(largest, micro_batch or largest)
 
     def run(part: int) -> list[torch.Tensor]:
-        if part < largest:
-            logger.warning("A gradient step of %d images did not fit in memory; running it in parts of %d images "
-                           "(the scores are the same up to float rounding).", largest, part,
+        if part < start_with:
+            logger.warning("A gradient step in parts of %d images did not fit in memory; running it in parts of %d "
+                           "images (the scores are the same up to float rounding).", start_with, part,
                            main_process_only=False)  # this process's memory
-        sums = [torch.zeros_like(w, dtype=torch.float64) for w in weights]
+        sums = [torch.zeros(w.shape[:1] if per_row else w.shape, dtype=torch.float64, device=d)
+                for w, d in zip(weights, devices)]
         for w in weights:
             w.grad = None
         for first, chunk, labels in tqdm(steps, desc="gradient scores", unit="step", disable=not show_progress):
@@ -184,7 +181,7 @@ def _accumulate(steps: list, weights: list[torch.Tensor], add, show_progress: bo
         return sums
 
     # Wrapped by a call, not as a decorator: before accelerate 1.15 the decorator form drops reduce_batch_size_fn.
-    return find_executable_batch_size(run, starting_batch_size=largest, reduce_batch_size_fn=_halve(largest))()
+    return find_executable_batch_size(run, starting_batch_size=start_with, reduce_batch_size_fn=_halve(start_with))()
 
 
 def _halve(start: int):
@@ -205,9 +202,14 @@ def _halve(start: int):
 
 
 def _batch_loss(model, spec, chunk, labels, *, processor, normalizer, config, input_size, first_index, seed,
-                device) -> torch.Tensor:
+                device, input_grad: bool = False) -> torch.Tensor:
+    """The step's loss; with ``input_grad`` the pixels, not the weights, carry the gradient into the graph (of an
+    offloaded model, whose weights must not be held by the graph's leaves)."""
+    def leaf(pixels: torch.Tensor) -> torch.Tensor:
+        return pixels.detach().requires_grad_(True) if input_grad else pixels
+
     if config.loss == "ce":
-        logits = model(pixel_values=processor_inputs(chunk, processor).to(device)).logits
+        logits = model(pixel_values=leaf(processor_inputs(chunk, processor).to(device))).logits
         return F.cross_entropy(logits.float(), labels.to(device))
     global_views, local_views = seeded_multi_crops(chunk, first_index, seed, config.crops, normalizer, input_size,
                                                    None if device.type == "cpu" else device)
@@ -215,10 +217,10 @@ def _batch_loss(model, spec, chunk, labels, *, processor, normalizer, config, in
     b, g = global_views.shape[:2]
     with torch.no_grad():
         teacher = image_embedding(model, {"pixel_values": global_views.flatten(0, 1)}, spec).view(b, g, -1)
-    student = [image_embedding(model, {"pixel_values": global_views.flatten(0, 1)}, spec).view(b, g, -1)]
+    student = [image_embedding(model, {"pixel_values": leaf(global_views.flatten(0, 1))}, spec).view(b, g, -1)]
     if local_views is not None:
         local_views = local_views.to(device)
-        student.append(image_embedding(model, {"pixel_values": local_views.flatten(0, 1)}, spec)
+        student.append(image_embedding(model, {"pixel_values": leaf(local_views.flatten(0, 1))}, spec)
                        .view(b, local_views.shape[1], -1))
     return dino_loss(teacher.float(), torch.cat(student, 1).float())
 
@@ -233,8 +235,10 @@ def gradient_scores(
     seed: int = 0,
     show_progress: bool = True,
     precision: str | None = None,
+    micro_batch: int | None = None,
+    checkpoint: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Gradient scores ``(heads [L, H], neurons [L, F])`` of ``model`` on calibration ``images``.
+    """Gradient scores ``(heads [L, H], neurons [L, F])`` of ``model`` on calibration ``images``, float64 per unit.
 
     On several processes (``accelerate launch``) each process computes the gradient steps ``rank, rank + N, ...``
     of the same sample and the per-weight float64 sums are added across processes, so every process returns the
@@ -254,51 +258,68 @@ def gradient_scores(
         show_progress: Show a progress bar over gradient steps (on the main process).
         precision: Autocast precision of the forward passes (``"no"``, ``"bf16"``, ...; see
             :func:`hf_snapvit.distributed.resolve_precision`); ``None`` follows accelerate's configuration.
-
-    Returns:
-        Per-unit scores as float64 arrays: heads ``[L, H]`` and FFN neurons ``[L, F]``.
+        micro_batch, checkpoint: Run each gradient step in parts of at most ``micro_batch`` images, and with
+            ``checkpoint`` every block's activations recomputed in the backward pass (a memory plan's choices,
+            :func:`~hf_snapvit.pruning.memory_plan.plan_memory`), with the same scores up to float rounding.
     """
     spec = get_spec(model)
     state = process_state()
     num_images, steps, labelled = _this_process_steps(images, labels, config, state)
     _check_labels(model, config, labelled)
-    device = next(model.parameters()).device
+    device = execution_device(model)  # a dispatched model's hooks move the inputs on from there
     normalizer = Normalizer(processor) if processor is not None else None
     input_size = architecture_input_size(model.config)
     head_layers, neuron_layers = _scored_layers(model, config.head_rows)
     layers = list(dict.fromkeys(m for group in head_layers + neuron_layers for m, _ in group))  # a fused qkv once
     weights = [m.weight for m in layers]
-    saved, was_training = _only_these_require_grad(model, {id(w) for w in weights})
+    offloaded = offloaded_by_hooks(model)  # then no weight requires a gradient: the pixels do (input_grad)
     recorder = SquaredSampleGradients(layers) if config.definition in ("fisher", "obd") else None
-    # Per-image squared gradients, or (batched definitions) the batch-mean gradients summed over batches, as the
-    # reference accumulates them; float64 on every process so that the cross-process sum is exact up to rounding.
+    _check_offloaded(offloaded, config, recorder)
+    saved, was_training = _only_these_require_grad(model, set() if offloaded else {id(w) for w in weights})
+    # A per-image sum reduces to one value per row every step; obd's w² is applied in the step, unless the weights
+    # are offloaded (not there between forwards): then per weight, and w² once at the end.
+    per_row = recorder is not None and not (offloaded and config.definition == "obd")
+    scales = weights if config.definition == "obd" and per_row else None
+    # Per-image squared gradients, or the batch-mean gradients summed over batches (the reference), in float64.
     loss_of = functools.partial(_batch_loss, model, spec, processor=processor, normalizer=normalizer, config=config,
-                                input_size=input_size, seed=seed, device=device)
+                                input_size=input_size, seed=seed, device=device, input_grad=offloaded)
 
     def add(chunk, chunk_labels, first, sums, step_images):
-        _add_step(loss_of, chunk, chunk_labels, first, recorder, weights, sums,
-                  autocast(device, gradients=True, precision=precision), step_images)
+        with weights_reloaded_for_backward(model):  # an offloaded model: one block's weights loaded at a time
+            _add_step(loss_of, chunk, chunk_labels, first, recorder, weights, sums,
+                      autocast(device, gradients=True, precision=precision), step_images, scales)
 
     error: BaseException | None = None
     try:
         model.zero_grad(set_to_none=True)
         try:  # a failure here must reach the other processes before they wait in the reduction
-            sums = _accumulate(steps, weights, add, show_progress and state.is_main_process)
+            with checkpointed_blocks(model, checkpoint):
+                sums = _accumulate(steps, weights, [execution_device(model, m) for m in layers], add,
+                                   show_progress and state.is_main_process, per_row, micro_batch)
         except Exception as exc:
             error = exc
         raise_if_failed_anywhere(error, state)
         sums = reduce_sum(sums)
-        stats = _weight_statistics(config.definition, weights, sums, num_images)
+        stats = weight_statistics(config.definition, model, layers, sums, num_images)
     finally:
-        for p, (flag, grad) in saved.items():
-            p.requires_grad_(flag)
-            p.grad = grad
-        model.train(was_training)
-    hd = head_dim(get_attention(get_layers(model, spec)[0], spec), spec)
-    squared_sum = config.definition == "taylor"
-    heads = _reduce([[stats[id(m.weight)][rows] for m, rows in group] for group in head_layers], hd, squared_sum)
-    neurons = _reduce([[stats[id(m.weight)][rows] for m, rows in group] for group in neuron_layers], 1, squared_sum)
-    return heads, neurons
+        _restore(model, saved, was_training)
+    return unit_scores(model, spec, config.definition, stats, head_layers, neuron_layers)
+
+
+def _restore(model: PreTrainedModel, saved: dict, was_training: bool) -> None:
+    """Put back what :func:`_only_these_require_grad` changed."""
+    for (module, name), (flag, grad) in saved.items():
+        getattr(module, name).requires_grad_(flag)  # an offloaded weight is a new tensor after each forward
+        getattr(module, name).grad = grad
+    model.train(was_training)
+
+
+def _check_offloaded(offloaded: bool, config: ScoreConfig, recorder: SquaredSampleGradients | None) -> None:
+    if recorder is None and offloaded:
+        raise ConfigError(f"ScoreConfig(definition={config.definition!r}) reads the weights' .grad, which "
+                          "accelerate's offload hooks drop with the weights after each forward; score this "
+                          "offloaded model with definition='obd' or 'fisher' (every image's gradient comes from "
+                          "its layer's inputs and output gradients), or load it onto one device.")
 
 
 def _check_labels(model: PreTrainedModel, config: ScoreConfig, labelled: bool) -> None:
@@ -331,26 +352,11 @@ def _this_process_steps(images: Any, labels: torch.Tensor | None, config: ScoreC
     return num_images, steps, labels is not None
 
 
-def _weight_statistics(definition: str, weights: list[torch.Tensor], sums: list[torch.Tensor],
-                       num_images: int) -> dict[int, torch.Tensor]:
-    """Per-weight statistic of each score definition, from the float64 gradient sums (keyed by ``id(weight)``)."""
-    if definition in ("fisher", "obd"):
-        stats = {id(w): value / num_images for w, value in zip(weights, sums)}
-        if definition == "obd":
-            stats = {id(w): stats[id(w)] * w.detach().double() ** 2 for w in weights}
-        return stats
-    total = {id(w): value for w, value in zip(weights, sums)}
-    if definition == "accumulated":
-        return {key: g**2 for key, g in total.items()}
-    if definition == "snip":
-        return {id(w): (total[id(w)] * w.detach().double()).abs() for w in weights}
-    return {id(w): total[id(w)] * w.detach().double() for w in weights}
-
-
 def _only_these_require_grad(model: PreTrainedModel, scored: set[int]) -> tuple[dict, bool]:
     """Make only the scored weights require gradients and put the model in eval mode; return what to restore:
     every parameter's ``requires_grad`` flag and gradient (the caller's ``.grad``), and the train mode."""
-    saved = {p: (p.requires_grad, p.grad) for p in model.parameters()}
+    saved = {(module, name): (p.requires_grad, p.grad) for module in model.modules()
+             for name, p in module.named_parameters(recurse=False)}
     was_training = model.training
     for p in model.parameters():
         p.requires_grad_(id(p) in scored)

@@ -29,6 +29,7 @@ from ..correction.prefix import PrefixCorrection
 from ..correction.prefix_file import write_prefix_file
 from ..correction.prefix_sizes import check_sizes
 from ..files import atomic_directory, public_name
+from ..architectures.placement import offloaded_values, strip_hooks_
 from ..elastic.fingerprint import fingerprint_of
 from ..cards.elastic import GENERATED_MARKER, write_model_card
 from ..surgery.proof import ensure_proven, float_output, masked_copy
@@ -167,7 +168,9 @@ def _hand_written_card(save_directory: str | os.PathLike) -> bool:
 
 def _shadow_copy(model: PreTrainedModel) -> PreTrainedModel:
     """A copy of ``model``'s module tree and config that shares its parameters and buffers: slicing the copy
-    assigns new tensors to the copy's modules and leaves ``model`` as it is."""
+    assigns new tensors to the copy's modules and leaves ``model`` as it is. Of a model accelerate dispatched, the
+    copy has no hooks and holds the offloaded weights, read into host memory (so host memory must hold the model
+    once: the checkpoint writer needs every tensor)."""
     copies: dict[int, torch.nn.Module] = {}
 
     def shadow(module: torch.nn.Module) -> torch.nn.Module:
@@ -180,7 +183,17 @@ def _shadow_copy(model: PreTrainedModel) -> PreTrainedModel:
                               for name, child in module._modules.items()}
         return copies[id(module)]
 
-    clone = shadow(model)
+    clone = strip_hooks_(shadow(model))
+    for module in copies.values():  # a model accelerate placed: the copy runs and saves without its hooks
+        strip_hooks_(module)
+    for module, values in offloaded_values(model):  # its offloaded weights, read into host memory a block at a time
+        twin = copies[id(module)]
+        for name, value in values.items():
+            if name in twin._parameters:
+                flag = module._parameters[name].requires_grad
+                twin._parameters[name] = torch.nn.Parameter(value, requires_grad=flag)
+            else:
+                twin._buffers[name] = value
     clone.config = copy.deepcopy(model.config)
     return clone
 

@@ -10,7 +10,8 @@ and (for classifiers) its logits can be matched to the teacher's on any images, 
   at the two ends of ``elastic_range`` and ``elastic_samples`` sparsities drawn in between (the sandwich rule); the
   result is still an elastic checkpoint (save it with :func:`hf_snapvit.save_elastic`) that loads at any sparsity.
 
-The loop itself (batches, multi-process gradients, resuming) is :mod:`hf_snapvit.recovery.train`.
+The loop's parts are :mod:`hf_snapvit.recovery.train` (batches, optimizer, resuming) and
+:mod:`hf_snapvit.recovery.parallel` (N processes through ``Accelerator.prepare``).
 
 May import: architectures, surgery, data, the elastic format and the shared modules. Loading imports it (recovered
 weights), so it never imports loading, the pruner, evaluation or publishing.
@@ -37,9 +38,10 @@ from ..errors import RecoveryError
 from ..elastic.ranking import ElasticRanking
 from ..data.views import embedder, load_processor
 from .config import RecoveryConfig, RecoverySummary, warn_if_untrained
-from .forward import forward_outputs, per_image_loss, prefix_view
+from .forward import forward_outputs, prefix_view
 from .held_out import HeldOutCheck, check_sizes, held_out_record, skipped_record, split_held_out
-from .train import AugmentedBatches, TrainingState, make_optimizer, sum_gradients
+from .parallel import Parallel, check_same_start
+from .train import AugmentedBatches, TrainingState, make_optimizer
 
 #: On an accelerator, step losses are read back (and shown) every this many steps.
 LOSS_READ_EVERY = 25
@@ -110,14 +112,15 @@ def recover_(student: PreTrainedModel, teacher: PreTrainedModel | None, data: An
             device = stack.enter_context(on_process_device(student))
             stack.enter_context(on_process_device(teacher))
             before = check.losses(student, teacher, spec, device) if check else None
-            losses, resumed = _train(student, teacher, spec, batches, config, views, device, show_progress)
+            losses, resumed, processes = _train(student, teacher, spec, batches, config, views, device,
+                                                show_progress)
             after = check.losses(student, teacher, spec, device) if check else None
     finally:
         teacher.train(was_training)
     record = held_out_record(check.sizes, before, after, len(held)) if check else skipped_record(skipped)
     summary = RecoverySummary(config, losses, len(images), _describe(data, len(images), config),
                               time.perf_counter() - start_time, resumed, [s for s, _ in views if s is not None],
-                              record)
+                              record, processes)
     student.config.elastic_recovery = summary.to_dict()
     return summary
 
@@ -219,13 +222,16 @@ def _autocast(device: torch.device, config: RecoveryConfig) -> contextlib.Abstra
 
 
 def _train(student, teacher, spec, batches: AugmentedBatches, config: RecoveryConfig, views, device,
-           show_progress: bool) -> tuple[list[float], int]:
-    """Run the optimizer steps (from a saved state, if there is one); return the losses and the step resumed at."""
+           show_progress: bool) -> tuple[list[float], int, dict[str, Any]]:
+    """Run the optimizer steps (from a saved state, if there is one); return the losses, the step resumed at and how
+    the processes shared the work (:meth:`Parallel.describe`)."""
     state = process_state()
     teacher_device = next(teacher.parameters()).device
     optimizer, scheduler = make_optimizer(student, config)
     saver = TrainingState(config)
     start, losses = saver.load(student, optimizer, scheduler)
+    check_same_start(start, saver.path)
+    parallel = Parallel(student, spec, config, optimizer, scheduler)  # after loading: DDP starts from these weights
     bar = tqdm(range(start, config.steps), desc="recovery", initial=start, total=config.steps,
                disable=not show_progress or not state.is_main_process)
     pending: list[torch.Tensor] = []  # step losses still on the device: reading each one would stall the queue
@@ -236,35 +242,36 @@ def _train(student, teacher, spec, batches: AugmentedBatches, config: RecoveryCo
         if losses:
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
 
-    for step in bar:
-        optimizer.zero_grad(set_to_none=True)
-        pixels = batches.share(step, state.process_index, state.num_processes,
-                               None if device.type == "cpu" else device)
-        total = torch.zeros((), dtype=torch.float32 if device.type == "mps" else torch.float64, device=device)
-        if pixels is not None:
-            pixels = pixels.to(device)
+    try:
+        for step in bar:
+            parallel.optimizer.zero_grad(set_to_none=True)
+            pixels = batches.share(step, state.process_index, state.num_processes,
+                                   None if device.type == "cpu" else device).to(device)
             with torch.no_grad(), _autocast(teacher_device, config):  # the teacher may live elsewhere
                 target = forward_outputs(teacher, spec, pixels.to(teacher_device)).to(device)
             chosen = _step_views(views, config, step)
-            for _, counts in chosen:
+            total = torch.zeros((), dtype=torch.float32 if device.type == "mps" else torch.float64, device=device)
+            for i, (_, counts) in enumerate(chosen):
                 view = prefix_view(student, spec, counts.heads, counts.neurons) if counts is not None \
                     else contextlib.nullcontext()
-                with view, _autocast(device, config):
-                    out = forward_outputs(student, spec, pixels)
-                loss = per_image_loss(out, target, config).sum() / (config.batch_size * len(chosen))
-                loss.backward()
+                with parallel.accumulating(last=i + 1 == len(chosen)):
+                    with view, _autocast(device, config):
+                        loss = parallel.loss(pixels, target, config.batch_size * len(chosen))
+                    parallel.backward(loss)
                 total += loss.detach().double()
-        sum_gradients(student)
-        optimizer.step()
-        scheduler.step()
-        pending.append(reduce_sum([total])[0])
-        if device.type == "cpu" or len(pending) >= LOSS_READ_EVERY:
-            settle()
-        if config.checkpoint_every and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
-            settle()
-            saver.save(step + 1, student, optimizer, scheduler, losses)
+            parallel.optimizer.step()
+            parallel.scheduler.step()
+            pending.append(reduce_sum([total])[0])
+            if device.type == "cpu" or len(pending) >= LOSS_READ_EVERY:
+                settle()
+            if config.checkpoint_every and ((step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps):
+                settle()
+                saver.save(step + 1, student, optimizer, scheduler, losses)  # DDP trains the student in place
+        processes = parallel.describe()
+    finally:
+        parallel.close()
     settle()
-    return losses, start
+    return losses, start, processes
 
 
 __all__ = ["RecoveryConfig", "RecoverySummary", "recover", "recover_", "warn_if_untrained"]

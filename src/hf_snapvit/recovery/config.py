@@ -148,8 +148,9 @@ class RecoveryConfig:
 
 @dataclass
 class RecoverySummary:
-    """What :func:`hf_snapvit.recover` did: the losses per step, where the images came from, and each checked
-    size's loss on held-out images before and after (``held_out``, see :mod:`hf_snapvit.recovery.held_out`)."""
+    """What :func:`hf_snapvit.recover` did: the losses per step, where the images came from, each checked size's
+    loss on held-out images before and after (``held_out``, see :mod:`hf_snapvit.recovery.held_out`) and how many
+    processes trained it through which wrapper (``processes``, see :mod:`hf_snapvit.recovery.parallel`)."""
 
     config: RecoveryConfig
     losses: list[float]
@@ -159,6 +160,7 @@ class RecoverySummary:
     resumed_from: int = 0
     sparsities: list[float] = field(default_factory=list)
     held_out: dict[str, Any] = field(default_factory=dict)
+    processes: dict[str, Any] = field(default_factory=dict)
 
     def final_loss(self, window: int = 10) -> float:
         """Mean loss of the last ``window`` steps."""
@@ -170,7 +172,8 @@ class RecoverySummary:
         return {"settings": self.config.to_dict(), "data": self.data, "num_images": self.num_images,
                 "steps": len(self.losses), "first_loss": round(self.losses[0], 6) if self.losses else None,
                 "final_loss": round(self.final_loss(), 6), "seconds": round(self.seconds, 3),
-                "elastic": self.config.elastic, "sparsities": self.sparsities, "held_out": self.held_out}
+                "elastic": self.config.elastic, "sparsities": self.sparsities, "held_out": self.held_out,
+                "processes": self.processes}
 
 
 _WARNED: set[tuple[str, tuple[float, ...]]] = set()

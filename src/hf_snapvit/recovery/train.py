@@ -1,11 +1,12 @@
-"""The distillation loop: seeded augmented batches, the optimizer and schedule, multi-process gradients, resuming.
+"""The distillation loop's parts: seeded augmented batches, the optimizer and schedule, resuming.
 
 Every random choice is a function of ``(seed, step, position in the batch)``: which image (epochs of a seeded
 permutation), its crop and its flip. A process therefore builds only its own share of a batch (positions
 ``rank, rank + N, ...``) and N processes see exactly the images one process sees; each image's loss is divided by
-the global batch size and the gradients are summed across processes (:func:`hf_snapvit.distributed.reduce_sum`),
-so one optimizer step is the same computation on 1 or N processes up to the order of float additions. The only
-state is the step counter, the weights, AdamW's moments and the schedule, which :class:`TrainingState` saves.
+the global batch size and accelerate's data-parallel wrapper reduces the gradients
+(:mod:`hf_snapvit.recovery.parallel`), so one optimizer step is the same computation on 1 or N processes up to the
+order of float additions. The only state is the step counter, the weights, AdamW's moments and the schedule, which
+:class:`TrainingState` saves.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..distributed import process_state, reduce_sum
+from ..distributed import process_state
 from ..errors import RecoveryError
 from ..files import atomic_file, remove_torn_writes
 from ..data.views import MultiCropConfig, Normalizer, image_tensor, multi_crops
@@ -100,26 +101,6 @@ def make_optimizer(model: nn.Module, config: RecoveryConfig) -> tuple[torch.opti
     fused = all(p.is_cuda and p.dtype == torch.float32 for p in params)
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, fused=fused or None)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(config))
-
-
-def sum_gradients(model: nn.Module) -> None:
-    """Sum every gradient over the processes (nothing to do for one process).
-
-    A parameter no process gave a gradient to (e.g. an unused pooler) keeps ``grad=None``, as with one process, so
-    AdamW leaves it alone (no weight decay) in both cases.
-    """
-    if process_state().num_processes == 1:
-        return
-    params = [p for p in model.parameters() if p.requires_grad]
-    used = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=params[0].device)
-    # One flat buffer: one collective per step instead of one per parameter tensor.
-    flat = torch.cat([used.to(params[0].dtype)] +
-                     [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-    flat = reduce_sum([flat])[0]
-    flags, offset = flat[:len(params)].tolist(), len(params)
-    for p, flag in zip(params, flags):
-        p.grad = flat[offset:offset + p.numel()].view_as(p).clone() if flag else None
-        offset += p.numel()
 
 
 class TrainingState:

@@ -36,6 +36,7 @@ from ..architectures.discovery import adopt_discovered, discovery_guesses, forge
 from ..architectures.embedding import dummy_inputs
 from ..architectures.flops import counting
 from ..architectures.given import check_blocks, check_given
+from ..architectures.placement import is_dispatched
 from ..errors import UnsupportedArchitectureError
 from .diagnosis import unsliced_width
 from .slicing import slice_model_
@@ -314,13 +315,26 @@ def check_shared(model: PreTrainedModel, spec: ArchitectureSpec | None = None) -
                        "drop them from _tied_weights_keys.", final=True)
 
 
+def _placed_unregistered(model: PreTrainedModel) -> UnsupportedArchitectureError:
+    return UnsupportedArchitectureError(
+        f"{type(model).__name__} ({model.config.model_type}) is no registered architecture: hf_snapvit discovers and "
+        "proves the structure of such a model on copies of the whole model, which this model placed by accelerate "
+        "(device_map, cpu_offload) cannot give. Register its ArchitectureSpec (hf_snapvit.register_architecture), "
+        "which needs neither, or rank the model loaded on one device.")
+
+
 def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
     """The model's spec, after checking that no prunable projection shares its parameters (every spec), and proven
     first if it was discovered rather than registered (once per spec and process): the first of discovery's
     guesses that passes is kept (the last keeps every head, with a warning); if none does, the first one's failure
     is raised, with why keeping every head did not help."""
     check_given(model)
-    spec = get_spec(model)
+    try:
+        spec = get_spec(model)
+    except UnsupportedArchitectureError as error:
+        if is_dispatched(model):  # discovery traces the whole model, which a placed one cannot give
+            raise _placed_unregistered(model) from error
+        raise
     if spec.task is None:
         check_blocks(model, get_layers(model, spec), spec.layers)
     check_shared(model, spec)
@@ -329,6 +343,8 @@ def ensure_proven(model: PreTrainedModel) -> ArchitectureSpec:
         return get_spec(model)
     if not is_discovered(spec) or id(spec) in _PROVEN:
         return spec
+    if is_dispatched(model):  # the proof runs copies of the whole model, which a placed model may not fit
+        raise _placed_unregistered(model)
     try:
         prove_spec(model, spec)
     except UnsupportedArchitectureError as first:

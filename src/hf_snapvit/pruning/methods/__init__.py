@@ -25,6 +25,7 @@ from ...errors import ConfigError, DataError
 from ...files import public_name
 from ...surgery.proof import ensure_proven
 from ...elastic.ranking import ElasticRanking, Floors, RankingMode
+from ..memory_plan import parse_memory
 from .baselines import GRADIENT_METHODS, gradient_baseline_scores, lamp_scores, magnitude_scores, random_scores
 from .snapvit import SnapViTConfig, SnapViTPruner
 
@@ -68,6 +69,7 @@ def rank(
     label_column: str = "label",
     show_progress: bool = True,
     precision: str = "auto",
+    max_memory: int | str | None = None,
 ) -> ElasticRanking:
     """Rank every attention head and FFN neuron of ``model``.
 
@@ -98,18 +100,17 @@ def rank(
         show_progress: Show progress bars for long phases.
         precision: SnapViT's forward precision, ``"auto"`` (bf16 on CUDA and on CPUs with bf16 matrix units, else
             float32, or accelerate's ``--mixed_precision``), ``"fp32"`` or ``"bf16"`` (see :class:`SnapViTConfig`).
+        max_memory: Memory budget of every phase (bytes, ``"40GiB"``, ``"512MB"``; ``None``: what the device has),
+            met by micro-batches planned from the shapes, with the same ranking up to float rounding
+            (:mod:`hf_snapvit.pruning.memory_plan`; recorded as ``provenance["memory_plan"]``).
 
     Example:
         >>> ranking = hf_snapvit.rank(model, method="magnitude")  # doctest: +SKIP
         >>> ranking.keep_counts(0.3).heads  # doctest: +SKIP
     """
     start = time.perf_counter()
+    _check_arguments(method, max_generations, max_memory)
     floors = Floors(min_head_keep_ratio, min_neuron_keep_ratio, paired_head_offset)
-    if method not in _METHODS and method not in GRADIENT_METHODS and method != "snapvit":
-        raise ConfigError(f"Unknown ranking method {method!r}. Available: {', '.join(available_methods())}.")
-    if max_generations is not None and method != "snapvit":
-        raise ConfigError(f"max_generations={max_generations!r} sets the length of SnapViT's search, and "
-                          f"method={method!r} has none: leave max_generations out, or use method='snapvit'.")
     spec = ensure_proven(model)  # a model no registry knows: its discovered structure is checked before it is ranked
     heads, neurons = layer_widths(model)
     if len(set(heads)) != 1 or len(set(neurons)) != 1:
@@ -126,10 +127,23 @@ def rank(
         config = None if config is None else replace(config, min_head_keep_ratio=1.0)
     if method == "snapvit":
         pruner = SnapViTPruner(config)
-        ranking = pruner.fit(model, data, processor=processor, show_progress=show_progress)
+        ranking = pruner.fit(model, data, processor=processor, show_progress=show_progress, max_memory=max_memory)
         return _timed(note_partial(model, ranking), start, pruner.timings_)
-    ranking = _baseline(model, method, data, config, processor, mode, seed, floors, label_column, show_progress)
+    ranking = _baseline(model, method, data, config, processor, mode, seed, floors, label_column, show_progress,
+                        max_memory)
     return _timed(note_partial(model, ranking), start, {})
+
+
+def _check_arguments(method: str, max_generations: int | None, max_memory: Any) -> None:
+    """Refuse an unknown method, a search length for a method without a search, or a bad budget, before any work
+    (data-free methods need no memory plan: they hold the weights alone)."""
+    if method not in _METHODS and method not in GRADIENT_METHODS and method != "snapvit":
+        raise ConfigError(f"Unknown ranking method {method!r}. Available: {', '.join(available_methods())}.")
+    if max_generations is not None and method != "snapvit":
+        raise ConfigError(f"max_generations={max_generations!r} sets the length of SnapViT's search, and "
+                          f"method={method!r} has none: leave max_generations out, or use method='snapvit'.")
+    if max_memory is not None:
+        parse_memory(max_memory)
 
 
 def _check_takes_images(model: PreTrainedModel, method: str, data: Any) -> None:
@@ -145,13 +159,14 @@ def _check_takes_images(model: PreTrainedModel, method: str, data: Any) -> None:
 
 def _baseline(model: PreTrainedModel, method: str, data: Any, config: SnapViTConfig | None, processor: Any,
               mode: RankingMode | None, seed: int, floors: Floors, label_column: str,
-              show_progress: bool) -> ElasticRanking:
+              show_progress: bool, max_memory: int | str | None = None) -> ElasticRanking:
     """The ranking of a baseline method: data-free, or gradient-based with ``config``'s images and crops."""
     shape = measured_shape(model)
     if method in GRADIENT_METHODS:
         head_scores, neuron_scores, settings, calibration = gradient_baseline_scores(
             model, shape, method, data, scores=config.scores, num_images=config.num_gradient_images,
-            processor=processor, seed=seed, label_column=label_column, show_progress=show_progress)
+            processor=processor, seed=seed, label_column=label_column, show_progress=show_progress,
+            max_memory=max_memory)
         settings["preset"] = config.preset_name()
     else:
         head_scores, neuron_scores = _METHODS[method](model, shape, seed)

@@ -7,7 +7,7 @@ a SnapViT run would (the caller passes the image count and score settings), so c
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -18,8 +18,10 @@ from ...architectures import (ffn_rows, get_attention, get_layers, get_mlp, get_
                               head_tables, num_heads, qkv_rows)
 from ...architectures.budget import ModelShape
 from ...data.calibration import draw_calibration
-from ...distributed import mixed_precision, on_process_device, process_state
+from ...distributed import mixed_precision, process_state
 from ...errors import DataError
+from ..memory_plan import parse_memory, plan_gradient_steps
+from ...architectures.placement import on_device, onloaded
 from ..scoring import ScoreConfig, gradient_scores
 from ...data.views import embedder, load_processor
 
@@ -37,29 +39,34 @@ def magnitude_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tu
     spec = get_spec(model)
     heads, neurons = [], []
     for layer in get_layers(model, spec):
-        attention = get_attention(layer, spec)
-        hd = head_dim(attention, spec)
-        per_row = torch.zeros(num_heads(attention, spec) * hd, dtype=torch.float64)
-        for role in range(3):
-            proj, rows = qkv_rows(attention, spec, role)
-            per_row += proj.weight.detach()[rows].abs().double().sum(1).cpu()
-            if proj.bias is not None:
-                per_row += proj.bias.detach()[rows].abs().double().cpu()
-        per_row += get_projection(attention, spec.o_proj).weight.detach().abs().double().sum(0).cpu()
-        per_head = per_row.view(-1, hd).sum(1)
-        for owner, name in head_tables(layer, spec):
-            per_head += getattr(owner, name).detach().abs().double().flatten(0, -2).sum(0).cpu()
-        heads.append(per_head.numpy())
-
-        mlp, variant = get_mlp(layer, spec)
-        out_proj = get_projection(mlp, variant.out_proj)
-        per_neuron = out_proj.weight.detach().abs().double().sum(0).cpu()
-        for proj, rows in ffn_rows(mlp, variant):
-            per_neuron += proj.weight.detach()[rows].abs().double().sum(1).cpu()
-            if proj.bias is not None:
-                per_neuron += proj.bias.detach()[rows].abs().double().cpu()
-        neurons.append(per_neuron.numpy())
+        with onloaded(model, layer):  # weights accelerate offloaded, loaded for this block only
+            per_head, per_neuron = _block_magnitudes(layer, spec)
+        heads.append(per_head)
+        neurons.append(per_neuron)
     return np.stack(heads), np.stack(neurons)
+
+
+def _block_magnitudes(layer: torch.nn.Module, spec: Any) -> tuple[np.ndarray, np.ndarray]:
+    attention = get_attention(layer, spec)
+    hd = head_dim(attention, spec)
+    per_row = torch.zeros(num_heads(attention, spec) * hd, dtype=torch.float64)
+    for role in range(3):
+        proj, rows = qkv_rows(attention, spec, role)
+        per_row += proj.weight.detach()[rows].abs().double().sum(1).cpu()
+        if proj.bias is not None:
+            per_row += proj.bias.detach()[rows].abs().double().cpu()
+    per_row += get_projection(attention, spec.o_proj).weight.detach().abs().double().sum(0).cpu()
+    per_head = per_row.view(-1, hd).sum(1)
+    for owner, name in head_tables(layer, spec):
+        per_head += getattr(owner, name).detach().abs().double().flatten(0, -2).sum(0).cpu()
+    mlp, variant = get_mlp(layer, spec)
+    out_proj = get_projection(mlp, variant.out_proj)
+    per_neuron = out_proj.weight.detach().abs().double().sum(0).cpu()
+    for proj, rows in ffn_rows(mlp, variant):
+        per_neuron += proj.weight.detach()[rows].abs().double().sum(1).cpu()
+        if proj.bias is not None:
+            per_neuron += proj.bias.detach()[rows].abs().double().cpu()
+    return per_head.numpy(), per_neuron.numpy()
 
 
 def random_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -88,13 +95,14 @@ def lamp_scores(model: PreTrainedModel, shape: ModelShape, seed: int) -> tuple[n
     spec = get_spec(model)
     heads, neurons = [], []
     for layer in get_layers(model, spec):
-        attention = get_attention(layer, spec)
-        hd = head_dim(attention, spec)
-        v_proj, rows = qkv_rows(attention, spec, 2)
-        heads.append(_lamp(v_proj.weight[rows]).mean(1).view(-1, hd).mean(1).numpy())
-        mlp, variant = get_mlp(layer, spec)
-        neurons.append(np.mean([_lamp(proj.weight).mean(1)[rows].numpy() for proj, rows in ffn_rows(mlp, variant)],
-                               0))
+        with onloaded(model, layer):  # weights accelerate offloaded, loaded for this block only
+            attention = get_attention(layer, spec)
+            hd = head_dim(attention, spec)
+            v_proj, rows = qkv_rows(attention, spec, 2)
+            heads.append(_lamp(v_proj.weight[rows]).mean(1).view(-1, hd).mean(1).numpy())
+            mlp, variant = get_mlp(layer, spec)
+            neurons.append(np.mean([_lamp(proj.weight).mean(1)[rows].numpy()
+                                    for proj, rows in ffn_rows(mlp, variant)], 0))
     return np.stack(heads) * shape.params_per_head, np.stack(neurons) * shape.params_per_neuron
 
 
@@ -110,6 +118,7 @@ def gradient_baseline_scores(
     seed: int,
     label_column: str,
     show_progress: bool,
+    max_memory: int | str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any], dict[str, Any]]:
     """Scores of the gradient baseline ``method`` (a key of :data:`GRADIENT_METHODS`) on ``num_images`` images of
     ``data``, scored with ``scores`` changed as the method needs; and ``(settings, calibration)`` for the provenance.
@@ -125,12 +134,17 @@ def gradient_baseline_scores(
                                             embed=embedder(model, processor))
     if processor is None and not hasattr(images, "shape"):
         processor = load_processor(model, purpose=f"preprocess the calibration images of method={method!r}")
-    with on_process_device(model, state):
+    with on_device(model, state) as device:  # a model accelerate placed stays where it is
+        # Planned for the autocast precision gradient_scores takes from accelerate's configuration.
+        plan = plan_gradient_steps(model, scores, max_memory=max_memory, device=device, precision=mixed_precision())
         heads, neurons = gradient_scores(model, images, processor, scores, labels=labels, seed=seed,
-                                         show_progress=show_progress and state.is_main_process)
+                                         show_progress=show_progress and state.is_main_process,
+                                         micro_batch=plan.batch, checkpoint=plan.checkpoint)
     if scores.definition != "taylor":  # means over a unit's weights -> totals, as every ranking score is
         heads, neurons = heads * shape.params_per_head, neurons * shape.params_per_neuron
     settings: dict[str, Any] = {"scores": scores.to_dict(), "num_gradient_images": len(images)}
+    settings["memory_plan"] = {"budget_bytes": None if max_memory is None else parse_memory(max_memory),
+                               "gradient": {**asdict(plan), "peak": plan.peak}}
     if mixed_precision() != "no":  # it changes the scores; full precision leaves the record as it always was
         settings["mixed_precision"] = mixed_precision()
     calibration = {"source": type(data).__name__, "num_gradient": len(images),

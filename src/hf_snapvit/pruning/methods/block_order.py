@@ -33,6 +33,7 @@ from ...correction.config import CorrectionConfig
 from ...correction.inputs import capture_first_block_inputs, dense_block_hessians
 from ...correction.solve import damped_cholesky, solve_dtype
 from ...errors import ConfigError
+from ...architectures.placement import onloaded
 
 UnitOrder = Literal["scores", "output", "obs"]
 #: ``"scores"``: the gradient scores' own order; the others order each block's units by greedy elimination.
@@ -140,9 +141,10 @@ def block_orders(model: nn.Module, images_or_pixels: Any, processor: Any = None,
         for _, layer, ((attention, h_attention), (ffn, h_ffn)) in dense_block_hessians(model, spec, inputs,
                                                                                        "unit order", show_progress):
             width = head_dim(get_attention(layer, spec), spec)
-            orders.append((elimination_order(attention.weight, h_attention.hessian(), group=width, order=order,
-                                             config=config),
-                           elimination_order(ffn.weight, h_ffn.hessian(), order=order, config=config)))
+            with onloaded(model, layer):  # weights accelerate offloaded, loaded for this block only
+                orders.append((elimination_order(attention.weight, h_attention.hessian(), group=width, order=order,
+                                                 config=config),
+                               elimination_order(ffn.weight, h_ffn.hessian(), order=order, config=config)))
     finally:
         model.train(was_training)
     return orders

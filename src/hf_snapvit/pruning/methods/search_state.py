@@ -24,6 +24,7 @@ import torch
 from ...distributed import process_state
 from ...errors import ConfigError
 from ...files import atomic_file, remove_torn_writes
+from ...architectures.placement import onloaded
 from ..xnes import XNES
 
 STATE_FILE = "snapvit_search_state.json"
@@ -46,11 +47,20 @@ def _plain(value: Any) -> Any:
 def model_digest(model: torch.nn.Module) -> str:
     """A digest of the model's parameter names, shapes, dtypes and an evenly strided sample of each one's values."""
     digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
-        flat = parameter.detach().reshape(-1)
-        sample = flat[::max(1, flat.numel() // _SAMPLED_VALUES)][:_SAMPLED_VALUES]
-        digest.update(f"{name}{tuple(parameter.shape)}{parameter.dtype}".encode())
-        digest.update(sample.to(device="cpu", dtype=torch.float64).numpy().tobytes())
+    seen: set[int] = set()
+    for prefix, module in model.named_modules():  # the order of named_parameters(), a module at a time
+        own = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) not in seen]
+        if not own:
+            continue
+        with onloaded(model, module):  # weights accelerate offloaded, read as their forward reads them
+            for name, _ in own:
+                parameter = getattr(module, name)
+                flat = parameter.detach().reshape(-1)
+                sample = flat[::max(1, flat.numel() // _SAMPLED_VALUES)][:_SAMPLED_VALUES]
+                digest.update(f"{prefix + '.' if prefix else ''}{name}{tuple(parameter.shape)}{parameter.dtype}"
+                              .encode())
+                digest.update(sample.to(device="cpu", dtype=torch.float64).numpy().tobytes())
+        seen.update(id(p) for _, p in own)
     return digest.hexdigest()
 
 

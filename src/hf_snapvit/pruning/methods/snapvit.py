@@ -31,11 +31,13 @@ from ...architectures.flops import measured_shape
 from ...architectures.given import check_given
 from ...data.calibration import draw_calibration
 from ...correction.config import CorrectionConfig
-from ...distributed import on_process_device, process_state, resolve_precision, tf32_matmuls
+from ...distributed import process_state, resolve_precision, tf32_matmuls
 from ...errors import ConfigError
 from ...files import public_name
+from ...architectures.placement import on_device
 from ...surgery.proof import ensure_proven
 from ..fitness import EmbeddingFitness
+from ..memory_plan import MemoryPlan, plan_memory
 from ...elastic.ranking import ElasticRanking, RankingMode
 from ..scoring import gradient_scores
 from ...data.views import embedder, load_processor, processor_inputs
@@ -55,6 +57,7 @@ class SnapViTPruner:
     * ``timings_``: the wall time of each phase;
     * ``initial_factors_``: the factors the search starts from;
     * ``resumed_from_``: the generation a saved search state was resumed at (``None``: not resumed);
+    * ``memory_plan_``: the micro-batches every phase ran in (:mod:`hf_snapvit.pruning.memory_plan`);
     * :meth:`ranking_from_factors` re-ranks with any factors, e.g. those of an earlier generation, without
       recomputing the scores.
     """
@@ -65,6 +68,7 @@ class SnapViTPruner:
         self.timings_: dict[str, float] = {}
         self.initial_factors_: np.ndarray | None = None
         self.resumed_from_: int | None = None
+        self.memory_plan_: MemoryPlan | None = None
         self._unit_scores: tuple[np.ndarray, np.ndarray, ModelShape] | None = None
 
     def ranking_from_factors(self, factors: Any, *, mode: RankingMode | None = None) -> ElasticRanking:
@@ -97,6 +101,7 @@ class SnapViTPruner:
         processor: Any = None,
         image_column: str | None = None,
         show_progress: bool = True,
+        max_memory: int | str | None = None,
     ) -> ElasticRanking:
         """Rank ``model`` using calibration ``data`` (PIL images, a datasets (Iterable)Dataset or a pixel tensor).
 
@@ -112,6 +117,10 @@ class SnapViTPruner:
             processor: The model's image processor.
             image_column: The image column of a dataset (detected if not given).
             show_progress: Show progress bars.
+            max_memory: The memory budget of every phase (bytes, or ``"40GiB"``, ``"512MB"``): the gradient steps,
+                the search, the unit order and the correction run in micro-batches planned from the model's shapes
+                to fit it, with the same ranking up to float addition order (:func:`~hf_snapvit.pruning.memory_plan.
+                plan_memory`); ``None``: what the device has (on a CPU, half the host's available memory).
 
         Returns:
             The ranking, with the run's settings and search summary in its provenance.
@@ -130,14 +139,17 @@ class SnapViTPruner:
             self.config = replace(self.config, min_head_keep_ratio=1.0)
         state = process_state()
         show_progress = show_progress and state.is_main_process
-        with on_process_device(model, state) as device:
+        with on_device(model, state) as device:  # a model accelerate placed stays where it is
             precision = resolve_precision(self.config.precision, device)
             with tf32_matmuls(device, enabled=precision == "no"):
+                self.memory_plan_ = plan_memory(model, self.config, max_memory=max_memory, device=device,
+                                                precision=precision, search_batch=self.fitness_batch_size(device))
                 ranking = self._fit(model, data, processor, image_column, show_progress, precision)
         recorded = "fp32" if precision == "no" else precision
         if precision == "no" and device.type == "cuda":
             recorded = "tf32"
-        return replace(ranking, provenance={**ranking.provenance, "precision": recorded})
+        return replace(ranking, provenance={**ranking.provenance, "precision": recorded,
+                                            "memory_plan": self.memory_plan_.to_dict()})
 
     def fitness_batch_size(self, device: torch.device) -> int:
         """Images per search forward on ``device``: the configured number, else the device's default."""
@@ -151,11 +163,12 @@ class SnapViTPruner:
         start = time.perf_counter()
         gradient_images, fitness_images, calibration, _ = draw_calibration(
             data, config.num_gradient_images, config.num_fitness_images,
-            seed=config.seed, image_column=image_column, model=model, embed=embedder(model, processor))
+            seed=config.seed, image_column=image_column, model=model,
+            embed=embedder(model, processor, batch_size=self.memory_plan_.evaluation.batch))
         if processor is None and not hasattr(fitness_images, "shape"):
             processor = load_processor(model, purpose="preprocess the calibration images")
         fitness_pixels = processor_inputs(fitness_images, processor)
-        fitness_batch_size = self.fitness_batch_size(next(model.parameters()).device)
+        fitness_batch_size = self.memory_plan_.search.batch
         settings = {**config.to_dict(), "fitness_batch_size": fitness_batch_size}  # what runs
         # The key digests the pixels and weights: computed only for a run that saves or resumes.
         key = {} if config.output_dir is None else search_key({**settings, "precision": precision}, calibration,
@@ -220,14 +233,16 @@ class SnapViTPruner:
         """The gradient scores, handed out in each block's second-order order when ``unit_order`` asks for one."""
         config = self.config
         scores = gradient_scores(model, gradient_images, processor, config.scores, seed=config.seed,
-                                 show_progress=show_progress, precision=precision)
+                                 show_progress=show_progress, precision=precision,
+                                 micro_batch=self.memory_plan_.gradient.batch,
+                                 checkpoint=self.memory_plan_.gradient.checkpoint)
         if config.unit_order == "scores":
             return scores
         start = time.perf_counter()
         # On the fitness images: every process holds all of them (of the gradient images, maybe only its share), so
         # every process computes the same orders.
         orders = block_orders(model, fitness_pixels, order=config.unit_order,
-                              config=CorrectionConfig(num_samples=None, batch_size=config.scores.batch_size,
+                              config=CorrectionConfig(num_samples=None, batch_size=self.memory_plan_.correction.batch,
                                                       guard=False), show_progress=show_progress)
         timings["unit_order"] = time.perf_counter() - start
         return tuple(reorder_scores(s, [o[kind] for o in orders]) for kind, s in enumerate(scores))
