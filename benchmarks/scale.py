@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     memory.add_argument("--memory-shapes", nargs="+", choices=sorted(scale_memory.MEMORY_SHAPES),
                         default=["t197", "t577", "t729", "t1025", "t197-depth4", "t197-width128"])
     memory.add_argument("--memory-images", type=int, default=8, help="gradient and fitness images of each ranking")
+    memory.add_argument("--budget-of-peak", type=float, default=None,
+                        help="budget as this share of the unbudgeted peak (default: the plan's batch-independent "
+                             "part plus a quarter of the rest)")
     return parser.parse_args(argv)
 
 

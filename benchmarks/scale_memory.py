@@ -156,11 +156,14 @@ def compare(shape: str, preset: str, args: argparse.Namespace) -> dict[str, Any]
     phases = ("gradient", "search", "correction")
     fixed = max(free["plan"][p]["fixed"] for p in phases)
     smallest = max(free["plan"][p]["fixed"] + free["plan"][p]["per_image"] for p in phases)
-    budget = max(fixed + (free["peak_bytes"] - fixed) // 4, smallest)
+    share = getattr(args, "budget_of_peak", None)
+    wanted = fixed + (free["peak_bytes"] - fixed) // 4 if share is None else int(share * free["peak_bytes"])
+    budget = max(wanted, smallest)
     budgeted = _run_child({**spec, "max_memory": budget})
     same, worst = _equal(budgeted, free)
     row = {"shape": shape, "config": MEMORY_SHAPES[shape], "tokens": free["tokens"], "preset": preset,
-           "budget_bytes": budget, "planned_fixed_bytes": fixed, "budget_holds": budgeted["peak_bytes"] <= budget * (1 + TOLERANCE),
+           "budget_bytes": budget, "budget_rule": "fixed + (peak - fixed) / 4" if share is None else f"{share} x peak",
+           "planned_fixed_bytes": fixed, "budget_holds": budgeted["peak_bytes"] <= budget * (1 + TOLERANCE),
            "same_ranking": same, "max_relative_score_difference": worst,
            "budgeted_over_unbudgeted_peak": budgeted["peak_bytes"] / free["peak_bytes"]}
     for name, run in (("unbudgeted", free), ("budgeted", budgeted)):
