@@ -11,7 +11,7 @@ first one; then the seconds each step took. ``--json FILE`` writes those figures
 
     python examples/load_any_size.py                      # SnapViT fast: a few minutes on 2 CPU cores
     python examples/load_any_size.py --method magnitude   # the data-free baseline, seconds
-    python examples/load_any_size.py --num-images 1000 --json benchmarks/results/quick_path_vit_tiny.json
+    python examples/load_any_size.py --num-images 1000 --json benchmarks/results/quick_path/quick_path_vit_tiny.json
 """
 
 from __future__ import annotations
