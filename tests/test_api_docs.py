@@ -4,13 +4,15 @@ class, has a docstring of its own, and docs/api.md lists exactly the names ``hf_
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import re
 from pathlib import Path
 
 import hf_snapvit
 
-API_PAGE = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+ROOT = Path(__file__).resolve().parents[1]
+API_PAGE = ROOT / "docs" / "api.md"
 
 
 def _documented(obj) -> bool:
@@ -69,3 +71,15 @@ def test_the_gate_sees_a_missing_docstring():
     assert {name: _documented(f) for name, f in _public_methods(Exported).items()} == {"documented": True,
                                                                                        "bare": False}
     assert not _documented(Settings) and _public_methods(Settings) == {}
+
+
+def test_the_model_card_readme_names_files_and_functions_that_exist():
+    """model_cards/README.md is the card's module map: its source paths and dotted names must still resolve."""
+    text = (ROOT / "model_cards" / "README.md").read_text()
+    paths = re.findall(r"`(src/hf_snapvit/[\w/.]+)`", text)
+    dotted = re.findall(r"`(hf_snapvit(?:\.\w+)+)`", text)
+    assert paths and len(dotted) >= 3
+    assert [path for path in paths if not (ROOT / path).is_file()] == []
+    for name in dotted:
+        module, _, attribute = name.rpartition(".")
+        assert hasattr(importlib.import_module(module), attribute), name
