@@ -77,7 +77,8 @@ def latency_arguments(doc: str, batch_sizes: list[int]) -> argparse.ArgumentPars
     result.add_argument("--warmup", type=int, default=3, help="untimed forwards per model and batch size")
     result.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     result.add_argument("--seed", type=int, default=0)
-    result.add_argument("--output", default=None, help="JSON file (default: results/<script>_<device name>.json)")
+    result.add_argument("--output", default=None,
+                        help="JSON file (default: results/<script>/<script>_<device name>.json)")
     return result
 
 
@@ -99,18 +100,18 @@ def command(script: str, argv: list[str] | None) -> str:
     return " ".join(["python", f"benchmarks/{script}", *(sys.argv[1:] if argv is None else argv)])
 
 
-def output_path(given: str | Path | None, prefix: str, hardware: dict[str, Any]) -> Path:
-    """``given``, else ``results/<prefix>_<device name>.json``."""
-    return Path(given) if given else RESULTS / f"{prefix}_{device_slug(hardware)}.json"
+def output_path(given: str | Path | None, prefix: str, hardware: dict[str, Any], folder: str) -> Path:
+    """``given``, else ``results/<folder>/<prefix>_<device name>.json`` (one folder per script)."""
+    return Path(given) if given else RESULTS / folder / f"{prefix}_{device_slug(hardware)}.json"
 
 
 def device_report(script: str, argv: list[str] | None, args: argparse.Namespace, prefix: str | None = None,
                   **fields: Any) -> tuple[Path, dict[str, Any]]:
-    """Where a device run's JSON goes (``--output``, else ``results/<prefix>_<device name>.json``, the prefix the
-    script's name by default) and what it starts with: the command, the machine, every option but ``--output``,
+    """Where a device run's JSON goes (``--output``, else ``results/<script>/<prefix>_<device name>.json``, the prefix
+    the script's name by default) and what it starts with: the command, the machine, every option but ``--output``,
     then ``fields``."""
     hardware = hardware_info(device=args.device)
-    return output_path(args.output, prefix or Path(script).stem, hardware), {
+    return output_path(args.output, prefix or Path(script).stem, hardware, Path(script).stem), {
         "command": command(script, argv), "hardware": hardware,
         "settings": {k: v for k, v in vars(args).items() if k != "output"}, **fields}
 

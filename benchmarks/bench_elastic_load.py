@@ -15,7 +15,7 @@ asserts on timing.
 
     python benchmarks/bench_elastic_load.py --load-repeats 2          # about 3-4 minutes per repeat on 2 cores
     python benchmarks/bench_elastic_load.py --shape vit-l16 --sparsities 0 0.3 0.5 --batch-sizes 1 --repeats 2 \
-        --warm-loads 1 --no-stock --output benchmarks/results/elastic_load_vit-l16.json
+        --warm-loads 1 --no-stock --output benchmarks/results/bench_elastic_load/elastic_load_vit-l16.json
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights, ranking and inputs")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="vit-b16", help="the ViT shape to build")
     parser.add_argument("--no-stock", action="store_true", help="skip the dense load by stock transformers")
-    parser.add_argument("--output", type=Path, default=RESULTS / "elastic_load.json")
+    parser.add_argument("--output", type=Path, default=RESULTS / "bench_elastic_load" / "elastic_load.json")
     return parser.parse_args(argv)
 
 

@@ -71,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          help="images per search forward (default: 256 on an accelerator, 64 on a CPU)")
     options.add_argument("--floor-repeats", type=int, default=5, help="timed dense forwards for the throughput")
     options.add_argument("--seed", type=int, default=0)
-    options.add_argument("--output", default=None, help="JSON file (default: results/ranking_time_<device>.json)")
+    options.add_argument("--output", default=None,
+                         help="JSON file (default: results/bench_ranking_time/ranking_time_<device>.json)")
     return options.parse_args(argv)
 
 

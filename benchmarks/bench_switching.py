@@ -13,7 +13,7 @@ In one run, side by side:
 
     python benchmarks/bench_switching.py                                   # CPU, ViT-B/16 shape, a few minutes
     python benchmarks/bench_switching.py --device cuda --dtype bfloat16 --batch-sizes 256 64 \
-        --output benchmarks/results/switching_vit_b_h100.json             # a GPU (H100)
+        --output benchmarks/results/bench_switching/switching_vit_b_h100.json             # a GPU (H100)
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> Any:
     options.add_argument("--repeats", type=int, default=10, help="interleaved rounds per batch size")
     options.add_argument("--switches", type=int, default=1000, help="timed switches")
     options.add_argument("--table-repeats", type=int, default=5, help="rounds of the latency table")
-    options.add_argument("--output", type=Path, default=RESULTS / "switching_vit_b_cpu.json")
+    options.add_argument("--output", type=Path, default=RESULTS / "bench_switching" / "switching_vit_b_cpu.json")
     return options.parse_args(argv)
 
 

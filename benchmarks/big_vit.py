@@ -67,7 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--child-load", nargs=2, metavar=("FOLDER", "SPARSITY"), help=argparse.SUPPRESS)
-    parser.add_argument("--output", default=None, help="JSON (default: benchmarks/results/big_vit_<device>.json)")
+    parser.add_argument("--output", default=None,
+                        help="JSON (default: benchmarks/results/big_vit/big_vit_<device>.json)")
     args = parser.parse_args(argv)
     args.precision = args.precision or ("bf16" if torch.device(args.device).type == "cuda" else "fp32")
     return args

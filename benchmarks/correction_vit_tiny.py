@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None):
     result.add_argument("--num-bank", type=int, default=1000, help="train images in the k-NN memory bank")
     result.add_argument("--no-guard", action="store_true",
                         help="CorrectionConfig(guard=False): fit on every image, keep every correction")
-    result.add_argument("--output", type=Path, default=RESULTS / "correction_vit_tiny.json")
+    result.add_argument("--output", type=Path, default=RESULTS / "correction_vit_tiny" / "correction_vit_tiny.json")
     return result.parse_args(argv)
 
 

@@ -9,7 +9,8 @@
 3. ``pair-timm``: a new venv with torch 2.14.1 and torchvision 0.29.1 (a matching pair, both on disk), then
    ``pip install "<repo>[all,timm]"``: both must be unchanged. Skipped with ``--skip-pair`` (it installs ~5.5 GB).
 
-Writes ``benchmarks/results/extras_keep_torch.json`` and exits 1 if an install changed torch or torchvision.
+Writes ``benchmarks/results/extras_keep_torch/extras_keep_torch.json`` and exits 1 if an install changed torch or
+torchvision.
 Usage: ``python benchmarks/extras_keep_torch.py [--skip-pair] [--output PATH]``
 """
 
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUTPUT = ROOT / "benchmarks" / "results" / "extras_keep_torch.json"
+OUTPUT = ROOT / "benchmarks" / "results" / "extras_keep_torch" / "extras_keep_torch.json"
 VERSIONS = ("import importlib.metadata as m, json; print(json.dumps({n: m.version(n) for n in ('torch', "
             "'torchvision', 'timm') if __import__('importlib.util').util.find_spec(n)}))")
 

@@ -5,8 +5,8 @@
 ``--elastic`` is an elastic checkpoint of ``../shared/models/vit-tiny-tinyimagenet`` (``hf_snapvit.save_elastic`` or
 ``hf-snapvit prune``). ``--num-val N`` measures top-1 with the model's own head on the first N validation images,
 dense and at every sparsity of the card, puts the numbers in the table and the ``model-index`` and saves them to
-``benchmarks/results/example_card_top1.json``; ``--evaluations FILE.json`` shows measured numbers instead (that file,
-to regenerate without re-measuring).
+``benchmarks/results/make_example_card/example_card_top1.json``; ``--evaluations FILE.json`` shows measured numbers
+instead (that file, to regenerate without re-measuring).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     evaluations = json.loads(args.evaluations.read_text()) if args.evaluations else None
     if args.num_val:
         evaluations = measure_top1(args.elastic, args.num_val)
-        write_json(RESULTS / "example_card_top1.json", evaluations)
+        write_json(RESULTS / "make_example_card" / "example_card_top1.json", evaluations)
     output = ROOT / "model_cards" / "vit-tiny-tinyimagenet-elastic"
     card = write_model_card(
         args.elastic, output, base_model=BASE_MODEL, evaluations=evaluations, eval_dataset=DATASET,

@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     parser.add_argument("--output", default=None,
-                        help="JSON (default: benchmarks/results/offloaded_ranking_<cpu>.json)")
+                        help="JSON (default: benchmarks/results/offloaded_ranking/offloaded_ranking_<cpu>.json)")
     return parser.parse_args(argv)
 
 

@@ -227,7 +227,7 @@ def parse_args(argv: list[str] | None = None) -> Any:
     options.add_argument("--num-val", type=int, default=1000)
     options.add_argument("--num-bank", type=int, default=2000, help="train images in the k-NN memory bank")
     options.add_argument("--threads", type=int, default=0, help="torch threads (0 = all)")
-    options.add_argument("--output", type=Path, default=RESULTS / "peer_torch_pruning.json")
+    options.add_argument("--output", type=Path, default=RESULTS / "peer_torch_pruning" / "peer_torch_pruning.json")
     options.add_argument("--print-tables", action="store_true", help="print the markdown tables of --output and exit")
     args = options.parse_args(argv)
     if "snapvit" in args.importances and not args.elastic:

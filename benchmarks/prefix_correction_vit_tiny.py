@@ -15,7 +15,7 @@ and factors files (``--num-val 0 --num-bank 0`` skip the scores):
 
     python benchmarks/prefix_correction_vit_tiny.py --variants every-size --num-calibration 256 --num-val 0 \
         --num-bank 0 --sparsities 0.2 0.3 0.5 --switch-repeats 5 \
-        --output benchmarks/results/prefix_correction_switch_time.json
+        --output benchmarks/results/prefix_correction_switch_time/prefix_correction_switch_time.json
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     options.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     options.add_argument("--switch-repeats", type=int, default=0,
                          help="also time a switchable model's switches with and without each correction (median of N)")
-    options.add_argument("--output", type=Path, default=RESULTS / "prefix_correction_vit_tiny.json")
+    options.add_argument("--output", type=Path,
+                         default=RESULTS / "prefix_correction_vit_tiny" / "prefix_correction_vit_tiny.json")
     args = options.parse_args(argv)
     model, processor = load_classifier(args.model)
     ranking = stored_ranking(args.ranking, model)

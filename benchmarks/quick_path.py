@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     options.add_argument("--only", choices=("example", "cli"), default=None, help="run one of the two")
     options.add_argument("--num-images", type=int, default=1000, help="validation images the example scores")
     options.add_argument("--sparsities", type=float, nargs="+", default=[0.0, 0.3, 0.5])
-    options.add_argument("--output", default=str(RESULTS / "quick_path_vit_tiny.json"))
+    options.add_argument("--output", default=str(RESULTS / "quick_path" / "quick_path_vit_tiny.json"))
     args = options.parse_args(argv)
     report: dict[str, Any] = {"command": command("quick_path.py", argv), "hardware": hardware_info(),
                               "settings": {k: v for k, v in vars(args).items() if k != "output"}}

@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     result.add_argument("--k", type=int, default=20)
     result.add_argument("--seed", type=int, default=0)
     result.add_argument("--tag", default="", help="suffix of the recovered rows' variant names (settings sweeps)")
-    result.add_argument("--output", type=Path, default=RESULTS / "recovery_vit_tiny.json")
+    result.add_argument("--output", type=Path, default=RESULTS / "recovery_vit_tiny" / "recovery_vit_tiny.json")
     args = result.parse_args(argv)
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key, None) is None:

@@ -14,7 +14,7 @@ in log-log): ``b = 1`` is linear growth.
 shapes at 197 to 1025 tokens and growing depth and width, with and without a ``max_memory`` budget of a quarter of
 the unbudgeted peak's activations, checking that the budget holds and the rankings are equal:
 
-    python benchmarks/scale.py --cpu-memory --output benchmarks/results/scale_memory_cpu.json
+    python benchmarks/scale.py --cpu-memory --output benchmarks/results/scale/scale_memory_cpu.json
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's first example: rank a trained ViT once with SnapViT, save one elastic checkpoint, load it at any size.
+"""The README's first example on the shared ViT-Tiny: rank it once, save one elastic checkpoint, load it at any size.
 
 Steps: load the shared ViT-Tiny (Tiny-ImageNet-200) and its train images (``load_dataset("parquet", ...)``; the
 ranking reads no labels), rank every attention head and FFN neuron with SnapViT's ``fast`` preset
@@ -11,7 +11,7 @@ first one; then the seconds each step took. ``--json FILE`` writes those figures
 
     python examples/load_any_size.py                      # SnapViT fast: a few minutes on 2 CPU cores
     python examples/load_any_size.py --method magnitude   # the data-free baseline, seconds
-    python examples/load_any_size.py --num-images 1000 --json benchmarks/results/quick_path_vit_tiny.json
+    python examples/load_any_size.py --num-images 1000 --json benchmarks/results/quick_path/quick_path_vit_tiny.json
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main() -> None:
     load_before, start = os.getloadavg(), time.perf_counter()
     seconds: dict[str, float] = {}
 
-    # The README's first example, line for line.
+    # The README's first example (examples/quickstart.py), on a model with a classifier and its train images.
     processor = AutoImageProcessor.from_pretrained(args.model)
     model = AutoModelForImageClassification.from_pretrained(args.model).eval()
     train_images = load_dataset("parquet", data_files=args.train_data, split="train")  # labels are not read

@@ -34,8 +34,8 @@ def test_specs_reproduce_the_committed_rows():
 
     rankings = BENCHMARKS / "results" / "defaults_vit_tiny" / "rankings"
     fits = sorted(rankings.glob("*.fit.json"))
-    # The per-seed studies beside it (one folder each, seedS.fit.json) ran the same script.
-    studies = sorted((BENCHMARKS / "results").glob("*/seed*.fit.json"))
+    # The per-seed studies in its subfolders (one each, seedS.fit.json) ran the same script.
+    studies = sorted((BENCHMARKS / "results" / "defaults_vit_tiny").glob("*/seed*.fit.json"))
     assert fits and len(studies) >= 30
     for path in fits + studies:
         fit = json.loads(path.read_text())

@@ -1,4 +1,5 @@
-"""The examples run offline against ../shared, as the README promises."""
+"""The examples run offline against ../shared, as the README promises (quickstart.py, the README's 30-second example,
+with the shared model and images in place of its Hub ids)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,16 @@ import pytest
 from helpers import SHARED, SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, requires_shared
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _example(script: str):
+    """``examples/<script>`` imported as a module (the examples are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(script[:-3], ROOT / "examples" / script)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
 
 
 def _first_rows(parquet: tuple[str, ...], path, rows: int = 300):
@@ -27,9 +38,10 @@ def _first_rows(parquet: tuple[str, ...], path, rows: int = 300):
 @pytest.mark.slow  # a fresh process on the shared ViT-Tiny
 @requires_shared(SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION)
 def test_load_any_size_example(tmp_path):
+    train = _first_rows(SHARED_TRAIN, tmp_path / "train.parquet")
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "load_any_size.py"), "--method", "magnitude",  # seconds, not minutes
-         "--train-data", str(_first_rows(SHARED_TRAIN, tmp_path / "train.parquet")),
+         "--train-data", str(train),
          "--sparsities", "0.0", "0.3", "--num-images", "50", "--output", str(tmp_path / "elastic"),
          "--json", str(tmp_path / "figures.json")],
         capture_output=True, text=True, timeout=600,
@@ -44,6 +56,15 @@ def test_load_any_size_example(tmp_path):
     assert [row["sparsity"] for row in figures["rows"]] == [0.0, 0.3] and figures["num_validation_images"] == 50
     assert figures["settings"]["method"] == "magnitude" and figures["seconds"]["rank"] <= figures["seconds"]["total"]
     assert figures["hardware"]["cpu_count"] >= 1
+
+    # The README's 30-second example, in this process (no second interpreter start): its Hub ids replaced by the
+    # shared checkpoint folder and a parquet file, the two local forms it takes.
+    shown = _example("quickstart.py").main(["--model", str(SHARED.joinpath(*SHARED_MODEL)), "--data", str(train),
+                                            "--method", "magnitude", "--output", str(tmp_path / "quick")])
+    assert shown["model"] == "ViTModel" and (shown["tokens"], shown["width"]) == (197, 192)
+    # 30 % of the parameters off: under 80 % of the dense ViT-Tiny's 2.511 GFLOPs; the heads of all 12 blocks listed
+    assert len(shown["num_heads"]) == 12 and shown["gflops"] < 0.8 * 2.511
+    assert (tmp_path / "quick" / "preprocessor_config.json").exists()
 
 
 @pytest.mark.slow  # a fresh process on the shared ViT-Tiny
@@ -69,16 +90,12 @@ def test_prune_and_push_example(tmp_path):
     assert (output / "preprocessor_config.json").exists()
 
 
-@pytest.mark.parametrize("script", ["load_any_size.py", "prune_and_push.py"])
+@pytest.mark.parametrize("script", ["load_any_size.py", "prune_and_push.py", "quickstart.py"])
 def test_examples_that_rank_take_every_preset(script, monkeypatch):
     """Issue 64: each example that ranks takes --preset, with SnapViT's presets as the choices and fast the default."""
-    import importlib.util
-
     from hf_snapvit.pruning.methods.snapvit import PRESETS
 
-    spec = importlib.util.spec_from_file_location(script[:-3], ROOT / "examples" / script)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = _example(script)
     for preset in PRESETS:
         monkeypatch.setattr(sys, "argv", [script, "--method", "snapvit", "--preset", preset])
         assert example.parse_args().preset == preset

@@ -43,6 +43,7 @@ class Floors:
     paired_head_offset: float = 0.15
 
     def to_dict(self) -> dict[str, float]:
+        """The floors as the ``elastic_ranking`` entry of ``config.json`` stores them."""
         return {"min_head_keep_ratio": self.min_head_keep_ratio, "min_neuron_keep_ratio": self.min_neuron_keep_ratio,
                 "paired_head_offset": self.paired_head_offset}
 

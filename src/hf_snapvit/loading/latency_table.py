@@ -137,6 +137,7 @@ class LatencyTable:
         return float(s1 if l0 == l1 else s0 + (l0 - latency_ms) / (l0 - l1) * (s1 - s0))
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy, which :meth:`from_dict` reads back."""
         return asdict(self) | {"sparsities": list(self.sparsities), "gflops": list(self.gflops),
                                "latency_ms": list(self.latency_ms)}
 

@@ -65,10 +65,12 @@ class ElasticBudget:
     @classmethod
     def of(cls, counts: KeepCounts, width_multiple: int | None, requested: dict[str, Any],
            predicted_latency_ms: float | None = None) -> "ElasticBudget":
+        """The budget of ``counts`` at ``width_multiple``, with what the caller asked for and the predicted latency."""
         return cls(tuple(counts.heads), tuple(counts.neurons), counts.sparsity, counts.num_params, counts.gflops,
                    width_multiple, dict(requested), predicted_latency_ms)
 
     def counts(self) -> KeepCounts:
+        """The per-block keep counts of this size."""
         return KeepCounts(heads=list(self.heads), neurons=list(self.neurons), num_params=self.num_params,
                           gflops=self.gflops, sparsity=self.sparsity)
 

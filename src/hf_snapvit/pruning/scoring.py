@@ -100,6 +100,7 @@ class ScoreConfig:
         return self.batch_size
 
     def to_dict(self) -> dict[str, Any]:
+        """Every setting by name, as a ranking's record stores it."""
         return asdict(self)
 
 

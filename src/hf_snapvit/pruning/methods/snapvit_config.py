@@ -279,4 +279,5 @@ class SnapViTConfig:
         return None
 
     def to_dict(self) -> dict[str, Any]:
+        """Every setting by name (the score settings nested), as a ranking's record stores it."""
         return asdict(self)
