@@ -161,7 +161,8 @@ def native_bf16_cpu() -> bool:
     There a SnapViT ranking's forward passes run in bf16 by default: on an Intel Xeon with AMX the ``fast`` preset
     ranks the shared ViT-Tiny in 108 s instead of 194 s at the same accuracy (``docs/results.md``). Elsewhere bf16
     is emulated and much slower (an AMD EPYC with AVX2: the gradient phase 15x, forwards 8x;
-    ``benchmarks/results/ranking_time_cpu_avx2_precisions.json``), so ``"auto"`` keeps float32 there.
+    ``benchmarks/results/bench_ranking_time/ranking_time_cpu_avx2_precisions.json``), so ``"auto"`` keeps float32
+    there.
     """
     for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
         check = getattr(torch.cpu, probe, None)  # private probes of torch.cpu: a torch without them answers "no"

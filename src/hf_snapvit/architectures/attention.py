@@ -5,7 +5,7 @@ transformers' bidirectional mask builder never takes its "nothing is masked" sho
 boolean mask. No fused SDPA kernel takes that mask (flash takes none; cuDNN and memory-efficient attention refuse a
 197-wide boolean one), so every attention of a compiled ViT runs PyTorch's math path, which computes bf16 attention
 in float32 on CUDA cores: a compiled dense ViT-B/16 ran twice as slow as eager on an H200
-(``benchmarks/results/serving_paths_*``, docs/deployment.md).
+(``benchmarks/results/serving_paths/*``, docs/deployment.md).
 
 :data:`UNPADDED_SDPA` names transformers' own SDPA attention function with a mask builder that returns no mask when
 no padding mask is given and the attention is plain bidirectional (exactly the stock builder's shortcut, taken under

@@ -106,7 +106,8 @@ def _add_squared(output_grads: torch.Tensor, inputs: torch.Tensor, total: torch.
         x = inputs[start:start + per_block].float()
         # On CUDA the products run on TF32 tensor cores: their factors come from a bf16 (autocast) or TF32 forward,
         # so TF32's 10-bit mantissa keeps what they hold. In full float32 they were the gradient phase's largest
-        # kernel on an H200 (benchmarks/results/profile_ranking_nvidia-h200.json). A CPU computes in float32.
+        # kernel on an H200 (benchmarks/results/profile_ranking/profile_ranking_nvidia-h200.json). A CPU computes in
+        # float32.
         with tf32_matmuls(total.device):
             per_sample = torch.bmm(g.transpose(1, 2), x)  # [b, out, in], float32 like a weight gradient
         squared = per_sample.double().square_().sum(0)
