@@ -78,17 +78,70 @@ def test_every_method_is_listed():
     assert set(hs.available_methods()) == {"lamp", "magnitude", "random", "snapvit", "snip", "taylor-ce"}
 
 
-def test_register_a_data_free_method(monkeypatch):
-    import importlib
+@pytest.fixture
+def registry(monkeypatch):
+    """The method registry, restored after the test."""
+    from hf_snapvit.pruning.methods import registry
 
-    rank_module = importlib.import_module("hf_snapvit.pruning.methods")  # the package attribute `rank` is the function
+    monkeypatch.setattr(registry, "_METHODS", dict(registry._METHODS))
+    return registry
 
-    monkeypatch.setattr(rank_module, "_METHODS", dict(rank_module._METHODS))
-    with pytest.raises(ValueError, match="already registered"):
+
+def test_register_a_data_free_method(registry):
+    with pytest.raises(ValueError, match="already registered"), pytest.warns(FutureWarning):
         hs.register_method("snip", lambda model, shape, seed: None)
-    hs.register_method("depth", lambda model, shape, seed: (
-        np.full((shape.num_layers, shape.num_heads), 1e9),  # heads far more important than any neuron
-        np.tile(np.arange(shape.num_layers, 0, -1.0)[:, None], (1, shape.intermediate_size))))
-    ranking = hs.rank(CASE["vit"].build(), method="depth")
+    with pytest.warns(FutureWarning, match=r"register_method\('depth', DataFreeConfig"):
+        hs.register_method("depth", lambda model, shape, seed: (
+            np.full((shape.num_layers, shape.num_heads), 1e9),  # heads far more important than any neuron
+            np.tile(np.arange(shape.num_layers, 0, -1.0)[:, None], (1, shape.intermediate_size))))
+    assert not registry.ranking_method("depth").needs_data and "depth" in hs.available_methods()
+    ranking = hs.rank(CASE["vit"].build(), method="depth", preset="fast", seed=2)
     counts = ranking.keep_counts(0.2)
     assert counts.neurons[1] < counts.neurons[0]  # the later block scores lower, so it loses neurons first
+    assert ranking.provenance["method"] == "depth" and ranking.provenance["seed"] == 2
+
+
+def test_a_method_from_outside_the_package_ranks_saves_and_loads(registry, tmp_path):
+    """Issue 66: a user's method is a config class and a ranker class, registered once; rank(), its settings, the
+    refusals, save_elastic and the sliced load then treat it as a built-in one."""
+    from dataclasses import dataclass
+
+    from hf_snapvit.architectures.budget import layer_widths
+    from hf_snapvit.pruning.methods import RankingConfig, ScoreRanker
+
+    @dataclass(frozen=True)
+    class DepthConfig(RankingConfig):
+        late_weight: float = 0.5  # how much a later block's units count, relative to the block before
+
+        def __post_init__(self):
+            super().__post_init__()
+            self._check_real("late_weight", 0, 1, low_open=True)
+
+    class DepthRanker(ScoreRanker):
+        def scores(self, model, shape, data, **run):
+            self.settings_ = {"late_weight": self.config.late_weight, "images": len(data)}
+            weight = self.config.late_weight ** np.arange(shape.num_layers, dtype=float)[:, None]
+            return (np.ones((shape.num_layers, shape.num_heads)) * weight * shape.params_per_head,
+                    np.ones((shape.num_layers, shape.intermediate_size)) * weight * shape.params_per_neuron)
+
+    with pytest.raises(hs.ConfigError, match="RankingConfig"):
+        hs.register_method("depth", dict, DepthRanker, needs_data=True)
+    with pytest.raises(hs.ConfigError, match="needs_data"):
+        hs.register_method("depth", DepthConfig, DepthRanker)
+    hs.register_method("depth", DepthConfig, DepthRanker, needs_data=True)
+    model = CASE["vit"].build()
+    with pytest.raises(hs.DataError, match="needs calibration images"):
+        hs.rank(model, "depth")
+    with pytest.raises(hs.ConfigError, match="method='depth' has no setting 'max_generations'; its settings .DepthConfig.: late_weight, "):
+        hs.rank(model, "depth", images(2), max_generations=3)
+    with pytest.raises(hs.ConfigError, match="late_weight=2"):
+        hs.rank(model, "depth", images(2), late_weight=2)
+    ranking = hs.rank(model, "depth", images(2), config=DepthConfig(late_weight=0.25), mode="paired", seed=4)
+    assert ranking.mode == "paired" and ranking.provenance["method"] == "depth"
+    assert ranking.provenance["settings"] == {"late_weight": 0.25, "images": 2} and ranking.provenance["seed"] == 4
+    stored = hs.save_elastic(model, ranking, tmp_path / "e", model_card=False)
+    assert stored.provenance["method"] == "depth"
+    loaded = hs.ElasticViTModel.from_pretrained(tmp_path / "e", sparsity=0.3)
+    heads, neurons = layer_widths(loaded)
+    assert neurons[1] < neurons[0]  # the later block counts less, so it loses more
+    assert loaded.config.elastic_ranking["provenance"]["method"] == "depth"
