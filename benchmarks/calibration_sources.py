@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     model, processor = load_classifier(args.model)
     config = (hf_snapvit.SnapViTConfig(seed=args.seed, **json.loads(args.config)) if args.config else
               hf_snapvit.SnapViTConfig.preset(args.preset, seed=args.seed))
-    num_images = config.num_gradient_images + config.num_fitness_images
+    num_images = config.images_needed
     validation = load_split(args.data, "validation", num_samples=args.num_val, seed=0)
     bank = load_split(args.train, "train", num_samples=args.num_bank, seed=1) if args.num_bank else None
     metrics = ["top1", "knn"] if bank is not None else ["top1"]

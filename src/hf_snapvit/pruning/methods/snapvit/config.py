@@ -24,7 +24,7 @@ FITNESS_BATCH_SIZE = {"cpu": 64, "accelerator": 256}
 class SnapViTConfig(RankingConfig):
     """Settings of a SnapViT ranking run; ``SnapViTConfig.preset("default" | "fast" | "paper")`` gives the named
     presets. How each default was chosen, and what each option measured on the shared ViT-Tiny, is in
-    ``docs/defaults.md``.
+    ``docs/defaults.md`` (section "What each SnapViTConfig option measured").
 
     Args:
         num_gradient_images: Images whose gradients give the local scores.
@@ -180,8 +180,7 @@ class SnapViTConfig(RankingConfig):
         block's units in ``"output"`` order, 3 xNES generations at sigma 0.5, the search's mean as the result,
         global ranking). ``"fast"``: the same choices sized for a CPU (128 + 128 images, 2 global + 4 local 96-px
         crops), the fitness at 30 % sparsity only. ``"paper"``: the reference code's settings (squared accumulated
-        gradients in their own order, 50 evaluations at sigma 1, the best candidate as the result, paired ranking).
-        What each choice measured: ``docs/defaults.md``."""
+        gradients in their own order, 50 evaluations at sigma 1, the best candidate as the result, paired ranking)."""
         fast_images, fast_scores = PRESET_SCORES["fast"]
         return {
             "default": cls(),
