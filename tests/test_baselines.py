@@ -59,6 +59,7 @@ def test_gradient_baselines_through_rank():
         assert min(counts.heads) >= ranking.floors()[0] and min(counts.neurons) >= ranking.floors()[1]
         assert ranking.provenance["calibration_data"]["num_gradient"] == 6
     assert taylor.provenance["calibration_data"]["label_column"] == "label"
+    assert snip.provenance["settings"]["preset"] == "fast" and snip.provenance["method"] == "snip"
     assert taylor.provenance["settings"]["scores"]["loss"] == "ce"
 
 
@@ -145,3 +146,42 @@ def test_a_method_from_outside_the_package_ranks_saves_and_loads(registry, tmp_p
     heads, neurons = layer_widths(loaded)
     assert neurons[1] < neurons[0]  # the later block counts less, so it loses more
     assert loaded.config.elastic_ranking["provenance"]["method"] == "depth"
+
+
+def test_every_config_speaks_one_dialect():
+    """Issue 66: one base for every settings class: JSON round trips (nested settings and tuples included), unknown
+    keys refused with the known ones, each wing's own error; the baselines' presets are SnapViT's gradient phase."""
+    import json
+    import warnings
+
+    from hf_snapvit.correction import CorrectionConfig
+    from hf_snapvit.errors import CorrectionError, EvaluationError, RecoveryError
+    from hf_snapvit.evaluation.probe import LinearProbeConfig
+    from hf_snapvit.pruning.methods import DataFreeConfig, GradientBaselineConfig, ranking_method
+
+    fast = hs.SnapViTConfig.preset("fast", seed=3, fitness_sparsities=[0.2, 0.4])
+    for config, error in ((fast, hs.ConfigError), (GradientBaselineConfig.preset("paper"), hs.ConfigError),
+                          (DataFreeConfig(mode="paired"), hs.ConfigError), (hs.MultiCropConfig(), hs.ConfigError),
+                          (CorrectionConfig(num_samples=None), CorrectionError),
+                          (hs.RecoveryConfig(crop_scale=[0.3, 0.9]), RecoveryError),
+                          (LinearProbeConfig(epochs=3), EvaluationError)):
+        assert type(config).from_dict(json.loads(json.dumps(config.to_dict()))) == config
+        with pytest.raises(error, match=r"Unknown \w+ settings \['sedd'\]; known: \['\w+', '"):
+            type(config).from_dict({**config.to_dict(), "sedd": 1})
+    assert fast.preset_name() is None and isinstance(fast.scores.crops, hs.MultiCropConfig)
+    assert hs.SnapViTConfig.preset("fast", seed=3, mode="paired").preset_name() == "fast"  # seed, mode: no preset
+    baseline = GradientBaselineConfig.preset("fast")
+    snapvit = hs.SnapViTConfig.preset("fast")
+    assert (baseline.num_gradient_images, baseline.scores) == (snapvit.num_gradient_images, snapvit.scores)
+    assert baseline.images_needed == 128 and snapvit.images_needed == 256 and DataFreeConfig().images_needed == 0
+    # The calls before the registry: a SnapViTConfig for a gradient baseline, precision for a method without it.
+    with pytest.warns(FutureWarning, match="num_gradient_images, scores taken from it"):
+        assert ranking_method("snip").config(snapvit) == baseline
+    with pytest.warns(FutureWarning, match="precision='bf16' has no effect on method='magnitude'"):
+        assert ranking_method("magnitude").config(precision="bf16", preset="paper") == DataFreeConfig()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ranking_method("snip").config(precision="auto", mode=None, max_generations=None) == \
+            GradientBaselineConfig()
+    with pytest.raises(hs.ConfigError, match="config must be a GradientBaselineConfig for method='snip'"):
+        ranking_method("snip").config(CorrectionConfig())
