@@ -91,8 +91,11 @@ def _corrects(args: argparse.Namespace) -> bool:
 
 
 def _images_read(args: argparse.Namespace) -> int:
-    """How many images of ``--data`` the command reads: ``--num-samples``, else what the method needs."""
-    return args.num_samples or _images_needed(args.method, args.preset)
+    """How many images of ``--data`` the command reads: ``--num-samples``, else what the method needs (a data-free
+    method with ``--prefix-correction``: the correction's own sample count)."""
+    from ..correction.config import CorrectionConfig
+
+    return args.num_samples or _images_needed(args.method, args.preset) or CorrectionConfig.num_samples
 
 
 def _images_needed(method: str, preset: str | None) -> int:
