@@ -29,7 +29,8 @@ from datasets import load_dataset
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 import hf_snapvit
-from hf_snapvit.pruning.methods.snapvit import PRESETS
+from hf_snapvit.pruning.methods import ranking_method
+from hf_snapvit.pruning.methods.config import PRESETS
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 DATA = SHARED / "data" / "tiny-imagenet-200"
@@ -88,9 +89,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         output = args.output or str(Path(tmp) / "vit-tiny-elastic")
         step = time.perf_counter()
-        reads_images = args.method not in ("magnitude", "lamp", "random")
+        reads_images = ranking_method(args.method).needs_data
         ranking = hf_snapvit.rank(model, method=args.method, data=train_images if reads_images else None,
-                                  **({"preset": args.preset} if reads_images else {}))
+                                  preset=args.preset)
         seconds["rank"] = time.perf_counter() - step
         step = time.perf_counter()
         hf_snapvit.save_elastic(model, ranking, output, image_processor=processor)

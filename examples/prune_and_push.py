@@ -28,10 +28,10 @@ import hf_snapvit
 from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.data.images import load_image_dataset
 from hf_snapvit.distributed import process_state
-from hf_snapvit.pruning.methods.snapvit import PRESETS
+from hf_snapvit.pruning.methods import ranking_method
+from hf_snapvit.pruning.methods.config import PRESETS
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-DATA_METHODS = ("snapvit", "snip", "taylor-ce")
 
 
 def parse_args() -> argparse.Namespace:
@@ -78,11 +78,11 @@ def main() -> None:
     # 1. Rank. Every process runs this (the work is split between them); the calibration stream is seeded, so all
     #    of them read the same images.
     data = None
-    if args.method in DATA_METHODS:
-        config = hf_snapvit.SnapViTConfig.preset(args.preset)
-        needed = config.num_gradient_images + (config.num_fitness_images if args.method == "snapvit" else 0)
+    method = ranking_method(args.method)  # whether it reads images (and labels), and its settings
+    if method.needs_data:
+        needed = method.config_cls.preset(args.preset).images_needed
         data = load_image_dataset(args.data, num_samples=args.num_samples or needed, seed=args.seed,
-                                  label_column="label" if args.method == "taylor-ce" else None, show_progress=show)
+                                  label_column="label" if method.needs_labels else None, show_progress=show)
     start = time.perf_counter()
     ranking = hf_snapvit.rank(model, method=args.method, data=data, preset=args.preset, processor=processor,
                               seed=args.seed, show_progress=show)

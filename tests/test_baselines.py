@@ -59,6 +59,7 @@ def test_gradient_baselines_through_rank():
         assert min(counts.heads) >= ranking.floors()[0] and min(counts.neurons) >= ranking.floors()[1]
         assert ranking.provenance["calibration_data"]["num_gradient"] == 6
     assert taylor.provenance["calibration_data"]["label_column"] == "label"
+    assert snip.provenance["settings"]["preset"] == "fast" and snip.provenance["method"] == "snip"
     assert taylor.provenance["settings"]["scores"]["loss"] == "ce"
 
 
@@ -78,17 +79,109 @@ def test_every_method_is_listed():
     assert set(hs.available_methods()) == {"lamp", "magnitude", "random", "snapvit", "snip", "taylor-ce"}
 
 
-def test_register_a_data_free_method(monkeypatch):
-    import importlib
+@pytest.fixture
+def registry(monkeypatch):
+    """The method registry, restored after the test."""
+    from hf_snapvit.pruning.methods import registry
 
-    rank_module = importlib.import_module("hf_snapvit.pruning.methods")  # the package attribute `rank` is the function
+    monkeypatch.setattr(registry, "_METHODS", dict(registry._METHODS))
+    return registry
 
-    monkeypatch.setattr(rank_module, "_METHODS", dict(rank_module._METHODS))
-    with pytest.raises(ValueError, match="already registered"):
+
+def test_register_a_data_free_method(registry):
+    with pytest.raises(ValueError, match="already registered"), pytest.warns(FutureWarning):
         hs.register_method("snip", lambda model, shape, seed: None)
-    hs.register_method("depth", lambda model, shape, seed: (
-        np.full((shape.num_layers, shape.num_heads), 1e9),  # heads far more important than any neuron
-        np.tile(np.arange(shape.num_layers, 0, -1.0)[:, None], (1, shape.intermediate_size))))
-    ranking = hs.rank(CASE["vit"].build(), method="depth")
+    with pytest.warns(FutureWarning, match=r"register_method\('depth', DataFreeConfig"):
+        hs.register_method("depth", lambda model, shape, seed: (
+            np.full((shape.num_layers, shape.num_heads), 1e9),  # heads far more important than any neuron
+            np.tile(np.arange(shape.num_layers, 0, -1.0)[:, None], (1, shape.intermediate_size))))
+    assert not registry.ranking_method("depth").needs_data and "depth" in hs.available_methods()
+    ranking = hs.rank(CASE["vit"].build(), method="depth", preset="fast", seed=2)
     counts = ranking.keep_counts(0.2)
     assert counts.neurons[1] < counts.neurons[0]  # the later block scores lower, so it loses neurons first
+    assert ranking.provenance["method"] == "depth" and ranking.provenance["seed"] == 2
+
+
+def test_a_method_from_outside_the_package_ranks_saves_and_loads(registry, tmp_path):
+    """Issue 66: a user's method is a config class and a ranker class, registered once; rank(), its settings, the
+    refusals, save_elastic and the sliced load then treat it as a built-in one."""
+    from dataclasses import dataclass
+
+    from hf_snapvit.architectures.budget import layer_widths
+    from hf_snapvit.pruning.methods import RankingConfig, ScoreRanker
+
+    @dataclass(frozen=True)
+    class DepthConfig(RankingConfig):
+        late_weight: float = 0.5  # how much a later block's units count, relative to the block before
+
+        def __post_init__(self):
+            super().__post_init__()
+            self._check_real("late_weight", 0, 1, low_open=True)
+
+    class DepthRanker(ScoreRanker):
+        def scores(self, model, shape, data, **run):
+            self.settings_ = {"late_weight": self.config.late_weight, "images": len(data)}
+            weight = self.config.late_weight ** np.arange(shape.num_layers, dtype=float)[:, None]
+            return (np.ones((shape.num_layers, shape.num_heads)) * weight * shape.params_per_head,
+                    np.ones((shape.num_layers, shape.intermediate_size)) * weight * shape.params_per_neuron)
+
+    with pytest.raises(hs.ConfigError, match="RankingConfig"):
+        hs.register_method("depth", dict, DepthRanker, needs_data=True)
+    with pytest.raises(hs.ConfigError, match="needs_data"):
+        hs.register_method("depth", DepthConfig, DepthRanker)
+    hs.register_method("depth", DepthConfig, DepthRanker, needs_data=True)
+    model = CASE["vit"].build()
+    with pytest.raises(hs.DataError, match="needs calibration images"):
+        hs.rank(model, "depth")
+    with pytest.raises(hs.ConfigError, match="method='depth' has no setting 'max_generations'; its settings .DepthConfig.: late_weight, "):
+        hs.rank(model, "depth", images(2), max_generations=3)
+    with pytest.raises(hs.ConfigError, match="late_weight=2"):
+        hs.rank(model, "depth", images(2), late_weight=2)
+    ranking = hs.rank(model, "depth", images(2), config=DepthConfig(late_weight=0.25), mode="paired", seed=4)
+    assert ranking.mode == "paired" and ranking.provenance["method"] == "depth"
+    assert ranking.provenance["settings"] == {"late_weight": 0.25, "images": 2} and ranking.provenance["seed"] == 4
+    stored = hs.save_elastic(model, ranking, tmp_path / "e", model_card=False)
+    assert stored.provenance["method"] == "depth"
+    loaded = hs.ElasticViTModel.from_pretrained(tmp_path / "e", sparsity=0.3)
+    heads, neurons = layer_widths(loaded)
+    assert neurons[1] < neurons[0]  # the later block counts less, so it loses more
+    assert loaded.config.elastic_ranking["provenance"]["method"] == "depth"
+
+
+def test_every_config_speaks_one_dialect():
+    """Issue 66: one base for every settings class: JSON round trips (nested settings and tuples included), unknown
+    keys refused with the known ones, each wing's own error; the baselines' presets are SnapViT's gradient phase."""
+    import json
+    import warnings
+
+    from hf_snapvit.correction import CorrectionConfig
+    from hf_snapvit.errors import CorrectionError, EvaluationError, RecoveryError
+    from hf_snapvit.evaluation.probe import LinearProbeConfig
+    from hf_snapvit.pruning.methods import DataFreeConfig, GradientBaselineConfig, ranking_method
+
+    fast = hs.SnapViTConfig.preset("fast", seed=3, fitness_sparsities=[0.2, 0.4])
+    for config, error in ((fast, hs.ConfigError), (GradientBaselineConfig.preset("paper"), hs.ConfigError),
+                          (DataFreeConfig(mode="paired"), hs.ConfigError), (hs.MultiCropConfig(), hs.ConfigError),
+                          (CorrectionConfig(num_samples=None), CorrectionError),
+                          (hs.RecoveryConfig(crop_scale=[0.3, 0.9]), RecoveryError),
+                          (LinearProbeConfig(epochs=3), EvaluationError)):
+        assert type(config).from_dict(json.loads(json.dumps(config.to_dict()))) == config
+        with pytest.raises(error, match=r"Unknown \w+ settings \['sedd'\]; known: \['\w+', '"):
+            type(config).from_dict({**config.to_dict(), "sedd": 1})
+    assert fast.preset_name() is None and isinstance(fast.scores.crops, hs.MultiCropConfig)
+    assert hs.SnapViTConfig.preset("fast", seed=3, mode="paired").preset_name() == "fast"  # seed, mode: no preset
+    baseline = GradientBaselineConfig.preset("fast")
+    snapvit = hs.SnapViTConfig.preset("fast")
+    assert (baseline.num_gradient_images, baseline.scores) == (snapvit.num_gradient_images, snapvit.scores)
+    assert baseline.images_needed == 128 and snapvit.images_needed == 256 and DataFreeConfig().images_needed == 0
+    # The calls before the registry: a SnapViTConfig for a gradient baseline, precision for a method without it.
+    with pytest.warns(FutureWarning, match="num_gradient_images, scores taken from it"):
+        assert ranking_method("snip").config(snapvit) == baseline
+    with pytest.warns(FutureWarning, match="precision='bf16' has no effect on method='magnitude'"):
+        assert ranking_method("magnitude").config(precision="bf16", preset="paper") == DataFreeConfig()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ranking_method("snip").config(precision="auto", mode=None, max_generations=None) == \
+            GradientBaselineConfig()
+    with pytest.raises(hs.ConfigError, match="config must be a GradientBaselineConfig for method='snip'"):
+        ranking_method("snip").config(CorrectionConfig())

@@ -11,7 +11,7 @@ from hf_snapvit.architectures.budget import model_shape
 from hf_snapvit.correction import CorrectionConfig
 from hf_snapvit.correction.prefix import output_projections
 from hf_snapvit.errors import ConfigError
-from hf_snapvit.pruning.methods.block_order import block_orders, elimination_order, reorder_scores
+from hf_snapvit.pruning.methods.snapvit.block_order import block_orders, elimination_order, reorder_scores
 from hf_snapvit.elastic.ranking import ElasticRanking
 
 from helpers import CASES

@@ -195,7 +195,8 @@ def test_prune_generations_sets_the_search_length_and_is_checked_first(model_dir
     assert code == 0 and json.loads(out)["generations"] == fast.max_generations
     assert "candidate evaluations in 3 generations" in (tmp_path / "g3" / "README.md").read_text()
     for bad, words in ((["--generations", "-1"], "--generations -1: give 0"),
-                       (["--generations", "1", "--method", "snip"], "--generations 1 sets SnapViT's search")):
+                       (["--generations", "1", "--method", "snip"],
+                        "--generations 1 sets max_generations, which --method snip has not")):
         code, _, err = run(capsys, *common, *bad, "--output", tmp_path / "bad")
         assert code != 0 and words in err and not (tmp_path / "bad").exists()
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 import hf_snapvit
-from hf_snapvit.pruning.methods.search_state import CHECKPOINT_SETTINGS
+from hf_snapvit.pruning.methods.snapvit.search_state import CHECKPOINT_SETTINGS
 from hf_snapvit.pruning.methods.snapvit import FITNESS_BATCH_SIZE
 
 from helpers import BENCHMARKS, load_benchmark

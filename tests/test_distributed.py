@@ -21,7 +21,8 @@ import torch
 import hf_snapvit as hs
 from hf_snapvit import distributed
 from hf_snapvit.data import calibration
-from hf_snapvit.pruning import fitness, scoring
+from hf_snapvit.pruning import scoring
+from hf_snapvit.pruning.methods.snapvit import fitness
 from hf_snapvit.data.calibration import sample_images
 from hf_snapvit.data.views import MultiCropConfig
 from hf_snapvit.pruning.scoring import ScoreConfig, gradient_scores

@@ -13,9 +13,9 @@ import hf_snapvit as hs
 from hf_snapvit.architectures import get_backbone, get_layers, get_spec
 from hf_snapvit.data.calibration import split_calibration
 from hf_snapvit.architectures.embedding import image_embedding
-from hf_snapvit.pruning.fitness import EmbeddingFitness
+from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
 from hf_snapvit.pruning.scoring import ScoreConfig
-from hf_snapvit.pruning.token_subset import TokenSubset
+from hf_snapvit.pruning.methods.snapvit.token_subset import TokenSubset
 from hf_snapvit.data.views import MultiCropConfig
 from helpers import CASES, PROCESSOR, images
 

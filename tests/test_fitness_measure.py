@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit.pruning.cka import linear_cka, linear_cka_matrix
+from hf_snapvit.pruning.methods.snapvit.cka import linear_cka, linear_cka_matrix
 from hf_snapvit.architectures.embedding import image_embedding
-from hf_snapvit.pruning.fitness import EmbeddingFitness
+from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
 from hf_snapvit.pruning.scoring import ScoreConfig
 from hf_snapvit.surgery.slicing import slice_model_
 from hf_snapvit.data.views import MultiCropConfig

@@ -10,8 +10,8 @@ import torch
 import hf_snapvit as hs
 from hf_snapvit.data.calibration import split_calibration
 from hf_snapvit.cards.sections import _settings_line
-from hf_snapvit.pruning.fitness import EmbeddingFitness
-from hf_snapvit.pruning.methods import snapvit as snapvit_module
+from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
+from hf_snapvit.pruning.methods.snapvit import pruner as snapvit_module
 from hf_snapvit.pruning.xnes import XNES
 from helpers import CASES, PROCESSOR, images
 from test_reliability_resume import interrupted_in_generation

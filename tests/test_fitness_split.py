@@ -10,8 +10,8 @@ import torch
 import hf_snapvit as hs
 from hf_snapvit.architectures import get_layers
 from hf_snapvit.data.calibration import split_calibration
-from hf_snapvit.pruning.cka import linear_cka
-from hf_snapvit.pruning.fitness import EmbeddingFitness
+from hf_snapvit.pruning.methods.snapvit.cka import linear_cka
+from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
 from hf_snapvit.pruning.scoring import ScoreConfig
 from hf_snapvit.data.views import MultiCropConfig
 from helpers import CASES, PROCESSOR, images

@@ -133,7 +133,7 @@ def test_bf16_scores_rank_units_like_float32(no_accelerator):
 
 def test_the_search_objective_in_bf16_is_close_to_float32():
     """The fitness of candidate rankings under bf16 forwards differs from float32 far less than candidates differ."""
-    from hf_snapvit.pruning.fitness import EmbeddingFitness
+    from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
 
     model = CASE["vit"].build()
     # Twice as many images as PCA components: with as many, the PCA basis is fitted to the very images it projects,
@@ -151,7 +151,7 @@ def test_the_search_objective_in_bf16_is_close_to_float32():
 
 
 def test_the_bf16_search_runs_on_a_bf16_copy_and_leaves_the_model_as_it_was():
-    from hf_snapvit.pruning.fitness import EmbeddingFitness
+    from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
 
     model = CASE["vit"].build()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -169,9 +169,12 @@ def test_the_bf16_search_runs_on_a_bf16_copy_and_leaves_the_model_as_it_was():
 def test_rank_and_the_cli_take_the_precision(capsys):
     from hf_snapvit.cli import build_parser
 
-    model = CASE["vit"].build()
-    with pytest.raises(hs.ConfigError, match="preset/mode/seed/floors/precision"):
-        hs.rank(model, method="snapvit", data=images(4), config=hs.SnapViTConfig(), precision="bf16")
+    from hf_snapvit.pruning.methods import ranking_method
+
+    # Issue 66: a precision beside a full config replaces its field; a bad one is refused by the config.
+    assert ranking_method("snapvit").config(hs.SnapViTConfig(), precision="bf16").precision == "bf16"
+    with pytest.raises(hs.ConfigError, match="SnapViTConfig.*precision='fp16'.*'auto', 'fp32', 'bf16'"):
+        hs.rank(CASE["vit"].build(), method="snapvit", data=images(4), precision="fp16")
     common = ["prune", "--model", "m", "--output", "o", "--data", "d"]
     assert build_parser("prune").parse_args(common).precision == "auto"
     assert build_parser("prune").parse_args([*common, "--precision", "bf16"]).precision == "bf16"

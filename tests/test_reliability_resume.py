@@ -18,8 +18,8 @@ import torch
 
 import hf_snapvit as hs
 from hf_snapvit.errors import ConfigError
-from hf_snapvit.pruning.methods import snapvit as snapvit_module
-from hf_snapvit.pruning.methods.search_state import STATE_FILE
+from hf_snapvit.pruning.methods.snapvit import pruner as snapvit_module
+from hf_snapvit.pruning.methods.snapvit.search_state import STATE_FILE
 from hf_snapvit.recovery import RecoveryConfig, recover
 from hf_snapvit.pruning.scoring import ScoreConfig
 from hf_snapvit.surgery.slicing import slice_model_
@@ -39,7 +39,7 @@ RECOVERY = dict(steps=6, batch_size=4, warmup_steps=1, num_images=8, held_out_im
 SNAPVIT_CHILD = """
 import json, sys, time
 import hf_snapvit as hs
-from hf_snapvit.pruning.fitness import EmbeddingFitness
+from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
 from helpers import CASES, PROCESSOR, images
 from test_reliability_resume import TINY, hang
 

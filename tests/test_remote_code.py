@@ -26,7 +26,6 @@ from hf_snapvit.elastic import remote_code
 from hf_snapvit.loading import sliced
 from hf_snapvit.surgery import slicing
 from hf_snapvit.architectures.budget import layer_widths
-from hf_snapvit.errors import ConfigError
 from helpers import CASES, PROCESSOR, masked_copy, output_of
 
 CASE = {c.name: c for c in CASES}

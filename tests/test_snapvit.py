@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import datasets
 import numpy as np
@@ -15,7 +16,7 @@ from hf_snapvit.surgery.slicing import slice_model_
 from hf_snapvit.architectures.embedding import image_embedding
 from hf_snapvit.data.calibration import split_calibration
 from hf_snapvit.data.views import MultiCropConfig
-from hf_snapvit.pruning.fitness import EmbeddingFitness
+from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
 from hf_snapvit.pruning.xnes import XNES
 from hf_snapvit.pruning.scoring import ScoreConfig
 from helpers import CASES, PROCESSOR, images
@@ -273,10 +274,14 @@ def test_rank_sets_the_search_length_beside_the_preset_and_refuses_it_elsewhere(
     assert settings["num_fitness_images"] == fast.num_fitness_images and ranking.provenance["seed"] == 3
     with pytest.raises(hs.SnapViTError, match=r"max_generations=-1\): max_generations must be an integer >= 0"):
         hs.rank(model, method="snapvit", data=data, preset="fast", max_generations=-1)
-    with pytest.raises(hs.SnapViTError, match=r"max_generations=2 sets the length of SnapViT's search.*'magnitude'"):
+    with pytest.raises(hs.SnapViTError, match=r"method='magnitude' has no setting 'max_generations'"):
         hs.rank(model, method="magnitude", max_generations=2)
-    with pytest.raises(hs.SnapViTError, match=r"Give either config=SnapViTConfig.*max_generations"):
-        hs.rank(model, method="snapvit", data=data, config=fast, max_generations=1)
+    # Issue 66: settings given beside a full config replace its fields (a preset beside it is refused).
+    from hf_snapvit.pruning.methods import ranking_method
+
+    assert ranking_method("snapvit").config(fast, max_generations=1) == dataclasses.replace(fast, max_generations=1)
+    with pytest.raises(hs.SnapViTError, match=r"Give either config=SnapViTConfig.*preset='paper'"):
+        hs.rank(model, method="snapvit", data=data, config=fast, preset="paper")
 
 
 def test_search_batch_defaults_to_the_device_and_a_given_one_wins():
@@ -290,7 +295,7 @@ def test_search_batch_defaults_to_the_device_and_a_given_one_wins():
 
 
 def test_cka_matrix_properties_and_search_init():
-    from hf_snapvit.pruning.cka import cka_covariance, linear_cka_matrix, unit_activations
+    from hf_snapvit.pruning.methods.snapvit.cka import cka_covariance, linear_cka_matrix, unit_activations
 
     model = CASE["vit"].build()
     pixels = torch.randn(16, 3, 32, 32)

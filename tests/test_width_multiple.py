@@ -166,7 +166,7 @@ def test_the_model_card_table_shows_the_aligned_widths(tmp_path):
 
 @pytest.mark.parametrize("multiple, expected", [(None, 64), (1, 1), (32, 32)])
 def test_the_search_scores_candidates_at_the_widths_users_load(monkeypatch, multiple, expected):
-    from hf_snapvit.pruning.fitness import EmbeddingFitness
+    from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
 
     model = wide_vit()
     fitness = EmbeddingFitness(model, torch.randn(4, 3, 32, 32), sparsities=(0.3, 0.5), pca_components=8,

@@ -17,7 +17,7 @@ logger = get_logger("hf_snapvit.cli")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``prune``."""
     from ..pruning.methods import available_methods
-    from ..pruning.methods.snapvit import PRESETS
+    from ..pruning.methods.config import PRESETS
 
     add_model_argument(parser, "MODEL", "dense model: a Hub id or a local folder of a vision transformer")
     parser.add_argument("--output", required=True, metavar="DIR", help="folder for the elastic checkpoint")
@@ -61,19 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hub.add_argument("--token", default=None, help="Hub write token (default: hf auth login / HF_TOKEN)")
 
 
-def _reads_images(method: str) -> bool:
-    """SnapViT and the gradient baselines read calibration images; every other method (incl. ones added by
-    register_method) is data-free."""
-    from ..pruning.methods.baselines import GRADIENT_METHODS
+def _method(name: str) -> Any:
+    """The registered method ``name`` (:mod:`hf_snapvit.pruning.methods.registry`): whether it reads images and
+    labels, and its config class."""
+    from ..pruning.methods import ranking_method
 
-    return method == "snapvit" or method in GRADIENT_METHODS
-
-
-def _reads_labels(method: str) -> bool:
-    """The gradient baselines of the cross-entropy loss (taylor-ce) read a label column."""
-    from ..pruning.methods.baselines import GRADIENT_METHODS
-
-    return GRADIENT_METHODS.get(method, {}).get("loss") == "ce"
+    return ranking_method(name)
 
 
 def _corrects(args: argparse.Namespace) -> bool:
@@ -82,7 +75,7 @@ def _corrects(args: argparse.Namespace) -> bool:
     too few images to check it; an asked-for one is refused before the ranking."""
     from ..correction.prefix import MIN_CHECKED_IMAGES
 
-    if args.prefix_correction is False or (args.prefix_correction is None and not _reads_images(args.method)):
+    if args.prefix_correction is False or (args.prefix_correction is None and not _method(args.method).needs_data):
         return False
     count = _images_read(args)
     if count >= MIN_CHECKED_IMAGES:
@@ -98,31 +91,45 @@ def _corrects(args: argparse.Namespace) -> bool:
 
 
 def _images_read(args: argparse.Namespace) -> int:
-    """How many images of ``--data`` the command reads: ``--num-samples``, else what the method needs."""
-    return args.num_samples or _images_needed(args.method, args.preset)
+    """How many images of ``--data`` the command reads: ``--num-samples``, else what the method needs (a data-free
+    method with ``--prefix-correction``: the correction's own sample count)."""
+    from ..correction.config import CorrectionConfig
+
+    return args.num_samples or _images_needed(args.method, args.preset) or CorrectionConfig.num_samples
 
 
 def _images_needed(method: str, preset: str | None) -> int:
-    from ..pruning.methods.snapvit import SnapViTConfig
+    return _method(method).config_cls.preset(preset or "default").images_needed
 
-    config = SnapViTConfig.preset(preset or "default")
-    return config.num_gradient_images + (config.num_fitness_images if method == "snapvit" else 0)
+
+# The flags that set a field of the method's config: flag -> (field, the value that means "not given").
+_CONFIG_FLAGS = {"--preset": ("preset", None), "--mode": ("mode", None), "--seed": ("seed", 0),
+                 "--precision": ("precision", "auto"), "--generations": ("max_generations", None)}
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    """rank()'s settings from the flags; a bad --generations fails here, before anything is loaded."""
-    if args.generations is not None and args.method != "snapvit":
-        raise ConfigError(f"--generations {args.generations} sets SnapViT's search, but --method is {args.method!r}; "
-                          "leave --generations out, or use --method snapvit.")
+    """rank()'s settings from the flags, each passed where the method's config has the field (a flag given for a
+    method without it is refused); a bad value fails here, before anything is loaded."""
     if args.generations is not None and args.generations < 0:
         raise ConfigError(f"--generations {args.generations}: give 0 (no search) or more generations, e.g. 3.")
+    config_cls = _method(args.method).config_cls
+    known = config_cls.setting_names()
+    settings: dict[str, Any] = {}
+    for flag, (name, unset) in _CONFIG_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if name == "preset" or name in known:
+            if value != unset:
+                settings[name] = value
+        elif value != unset:
+            raise ConfigError(f"{flag} {value} sets {name}, which --method {args.method} has not (its settings: "
+                              f"{', '.join(known)}); leave {flag} out.")
     max_memory = getattr(args, "max_memory", None)
     if max_memory is not None:
         from ..pruning.memory_plan import parse_memory
 
         max_memory = parse_memory(max_memory, "--max-memory")  # a bad size fails before anything is loaded
-    return dict(preset=args.preset, mode=args.mode, seed=args.seed, precision=args.precision,
-                max_generations=args.generations, max_memory=max_memory)
+    config_cls.preset(settings.get("preset") or "default", **{k: v for k, v in settings.items() if k != "preset"})
+    return dict(settings, max_memory=max_memory)
 
 
 def _correction_config(ranking: Any) -> Any:
@@ -145,7 +152,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         raise ConfigError("--prefix-correction fits on calibration images: pass --data ID_OR_PATH.")
     correct = _corrects(args)
     settings = _settings(args)  # a bad --generations fails now, not after loading the model and the data
-    needs_data = _reads_images(args.method) or correct
+    method = _method(args.method)
+    needs_data = method.needs_data or correct
     if needs_data and not args.data:
         raise ConfigError(f"--method {args.method} ranks with calibration images: pass --data ID_OR_PATH.")
     if not needs_data and args.data:
@@ -169,9 +177,9 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     processor = load_processor(args.model, required=needs_data)
     data, label_column = None, None
     if needs_data:
-        label_column = args.label_column if _reads_labels(args.method) else None
+        label_column = args.label_column if method.needs_labels else None
         data = load_data(args, _images_read(args), label_column=label_column, show_progress=show)
-    ranking = rank(model, method=args.method, data=data if _reads_images(args.method) else None,
+    ranking = rank(model, method=args.method, data=data if method.needs_data else None,
                    processor=processor, label_column=label_column or "label", show_progress=show, **settings)
     if not state.is_main_process:  # every process ranks (the work is split); one writes
         return None
@@ -193,8 +201,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         "preset": (args.preset or "default") if needs_data else None,
         "mode": stored.mode,
         "seed": args.seed,
-        "generations": ranking.provenance.get("settings", {}).get("max_generations") if args.method == "snapvit"
-        else None,
+        "generations": ranking.provenance.get("settings", {}).get("max_generations"),
         "num_images": len(data) if data is not None else 0,
         "num_processes": state.num_processes,
         "seconds": round(ranking.provenance["timings"]["wall_seconds"], 3),

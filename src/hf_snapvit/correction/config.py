@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from ..errors import CorrectionError
+from ..validation import Settings
 
 DampingStrategy = Literal["mean", "max", "percentile"]
 Propagation = Literal["dense", "sequential"]
@@ -17,9 +17,8 @@ _DAMPINGS = ("mean", "max", "percentile")
 _PROPAGATIONS = ("dense", "sequential")
 
 
-
 @dataclass(frozen=True)
-class CorrectionConfig:
+class CorrectionConfig(Settings):
     """Settings of the post-pruning weight correction.
 
     Args:
@@ -61,47 +60,19 @@ class CorrectionConfig:
     held_out_fraction: float = 0.25
     seed: int = 0
 
+    error_class = CorrectionError
+
     def __post_init__(self) -> None:
-        if self.damping not in _DAMPINGS:
-            raise CorrectionError(f"damping={self.damping!r} is not one of {list(_DAMPINGS)}.")
-        if self.propagation not in _PROPAGATIONS:
-            raise CorrectionError(f"propagation={self.propagation!r} is not one of {list(_PROPAGATIONS)}.")
-        if not (isinstance(self.damping_fraction, (int, float)) and np.isfinite(self.damping_fraction)
-                and self.damping_fraction > 0):
-            raise CorrectionError(
-                f"damping_fraction={self.damping_fraction!r} must be a finite number > 0 (0.01 is the usual value; "
-                "use 0.1 with damping='max' for models with outlier features)."
-            )
-        if not (isinstance(self.percentile, (int, float)) and 0.0 < self.percentile <= 1.0):
-            raise CorrectionError(f"percentile={self.percentile!r} must be in (0, 1], e.g. 0.95.")
-        if not isinstance(self.guard, bool):
-            raise CorrectionError(f"guard={self.guard!r} must be True or False.")
-        if isinstance(self.held_out_fraction, bool) or not (isinstance(self.held_out_fraction, (int, float))
-                                                            and 0.0 < self.held_out_fraction < 1.0):
-            raise CorrectionError(f"held_out_fraction={self.held_out_fraction!r} must be a fraction in (0, 1), "
-                                  "e.g. 0.25.")
-        for name in ("block_size", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise CorrectionError(f"{name}={value!r} must be a positive integer.")
-        if self.num_samples is not None and (isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int)
-                                             or self.num_samples < 1):
-            raise CorrectionError(
-                f"num_samples={self.num_samples!r} must be a positive integer, or None to use every image given."
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        """The settings as a JSON-serialisable dict (stored in ``config.elastic_correction["settings"]``)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "CorrectionConfig":
-        """Inverse of :meth:`to_dict`; unknown keys raise."""
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise CorrectionError(f"Unknown correction settings {sorted(unknown)}; valid: "
-                                  f"{sorted(cls.__dataclass_fields__)}.")
-        return cls(**data)
+        self._check_choice("damping", _DAMPINGS)
+        self._check_choice("propagation", _PROPAGATIONS)
+        self._check_real("damping_fraction", 0, low_open=True, hint="0.01 is the usual value; use 0.1 with "
+                         "damping='max' for models with outlier features")
+        self._check_real("percentile", 0, 1, low_open=True, hint="e.g. 0.95")
+        self._check_bool("guard")
+        self._check_real("held_out_fraction", 0, 1, low_open=True, high_open=True, hint="e.g. 0.25")
+        self._check_int("block_size", 1)
+        self._check_int("batch_size", 1)
+        self._check_int("num_samples", 1, optional=True)  # None: every image given
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from ..architectures import vision_config
 from ..architectures.embedding import unpatchify
 from ..architectures.inputs import DEFAULT_SIDE, ungrid
 from .images import to_rgb
-from ..validation import is_real, require_int
-from ..errors import ConfigError, DataError
+from ..validation import Settings
+from ..errors import DataError
 
 
 class Normalizer:
@@ -149,7 +149,7 @@ def check_pixel_values(pixels: torch.Tensor, *, model: Any = None, what: str = "
 
 
 @dataclass(frozen=True)
-class MultiCropConfig:
+class MultiCropConfig(Settings):
     """DINO-style views: ``num_global`` crops of ``global_scale`` and ``num_local`` of ``local_scale`` (area fractions).
 
     Every crop is drawn independently. Sizes default to the model's input size (as in the reference code); a
@@ -164,17 +164,12 @@ class MultiCropConfig:
     local_size: int | None = None
 
     def __post_init__(self) -> None:
-        owner = type(self).__name__
-        require_int(owner, "num_global", self.num_global, 1)  # the DINO teacher embeds the global crops
-        require_int(owner, "num_local", self.num_local, 0)
-        for name in ("global_size", "local_size"):
-            require_int(owner, name, getattr(self, name), 1, optional=True)
-        for name in ("global_scale", "local_scale"):
-            scale = getattr(self, name)
-            if not (isinstance(scale, (tuple, list)) and len(scale) == 2 and all(map(is_real, scale))
-                    and 0 < scale[0] <= scale[1] <= 1):
-                raise ConfigError(f"{owner}({name}={scale!r}): {name} must be two area fractions (low, high) with "
-                                  "0 < low <= high <= 1, e.g. (0.25, 1.0).")
+        self._check_int("num_global", 1)  # the DINO teacher embeds the global crops
+        self._check_int("num_local", 0)
+        self._check_int("global_size", 1, optional=True)
+        self._check_int("local_size", 1, optional=True)
+        self._check_pair("global_scale", low_open=True, hint="(0.25, 1.0)")
+        self._check_pair("local_scale", low_open=True, hint="(0.05, 0.25)")
 
 
 def _crop_box(width: int, height: int, scale: tuple[float, float], rng: np.random.Generator) -> tuple[int, ...]:

@@ -12,12 +12,13 @@ import torch.nn as nn
 from huggingface_hub.utils import tqdm
 
 from ..errors import EvaluationError
+from ..validation import Settings
 from .images import as_labels
 from .metrics import feature_matrix, top1_accuracy
 
 
 @dataclass(frozen=True)
-class LinearProbeConfig:
+class LinearProbeConfig(Settings):
     """Linear-probe protocol (the paper's appendix).
 
     Args:
@@ -38,15 +39,15 @@ class LinearProbeConfig:
     val_fraction: float = 0.2
     seed: int = 0
 
+    error_class = EvaluationError
+
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise EvaluationError(f"{name}={getattr(self, name)!r} must be a positive integer.")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise EvaluationError(f"val_fraction={self.val_fraction} must be in (0, 1), e.g. 0.2.")
-        if self.lr <= 0 or not 0.0 <= self.momentum < 1.0 or self.weight_decay < 0:
-            raise EvaluationError(f"Need lr > 0, 0 <= momentum < 1 and weight_decay >= 0; got lr={self.lr}, "
-                                  f"momentum={self.momentum}, weight_decay={self.weight_decay}.")
+        self._check_int("epochs", 1)
+        self._check_int("batch_size", 1)
+        self._check_real("val_fraction", 0, 1, low_open=True, high_open=True, hint="e.g. 0.2")
+        self._check_real("lr", 0, low_open=True)
+        self._check_real("momentum", 0, 1, high_open=True)
+        self._check_real("weight_decay", 0)
 
 
 @dataclass

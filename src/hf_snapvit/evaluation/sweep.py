@@ -34,7 +34,7 @@ from ..architectures.budget import model_shape
 from ..errors import SnapViTError, SweepError
 from ..extras import require_extra
 from ..files import public_name, write_text_atomic
-from ..pruning.methods import rank
+from ..pruning.methods import rank, ranking_method
 from ..elastic.ranking import ElasticRanking
 from ..data.views import load_processor
 from .evaluator import Evaluator, load_model
@@ -306,7 +306,8 @@ def sweep_from_paths(
         calibration_split: Split the data-driven methods draw their (unlabelled, except ``taylor-ce``) images from.
         num_eval: Evaluation images (``None``: the whole split).
         num_bank: Bank images (``None``: the whole split).
-        preset: SnapViT preset, also setting the gradient baselines' image counts.
+        preset: The methods' preset (SnapViT's, also the gradient baselines' image counts); a method whose config
+            has no preset of that name runs its default.
         seed: Seed of the rankings and of the subsets.
         mode: Ranking mode (default: each method's).
         ranking_info: Extra facts per method (e.g. the recorded ranking time of a checkpoint).
@@ -329,10 +330,12 @@ def sweep_from_paths(
     info: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (ranking_info or {}).items()}
     calibration = None
     for method in methods:
-        if calibration is None:
+        entry = ranking_method(method)  # whether it reads images, and its presets
+        if entry.needs_data and calibration is None:
             calibration = load_split(data, calibration_split)
-        ranking = rank(model, method, calibration, preset=preset, seed=seed, mode=mode, processor=processor,
-                       show_progress=show_progress)
+        own = preset if preset in entry.config_cls.presets() else None  # a method without it: its default
+        ranking = rank(model, method, calibration if entry.needs_data else None, preset=own, seed=seed, mode=mode,
+                       processor=processor, show_progress=show_progress)
         rankings[method] = ranking
         timings = ranking.provenance["timings"]
         info[method] = {"method": method, "wall_seconds": timings["wall_seconds"], "phases": dict(timings["phases"]),

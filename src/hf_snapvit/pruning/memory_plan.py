@@ -9,7 +9,7 @@ each phase that fits the budget:
 
 * ``gradient``: images per part of a gradient step (:func:`~hf_snapvit.pruning.scoring.gradient_scores`); the
   per-image sums and the batch-mean gradients are linear in the images, so the parts add up to the step;
-* ``search``: images per forward of the xNES search (:class:`~hf_snapvit.pruning.fitness.EmbeddingFitness`);
+* ``search``: images per forward of the xNES search (:class:`~.methods.snapvit.fitness.EmbeddingFitness`);
 * ``correction``: images per forward of the per-block unit order and of the prefix correction;
 * ``evaluation``: images per forward of the dense model's embeddings (the calibration coverage check's).
 

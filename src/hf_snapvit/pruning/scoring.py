@@ -31,7 +31,7 @@ steps and the float64 sums are added across processes.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -47,7 +47,7 @@ from ..architectures import ffn_rows, get_attention, get_layers, get_mlp, get_sp
 from ..architectures.embedding import image_embedding
 from ..data.views import MultiCropConfig, Normalizer, processor_inputs, seeded_multi_crops
 from ..errors import ConfigError, DataError
-from ..validation import require_choice, require_int
+from ..validation import Settings
 from ..data.calibration import GradientSteps
 from ..distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
 from .checkpointing import checkpointed_blocks
@@ -62,7 +62,7 @@ ScoreDefinition = Literal["fisher", "obd", "accumulated", "snip", "taylor"]
 
 
 @dataclass(frozen=True)
-class ScoreConfig:
+class ScoreConfig(Settings):
     """Settings of the gradient scores.
 
     Args:
@@ -86,22 +86,25 @@ class ScoreConfig:
     crops: MultiCropConfig = field(default_factory=MultiCropConfig)
 
     def __post_init__(self) -> None:
-        owner = type(self).__name__
-        require_choice(owner, "loss", self.loss, ("dino", "ce"))
-        require_choice(owner, "definition", self.definition, get_args(ScoreDefinition))
-        require_choice(owner, "head_rows", self.head_rows, ("v", "qkv"))
-        require_int(owner, "batch_size", self.batch_size, 1)
-        if not isinstance(self.crops, MultiCropConfig):
-            raise ConfigError(f"{owner}(crops={self.crops!r}): crops must be a MultiCropConfig.")
+        self._check_choice("loss", ("dino", "ce"))
+        self._check_choice("definition", get_args(ScoreDefinition))
+        self._check_choice("head_rows", ("v", "qkv"))
+        self._check_int("batch_size", 1)
+        self._check_settings("crops", MultiCropConfig, "MultiCropConfig(num_local=4)")
 
     @property
     def step_size(self) -> int:
         """Images per gradient step (``batch_size``, for every definition)."""
         return self.batch_size
 
-    def to_dict(self) -> dict[str, Any]:
-        """Every setting by name, as a ranking's record stores it."""
-        return asdict(self)
+
+# The gradient phase of each named preset: (images, score settings). SnapViT's presets and the gradient baselines'
+# share it, so that a baseline scores like for like with the SnapViT run it is compared with.
+PRESET_SCORES: dict[str, tuple[int, ScoreConfig]] = {
+    "default": (1000, ScoreConfig(definition="obd")),
+    "fast": (128, ScoreConfig(definition="obd", crops=MultiCropConfig(num_local=4, local_size=96))),
+    "paper": (1000, ScoreConfig(definition="accumulated", batch_size=16)),
+}
 
 
 def dino_loss(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:

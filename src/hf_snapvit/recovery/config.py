@@ -4,35 +4,15 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RecoveryError
-from ..validation import is_real
-
-
-def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise RecoveryError(f"RecoveryConfig({name}={value!r}): {name} must be an integer >= {minimum}.")
-
-
-def _non_negative(name: str, value: Any, *, positive: bool = False) -> None:
-    if not is_real(value) or value < 0 or (positive and value == 0):
-        bound = "> 0" if positive else ">= 0"
-        raise RecoveryError(f"RecoveryConfig({name}={value!r}): {name} must be a finite number {bound}.")
-
-
-def _fraction_pair(name: str, value: Any, *, low_open: bool) -> None:
-    ok = (isinstance(value, (tuple, list)) and len(value) == 2 and all(map(is_real, value))
-          and (0 < value[0] if low_open else 0 <= value[0]) and value[0] <= value[1] <= 1)
-    if not ok:
-        lower = "0 < low" if low_open else "0 <= low"
-        raise RecoveryError(f"RecoveryConfig({name}={value!r}): {name} must be two fractions (low, high) with "
-                            f"{lower} <= high <= 1.")
+from ..validation import Settings
 
 
 @dataclass(frozen=True)
-class RecoveryConfig:
+class RecoveryConfig(Settings):
     """Settings of :func:`hf_snapvit.recover`.
 
     The defaults are a starting point, not a measured optimum: ``benchmarks/recovery_vit_tiny.py`` varies them.
@@ -91,55 +71,30 @@ class RecoveryConfig:
     checkpoint_every: int | None = None
     output_dir: str | None = None
 
+    error_class = RecoveryError
+
     def __post_init__(self) -> None:
-        _positive_int("steps", self.steps)
-        _positive_int("batch_size", self.batch_size)
-        if self.num_images is not None:
-            _positive_int("num_images", self.num_images)
-        _positive_int("warmup_steps", self.warmup_steps, 0)
-        _positive_int("elastic_samples", self.elastic_samples, 0)
-        _positive_int("held_out_images", self.held_out_images, 0)
-        _non_negative("lr", self.lr, positive=True)
-        _non_negative("temperature", self.temperature, positive=True)
+        for name, minimum in (("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("elastic_samples", 0),
+                              ("held_out_images", 0)):
+            self._check_int(name, minimum)
+        self._check_int("num_images", 1, optional=True)  # None: every image given
+        self._check_real("lr", 0, low_open=True)
+        self._check_real("temperature", 0, low_open=True)
         for name in ("weight_decay", "hidden_weight", "embedding_weight", "logits_weight"):
-            _non_negative(name, getattr(self, name))
-        if not is_real(self.min_lr_ratio) or not 0 <= self.min_lr_ratio <= 1:
-            raise RecoveryError(f"RecoveryConfig(min_lr_ratio={self.min_lr_ratio!r}) must be in [0, 1].")
-        if not is_real(self.flip) or not 0 <= self.flip <= 1:
-            raise RecoveryError(f"RecoveryConfig(flip={self.flip!r}): the flip probability must be in [0, 1].")
+            self._check_real(name, 0)
+        self._check_real("min_lr_ratio", 0, 1)
+        self._check_real("flip", 0, 1, hint="the flip probability")
         if self.hidden_weight + self.embedding_weight + self.logits_weight == 0:
             raise RecoveryError("RecoveryConfig: hidden_weight, embedding_weight and logits_weight are all 0, so "
                                 "there is nothing to distil; give at least one a positive weight.")
-        _fraction_pair("crop_scale", self.crop_scale, low_open=True)
-        _fraction_pair("elastic_range", self.elastic_range, low_open=False)
-        if self.mixed_precision not in ("auto", "bf16", "no"):
-            raise RecoveryError(f"RecoveryConfig(mixed_precision={self.mixed_precision!r}) must be 'auto', 'bf16' "
-                                "or 'no'.")
-        if not isinstance(self.elastic, bool):
-            raise RecoveryError(f"RecoveryConfig(elastic={self.elastic!r}) must be True or False.")
-        if self.checkpoint_every is not None:
-            _positive_int("checkpoint_every", self.checkpoint_every)
-            if self.output_dir is None:
-                raise RecoveryError("RecoveryConfig(checkpoint_every=...) needs output_dir=FOLDER to save the "
-                                    "training state in.")
-        # Tuples, so that a config read back from JSON compares equal to the one that wrote it.
-        object.__setattr__(self, "crop_scale", tuple(self.crop_scale))
-        object.__setattr__(self, "elastic_range", tuple(self.elastic_range))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The settings as a JSON-serialisable dict (stored in ``config.elastic_recovery["settings"]``)."""
-        data = asdict(self)
-        data["crop_scale"], data["elastic_range"] = list(self.crop_scale), list(self.elastic_range)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RecoveryConfig":
-        """Inverse of :meth:`to_dict`; unknown keys raise."""
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise RecoveryError(f"Unknown recovery settings {sorted(unknown)}; valid: "
-                                f"{sorted(cls.__dataclass_fields__)}.")
-        return cls(**data)
+        self._check_pair("crop_scale", low_open=True, hint="(0.5, 1.0)")
+        self._check_pair("elastic_range", low_open=False, hint="(0.0, 0.6)")
+        self._check_choice("mixed_precision", ("auto", "bf16", "no"))
+        self._check_bool("elastic")
+        self._check_int("checkpoint_every", 1, optional=True)
+        if self.checkpoint_every is not None and self.output_dir is None:
+            raise RecoveryError("RecoveryConfig(checkpoint_every=...) needs output_dir=FOLDER to save the "
+                                "training state in.")
 
     def training_key(self) -> dict[str, Any]:
         """The settings that determine the weights (a resumed run must match them); the checkpointing is not one."""

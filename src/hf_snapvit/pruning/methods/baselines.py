@@ -1,14 +1,15 @@
 """Baseline importance scores: data-free (weight magnitude, LAMP, random) and gradient-based (SNIP, Taylor).
 
 Each scorer maps a model to ``(head_scores [L, H], neuron_scores [L, F])``, non-negative, larger = more important,
-in the model's current unit order. The gradient baselines score the same calibration images with the same crops as
-a SnapViT run would (the caller passes the image count and score settings), so comparisons are like for like.
+in the model's current unit order. The gradient baselines' settings (:class:`GradientBaselineConfig`) have the
+same presets as SnapViT's gradient phase (:data:`~hf_snapvit.pruning.scoring.PRESET_SCORES`): the same images, crops
+and step size, so comparisons are like for like. Every method here registers itself (:mod:`.registry`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -22,14 +23,72 @@ from ...distributed import mixed_precision, process_state
 from ...errors import DataError
 from ..memory_plan import parse_memory, plan_gradient_steps
 from ...architectures.placement import on_device, onloaded
-from ..scoring import ScoreConfig, gradient_scores
+from ..scoring import PRESET_SCORES, ScoreConfig, gradient_scores
 from ...data.views import embedder, load_processor
+from .config import PRESETS, DataFreeConfig, RankingConfig
+from .ranker import ScoreRanker, data_free_ranker
+from .registry import register_method
 
 # Gradient baselines: how each changes the score settings of the run it is compared with.
 GRADIENT_METHODS: dict[str, dict[str, str]] = {
     "snip": {"definition": "snip"},
     "taylor-ce": {"loss": "ce", "definition": "taylor"},
 }
+
+
+@dataclass(frozen=True)
+class GradientBaselineConfig(RankingConfig):
+    """Settings of the gradient baselines (``snip``, ``taylor-ce``); the presets are SnapViT's gradient phase's.
+
+    Args:
+        num_gradient_images: Images whose gradients give the scores.
+        scores: Their batch size, crops and head rows; each method sets its own loss and score definition.
+    """
+
+    num_gradient_images: int = PRESET_SCORES["default"][0]
+    scores: ScoreConfig = field(default_factory=lambda: PRESET_SCORES["default"][1])
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_int("num_gradient_images", 1)
+        self._check_settings("scores", ScoreConfig, "ScoreConfig(batch_size=16)")
+
+    @classmethod
+    def presets(cls) -> dict[str, "GradientBaselineConfig"]:
+        return {name: cls(num_gradient_images=PRESET_SCORES[name][0], scores=PRESET_SCORES[name][1])
+                for name in PRESETS}
+
+    @property
+    def images_needed(self) -> int:
+        return self.num_gradient_images
+
+
+class GradientBaseline(ScoreRanker):
+    """A gradient baseline: :func:`gradient_baseline_scores` with the method's loss and score definition."""
+
+    method: ClassVar[str]
+
+    def scores(self, model: PreTrainedModel, shape: ModelShape, data: Any, **run: Any
+               ) -> tuple[np.ndarray, np.ndarray]:
+        config = self.config
+        heads, neurons, self.settings_, self.calibration_ = gradient_baseline_scores(
+            model, shape, self.method, data, scores=config.scores, num_images=config.num_gradient_images,
+            processor=run["processor"], seed=config.seed, label_column=run["label_column"],
+            show_progress=run["show_progress"], max_memory=run["max_memory"])
+        self.settings_["preset"] = config.preset_name()
+        return heads, neurons
+
+
+class SnipRanker(GradientBaseline):
+    """SNIP: ``|w·g|`` of the accumulated gradient of the DINO loss."""
+
+    method = "snip"
+
+
+class TaylorRanker(GradientBaseline):
+    """First-order Taylor estimate ``(Σ_unit w·g)²`` of the cross-entropy of the model's classifier."""
+
+    method = "taylor-ce"
 
 
 @torch.no_grad()
@@ -150,3 +209,9 @@ def gradient_baseline_scores(
     calibration = {"source": type(data).__name__, "num_gradient": len(images),
                    "label_column": label_column if labelled else None}
     return heads, neurons, settings, calibration
+
+
+for _name, _scorer in (("magnitude", magnitude_scores), ("random", random_scores), ("lamp", lamp_scores)):
+    register_method(_name, DataFreeConfig, data_free_ranker(_scorer, _name), needs_data=False)
+register_method("snip", GradientBaselineConfig, SnipRanker, needs_data=True)
+register_method("taylor-ce", GradientBaselineConfig, TaylorRanker, needs_data=True, needs_labels=True)

@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from ....errors import ConfigError
 
 
 class TokenSubset:

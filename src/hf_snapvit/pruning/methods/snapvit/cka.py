@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
-from ..architectures.embedding import image_embedding
+from ....architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
+from ....architectures.embedding import image_embedding
 
 
 @torch.no_grad()

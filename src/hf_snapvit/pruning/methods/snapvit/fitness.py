@@ -39,17 +39,17 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from ..architectures import get_layers, get_spec, vision_config
+from ....architectures import get_layers, get_spec, vision_config
 from .cka import linear_cka
-from ..architectures.embedding import image_embedding
-from ..distributed import autocast, map_across_processes, mixed_precision, process_state
-from ..errors import ConfigError
-from ..architectures.placement import execution_device, is_dispatched
-from ..surgery.masking import masked
-from ..surgery.slicing import slice_model_
+from ....architectures.embedding import image_embedding
+from ....distributed import autocast, map_across_processes, mixed_precision, process_state
+from ....errors import ConfigError
+from ....architectures.placement import execution_device, is_dispatched
+from ....surgery.masking import masked
+from ....surgery.slicing import slice_model_
 from .token_subset import TokenSubset
-from ..validation import is_real
-from ..elastic.ranking import ElasticRanking
+from ....validation import is_real
+from ....elastic.ranking import ElasticRanking
 
 
 MEASURES = ("cosine", "cka", "blocks")
@@ -83,7 +83,7 @@ class EmbeddingFitness:
             interpolated), the teacher and every candidate alike; ``None``: as given. ``pixel_values`` keeps the
             images as given.
         token_fraction: Forward, of each image, this share of its patch tokens (a fixed random subset per image,
-            the same for the teacher and every candidate, :class:`~hf_snapvit.pruning.token_subset.TokenSubset`); 1: all.
+            the same for the teacher and every candidate, :class:`~.token_subset.TokenSubset`); 1: all.
         seed: Seeds the token subsets.
     """
 

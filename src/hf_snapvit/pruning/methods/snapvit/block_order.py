@@ -27,13 +27,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ...architectures import get_attention, get_spec, head_dim
-from ...data.calibration import calibration_batches
-from ...correction.config import CorrectionConfig
-from ...correction.inputs import capture_first_block_inputs, dense_block_hessians
-from ...correction.solve import damped_cholesky, solve_dtype
-from ...errors import ConfigError
-from ...architectures.placement import onloaded
+from ....architectures import get_attention, get_spec, head_dim
+from ....data.calibration import calibration_batches
+from ....correction.config import CorrectionConfig
+from ....correction.inputs import capture_first_block_inputs, dense_block_hessians
+from ....correction.solve import damped_cholesky, solve_dtype
+from ....errors import ConfigError
+from ....architectures.placement import onloaded
 
 UnitOrder = Literal["scores", "output", "obs"]
 #: ``"scores"``: the gradient scores' own order; the others order each block's units by greedy elimination.

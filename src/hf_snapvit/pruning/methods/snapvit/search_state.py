@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...distributed import process_state
-from ...errors import ConfigError
-from ...files import atomic_file, remove_torn_writes
-from ...architectures.placement import onloaded
-from ..xnes import XNES
+from ....distributed import process_state
+from ....errors import ConfigError
+from ....files import atomic_file, remove_torn_writes
+from ....architectures.placement import onloaded
+from ...xnes import XNES
 
 STATE_FILE = "snapvit_search_state.json"
 # Bumped whenever the file's layout changes, so an old file is refused instead of being misread.

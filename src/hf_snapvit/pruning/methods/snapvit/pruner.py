@@ -4,9 +4,9 @@
 
 1. draw a seeded gradient set and a disjoint fitness set from ``data`` (:mod:`hf_snapvit.data.calibration`);
 2. local scores from DINO-loss gradients (:mod:`hf_snapvit.pruning.scoring`), handed out in each block's second-order order
-   when ``unit_order`` asks for one (:mod:`hf_snapvit.pruning.methods.block_order`);
+   when ``unit_order`` asks for one (:mod:`hf_snapvit.pruning.methods.snapvit.block_order`);
 3. an xNES search (:mod:`hf_snapvit.pruning.xnes`) over ``c`` = one factor per FFN block and one per head, where a candidate
-   ranks unit ``u`` by ``score(u) · |c(u)|`` and is scored by :class:`~hf_snapvit.pruning.fitness.EmbeddingFitness` (ended
+   ranks unit ``u`` by ``score(u) · |c(u)|`` and is scored by :class:`~.fitness.EmbeddingFitness` (ended
    early, when asked, once the best loss stops falling);
 4. the search distribution's final mean's scaled scores become the ranking (``solution="mean"``, the default: not
    picked for its noise on the fitness images), or the best candidate's (``"best"``, the paper's).
@@ -26,27 +26,27 @@ import torch
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ...architectures.budget import ModelShape, layer_widths
-from ...architectures.flops import measured_shape
-from ...architectures.given import check_given
-from ...data.calibration import draw_calibration
-from ...correction.config import CorrectionConfig
-from ...distributed import process_state, resolve_precision, tf32_matmuls
-from ...errors import ConfigError
-from ...files import public_name
-from ...architectures.placement import on_device
-from ...surgery.proof import ensure_proven
-from ..fitness import EmbeddingFitness
-from ..memory_plan import MemoryPlan, plan_memory
-from ...elastic.ranking import ElasticRanking, RankingMode
-from ..scoring import gradient_scores
-from ...data.views import embedder, load_processor, processor_inputs
-from ..xnes import XNES, XNESResult
+from ....architectures.budget import ModelShape, layer_widths
+from ....architectures.flops import measured_shape
+from ....architectures.given import check_given
+from ....data.calibration import draw_calibration
+from ....correction.config import CorrectionConfig
+from ....distributed import process_state, resolve_precision, tf32_matmuls
+from ....errors import ConfigError
+from ....files import public_name
+from ....architectures.placement import on_device
+from ....surgery.proof import ensure_proven
+from .fitness import EmbeddingFitness
+from ...memory_plan import MemoryPlan, plan_memory
+from ....elastic.ranking import ElasticRanking, RankingMode
+from ...scoring import gradient_scores
+from ....data.views import embedder, load_processor, processor_inputs
+from ...xnes import XNES, XNESResult
 from .block_order import block_orders, reorder_scores
 from .search_state import CHECKPOINT_SETTINGS, TRAILS, SearchCheckpoint, search_key
-from .snapvit_config import FITNESS_BATCH_SIZE, PRESETS, SnapViTConfig
+from .config import FITNESS_BATCH_SIZE, SnapViTConfig
 
-__all__ = ["FITNESS_BATCH_SIZE", "PRESETS", "SnapViTConfig", "SnapViTPruner"]
+__all__ = ["SnapViTPruner"]
 
 
 class SnapViTPruner:
@@ -260,7 +260,7 @@ class SnapViTPruner:
         else:
             covariance = None
             if config.covariance == "cka":
-                from ..cka import cka_covariance
+                from .cka import cka_covariance
 
                 covariance = cka_covariance(model, fitness.pixel_values)
             search = XNES(self.initial_factors_, covariance=covariance, sigma=config.sigma,
