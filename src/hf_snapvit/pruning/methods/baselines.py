@@ -60,6 +60,7 @@ class GradientBaselineConfig(RankingConfig):
 
     @property
     def images_needed(self) -> int:
+        """Calibration images a run reads: the gradient images."""
         return self.num_gradient_images
 
 

@@ -193,4 +193,5 @@ class SnapViTConfig(RankingConfig):
 
     @property
     def images_needed(self) -> int:
+        """Calibration images a run reads: the gradient images and the fitness images."""
         return self.num_gradient_images + self.num_fitness_images
