@@ -22,6 +22,7 @@ STAGES: dict[str, int] = {
     # accelerate's processes, the loggers.
     "_version": 0, "errors": 0, "validation": 0, "extras": 0, "files": 0, "sources": 0, "distributed": 0,
     "logs": 0,
+    "elastic.file_names": 0,  # the checkpoint folder's file names, which the atomic folder write reads
     "architectures": 1,
     "surgery": 2,
     "data": 3,

@@ -19,13 +19,12 @@ from ..architectures.skeleton import skeleton
 from ..architectures.stored import require_stored_spec
 from ..elastic.checkpoint import CheckpointReader, check_ranking, elastic_entries, read_config, stored_widths
 from ..correction import CorrectionConfig, correct_model_
-from ..correction.prefix import correct_widths_
-from ..correction.prefix_file import prefix_file_for
+from ..elastic.prefix_file import correct_widths_, prefix_file_for
 from ..errors import BudgetError, ConfigError, CorrectionError, RankingFormatError, RecoveryError
 from ..elastic.ranking import ElasticRanking, KeepCounts
 from ..recovery import RecoveryConfig, recover_, warn_if_untrained
 from .arguments import READ_BY_CONFIG, LoadOptions, model_dtype, sort_arguments
-from .latency_table import load_latency_tables
+from ..elastic.latency_file import load_latency_tables
 from .placement import check_spread, dispatch_sliced
 from .sliced import finish_sliced
 from .stored_spec import check_stored_spec_loads
@@ -118,7 +117,7 @@ class ElasticViTModel:
         stored = stored_widths(layout, dense_shape)
         counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
                                            target_gflops, width_multiple, corrected=_fitted_to_size(config))
-        prefix = prefix_file_for(pretrained_model_name_or_path, prefix_correction, options.hub, fitting, layout)
+        prefix = prefix_file_for(pretrained_model_name_or_path, prefix_correction, options.hub, _fits(fitting), layout)
         info: dict[str, Any] = {}
         if switchable:
             model = _load_switchable(model, pretrained_model_name_or_path, ranking, dense_shape, reader, options,
@@ -129,6 +128,11 @@ class ElasticViTModel:
             model.config._name_or_path = str(pretrained_model_name_or_path)
             model = dispatch_sliced(finish_sliced(model, counts, multiple, dense_shape), options)
         return (model, info) if options.output_loading_info else model
+
+
+def _fits(fitting: tuple[tuple[Any, Any], ...]) -> bool:
+    """Whether the caller fits the weights itself (data for a correction or a recovery)."""
+    return any(data is not None for data, _ in fitting)
 
 
 def _dense_skeleton(config: Any, layout: dict | None, ranking: ElasticRanking | None,
