@@ -116,8 +116,7 @@ def test_export_correct_equals_the_library_call_on_the_same_images(elastic_dir, 
     assert code == 0, err
     assert json.loads(out)["correction"]["num_images"] == 8
     images = load_image_dataset(data_file, num_samples=8, seed=0, show_progress=False)
-    reference = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.3, correction_data=images,
-                                                           correction=CorrectionConfig(num_samples=None))
+    reference = hf_snapvit.correct(elastic_dir, sparsity=0.3, data=images, config=CorrectionConfig(num_samples=None))
     exported = hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / "corrected")
     plain = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.3)
     inputs = {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))}

@@ -458,14 +458,19 @@ def elastic_dir(tmp_path_factory):
     return path
 
 
-def test_from_pretrained_corrects_then_slices_and_round_trips(elastic_dir, tmp_path):
+def test_correct_loads_corrects_then_slices_and_round_trips(elastic_dir, tmp_path):
     import datasets
 
     images = tiny_images(20)
     dataset = datasets.Dataset.from_dict({"image": images}).cast_column("image", datasets.Image())
     config = CorrectionConfig(num_samples=16, batch_size=6, seed=3)
-    corrected = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.4, correction_data=dataset,
-                                                           correction=config)
+    corrected = hf_snapvit.correct(elastic_dir, sparsity=0.4, data=dataset, config=config)
+    # The deprecated door gives the same model, and its warning names the verb.
+    with pytest.warns(FutureWarning, match=r"correction_data=, correction=\) is deprecated.*hf_snapvit\.correct\("):
+        old = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.4, correction_data=dataset,
+                                                         correction=config)
+    assert type(old) is type(corrected) and old.config.to_dict() == corrected.config.to_dict()
+    assert all(torch.equal(a, b) for a, b in zip(old.state_dict().values(), corrected.state_dict().values()))
     plain = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.4)
     record = corrected.config.elastic_correction
     assert record["settings"] == config.to_dict() and record["num_images"] == 16
@@ -492,10 +497,12 @@ def test_from_pretrained_corrects_then_slices_and_round_trips(elastic_dir, tmp_p
     with pytest.raises(hf_snapvit.BudgetError, match="weight-corrected"):
         hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / "saved", sparsity=0.5)
     with pytest.raises(CorrectionError, match="already sliced"):
-        hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / "saved", sparsity=0.5, correction_data=images)
+        hf_snapvit.correct(tmp_path / "saved", sparsity=0.5, data=images)
+    with pytest.raises(CorrectionError, match="needs calibration images: pass data="):
+        hf_snapvit.correct(elastic_dir, sparsity=0.5, data=None)
 
 
-def test_from_pretrained_with_pixels_and_pil_list(elastic_dir):
+def test_from_pretrained_with_pixels_and_pil_list(elastic_dir, tmp_path):
     pixels = tiny_processor()(images=tiny_images(8), return_tensors="pt")["pixel_values"]
     config = CorrectionConfig(num_samples=None, propagation="sequential")
     from_pixels = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.3, correction_data=pixels,
@@ -509,3 +516,6 @@ def test_from_pretrained_with_pixels_and_pil_list(elastic_dir):
     assert from_pixels.config.elastic_correction["settings"]["propagation"] == "sequential"
     with pytest.raises(CorrectionError, match="correction_data"):
         hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.3, correction=config)
+    from_pixels.save_pretrained(tmp_path / "sliced")
+    with pytest.raises(CorrectionError, match="already sliced"), pytest.warns(FutureWarning):
+        hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / "sliced", sparsity=0.3, correction_data=pixels)

@@ -273,8 +273,7 @@ def test_a_grid_tower_is_corrected_recovered_and_evaluated_on_images_of_any_shap
     hs.save_elastic(model, hs.rank(model, method="magnitude", show_progress=False), tmp_path, model_card=False)
     processor.save_pretrained(tmp_path)
     sliced = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.2)
-    corrected = hs.ElasticViTModel.from_pretrained(tmp_path, sparsity=0.2, correction_data=images,
-                                                   correction=hs.CorrectionConfig(num_samples=8, guard=False))
+    corrected = hs.correct(tmp_path, sparsity=0.2, data=images, config=hs.CorrectionConfig(num_samples=8, guard=False))
     moved = [not torch.equal(a, b) for a, b in zip(sliced.state_dict().values(), corrected.state_dict().values())]
     assert any(moved)
 

@@ -1,9 +1,11 @@
 """The package's shape: imports follow the data flow, modules and functions stay small, one home for errors.
 
 Data flow, one package a stage: architectures -> surgery -> data -> elastic (the ranking format and checkpoints on
-disk) -> correction, recovery -> cards (text) -> loading -> pruning -> benchmark -> evaluation -> publishing -> cli.
+disk) -> correction, recovery -> cards (text) -> loading -> fitting, pruning -> benchmark -> evaluation -> publishing
+-> cli.
 A module may import only modules of its own or an earlier stage; loading a model never reaches the pruner,
-publishing, evaluation, benchmarks, plots or the CLI; and no module imports, even for type checking, a module that
+publishing, evaluation, benchmarks, plots or the CLI, and no module of loading/ reaches correction, recovery or
+fitting (the loader only loads); no module imports, even for type checking, a module that
 imports it back.
 """
 
@@ -22,6 +24,7 @@ STAGES: dict[str, int] = {
     # accelerate's processes, the loggers.
     "_version": 0, "errors": 0, "validation": 0, "extras": 0, "files": 0, "sources": 0, "distributed": 0,
     "logs": 0,
+    "elastic.file_names": 0,  # the checkpoint folder's file names, which the atomic folder write reads
     "architectures": 1,
     "surgery": 2,
     "data": 3,
@@ -30,7 +33,8 @@ STAGES: dict[str, int] = {
     # Text-only card pieces (no plotting, upload or evaluation): saving a sliced model writes its card.
     "cards": 6,
     "loading": 7,
-    "pruning": 8, "plotting": 8,
+    # Fitting a checkpoint to one size (hf_snapvit.correct), above the loader it hands its fit step to.
+    "fitting": 8, "pruning": 8, "plotting": 8,
     "benchmark": 9,
     "evaluation": 10,
     "cards.elastic": 11,  # the elastic checkpoint's card: plots and evaluation results
@@ -40,6 +44,8 @@ STAGES: dict[str, int] = {
 LOADING = "hf_snapvit.loading.modeling"
 # The text-only cards are allowed: a sliced model's save_pretrained writes its card (see cards.sliced).
 NOT_FOR_LOADING = ("pruning", "evaluation", "benchmark", "cli", "publishing", "cards.elastic", "plotting")
+# The loader only loads: fitting a model to a size is hf_snapvit.fitting's, above it (loading runs its FitStep).
+NOT_FOR_ANY_LOADING_MODULE = ("correction", "recovery", "fitting")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
@@ -107,16 +113,29 @@ def test_imports_follow_the_data_flow(name):
     assert not backward, f"{name} (stage {_stage(name)}) imports later stages: {backward}"
 
 
-def test_loading_never_reaches_the_pruner_evaluation_or_publishing():
-    seen, todo = set(), [LOADING]
+def _reached(start: str) -> set[str]:
+    """Every module of this package that importing ``start`` imports, at any depth of the file (function bodies and
+    ``TYPE_CHECKING`` blocks included) and through every module in between."""
+    seen, todo = set(), [start]
     while todo:
         module = todo.pop()
         if module in seen or module not in MODULES:
             continue
         seen.add(module)
         todo += [t for t, _ in _internal_targets(module)]
-    reached = sorted(m for m in seen if _place(m) in NOT_FOR_LOADING)
+    return seen
+
+
+def test_loading_never_reaches_the_pruner_evaluation_or_publishing():
+    reached = sorted(m for m in _reached(LOADING) if _place(m) in NOT_FOR_LOADING)
     assert not reached, f"loading ({LOADING}) imports {reached}"
+
+
+def test_no_loading_module_reaches_correction_recovery_or_fitting():
+    loading = [name for name in MODULES if _place(name) == "loading"]
+    assert "hf_snapvit.loading.modeling" in loading and "hf_snapvit.loading.switchable" in loading
+    reached = {name: sorted(m for m in _reached(name) if _place(m) in NOT_FOR_ANY_LOADING_MODULE) for name in loading}
+    assert not any(reached.values()), f"loading modules that import correction, recovery or fitting: {reached}"
 
 
 def test_no_module_imports_one_that_imports_it_back():

@@ -225,7 +225,7 @@ def test_stale_missing_and_corrupt_factors_are_refused_naming_the_fix(tmp_path):
     with pytest.raises(CheckpointError, match="not a readable safetensors file.*prefix_correction=False"):
         ElasticViTModel.from_pretrained(folder, sparsity=0.4)
     with pytest.raises(CorrectionError, match="both fit the weights"):
-        ElasticViTModel.from_pretrained(folder, sparsity=0.4, prefix_correction=True, correction_data=data)
+        hs.correct(folder, sparsity=0.4, data=data, prefix_correction=True)
     with pytest.raises(CorrectionError, match="must be True, False or None"):
         ElasticViTModel.from_pretrained(folder, sparsity=0.4, prefix_correction="yes")
     with pytest.raises(CheckpointError, match="not a local checkpoint folder"):

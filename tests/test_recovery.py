@@ -208,8 +208,9 @@ def elastic_dir(tmp_path_factory):
 def test_from_pretrained_recovers_and_reloads_at_its_size_only(elastic_dir, tmp_path):
     config = RecoveryConfig(**FAST, seed=2)
     data = images(10)
-    model = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.4, recovery_data=data,
-                                                       recovery=config)
+    with pytest.warns(FutureWarning, match=r"recovery_data=, recovery=\) is deprecated.*hf_snapvit\.recover\("):
+        model = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.4, recovery_data=data,
+                                                           recovery=config)
     plain = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir, sparsity=0.4)
     dense = hf_snapvit.ElasticViTModel.from_pretrained(elastic_dir)
     reference, _ = recover(plain, dense, data, config, processor=PROCESSOR, show_progress=False)

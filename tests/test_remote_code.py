@@ -251,7 +251,7 @@ def test_save_is_atomic_and_leaves_the_model_as_it_was(saved, tmp_path, monkeypa
     def broken(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(sliced, "remote_module_source", broken)
+    monkeypatch.setattr(remote_code, "remote_module_source", broken)
     with pytest.raises(OSError, match="disk full"):
         model.save_pretrained(tmp_path / "new")
     assert not (tmp_path / "new").exists()

@@ -243,8 +243,7 @@ def test_switchable_loads_refuse_what_they_cannot_serve(elastic, tmp_path):
     with pytest.raises(ConfigError, match="switchable='yes' must be True or False"):
         ElasticViTModel.from_pretrained(elastic["vit"], switchable="yes")
     with pytest.raises(ConfigError, match="one size"):
-        ElasticViTModel.from_pretrained(elastic["vit"], switchable=True, sparsity=0.3,
-                                        correction_data=torch.zeros(2, 3, 32, 32))
+        hs.correct(elastic["vit"], sparsity=0.3, data=torch.zeros(2, 3, 32, 32), switchable=True)
 
 
 def test_a_stock_model_of_the_switchable_class_says_how_to_load_one():

@@ -354,13 +354,12 @@ def test_correction_and_recovery_fit_a_task_models_encoder_to_the_features_its_t
     case = TASKS[0]
     model = case.model()
     hs.save_elastic(model, hs.rank(model, "magnitude"), tmp_path, image_processor=PROCESSOR)
-    corrected = ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3, correction_data=pil_images(16),
-                                                processor=PROCESSOR)
+    corrected = hs.correct(tmp_path, sparsity=0.3, data=pil_images(16), processor=PROCESSOR)
     record = corrected.config.elastic_correction
     assert record["mean_error_after"] < record["mean_error_before"]
     plain = ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3)
-    recovered = ElasticViTModel.from_pretrained(tmp_path, sparsity=0.3, recovery_data=pil_images(8),
-                                                processor=PROCESSOR, recovery=hs.RecoveryConfig(steps=2, batch_size=4))
+    recovered, _ = hs.recover(plain, ElasticViTModel.from_pretrained(tmp_path), pil_images(8),
+                              hs.RecoveryConfig(steps=2, batch_size=4), processor=PROCESSOR, show_progress=False)
     assert layer_widths(recovered) == layer_widths(plain)
     changed = [n for (n, p), q in zip(get_layers(recovered).named_parameters(), get_layers(plain).parameters())
                if not torch.equal(p, q)]

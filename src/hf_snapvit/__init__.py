@@ -34,6 +34,7 @@ from .loading.modeling import ElasticViTModel
 from .architectures.budget import KeepCounts
 from .elastic.ranking import ElasticRanking, Floors
 from .recovery import RecoveryConfig, recover
+from .fitting import correct
 from .data.sampling import StreamSource
 from .publishing.saving import add_prefix_correction, save_elastic
 from .pruning.scoring import ScoreConfig
@@ -70,6 +71,7 @@ __all__ = [
     "UnsupportedArchitectureError",
     "available_methods",
     "backbone_parameters",
+    "correct",
     "estimate_gflops",
     "evaluate",
     "load_image_dataset",

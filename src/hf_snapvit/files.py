@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
-from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
+from .elastic.file_names import CONFIG_FILE, WEIGHT_BOUND_FILES
 
 from .errors import CheckpointError, DiskFullError
 from .sources import looks_local
@@ -165,10 +165,7 @@ def _staged(staging: Path, target: Path) -> Iterator[Path]:
 
 
 # Files that make up the weights and config of a checkpoint; a save replaces all of them together.
-#: The prefix correction beside an elastic checkpoint's weights (:mod:`hf_snapvit.correction.prefix_file`).
-PREFIX_FILE = "prefix_correction.safetensors"
-_CHECKPOINT_FILES = ("config.json", SAFE_WEIGHTS_INDEX_NAME, "pytorch_model.bin.index.json",
-                     PREFIX_FILE)  # factors of the weights they are saved with
+_CHECKPOINT_FILES = WEIGHT_BOUND_FILES
 
 
 # Weight files by the names transformers gives them (a single file, its shards and their index).
@@ -258,7 +255,7 @@ def _umask_modes(staging: Path) -> None:
 def _is_checkpoint(folder: Path) -> bool:
     """Whether ``folder`` holds a checkpoint: a ``config.json`` and weights."""
     names = {item.name for item in folder.iterdir()}
-    return "config.json" in names and any(_is_checkpoint_file(n) for n in names - {"config.json"})
+    return CONFIG_FILE in names and any(_is_checkpoint_file(n) for n in names - {CONFIG_FILE})
 
 
 def _holds_working_directory(folder: Path) -> bool:
@@ -349,7 +346,7 @@ def _into_existing(target: Path) -> Iterator[Path]:
             yield staging
         _umask_modes(staging)
         staged = {item.name: item for item in staging.iterdir()}
-        config = staged.pop("config.json", None)
+        config = staged.pop(CONFIG_FILE, None)
         # Renames need next to no space, but a folder that grows may need a block: then say what is mixed.
         with disk_full_reported(target, f"Some of the new files may already be in {str(target)!r} next to the old "
                                 "ones (a folder that is not a checkpoint is updated file by file); save again."):

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # matplotlib is optional (hf-snapvit[plots]) and imported onl
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from .loading.latency_table import LatencyTable
+    from .elastic.latency_file import LatencyTable
     from .elastic.ranking import ElasticRanking
 
 DEFAULT_SPARSITIES: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)

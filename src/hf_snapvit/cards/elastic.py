@@ -25,6 +25,7 @@ from .render import (CARD_TAGS, CITATION, GENERATED_MARKER, HEATMAP_FILENAME, TE
                      render_card)
 from .results import Evaluation, parse_evaluations
 from .source import pipeline_tag_for
+from ..elastic.file_names import CARD_FILE
 from ..files import atomic_file
 from ..plotting import plot_allocation
 
@@ -126,7 +127,7 @@ def write_model_card(
     directory.mkdir(parents=True, exist_ok=True)
     if rendered.heatmap_grid:
         plot_allocation(rendered.ranking, directory / heatmap_path, sparsities=rendered.heatmap_grid)
-    with atomic_file(directory / "README.md", "w", encoding="utf-8", newline="") as handle:
+    with atomic_file(directory / CARD_FILE, "w", encoding="utf-8", newline="") as handle:
         text = str(card)
         handle.write(text if text.endswith("\n") else text + "\n")
     return card

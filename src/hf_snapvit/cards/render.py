@@ -24,9 +24,10 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 
 from .._version import __version__
-from ..correction.prefix_file import find_prefix_file
+from ..elastic.prefix_file import find_prefix_file
 from ..elastic.ranking import ElasticRanking
 from ..errors import ModelCardError
+from ..elastic.file_names import HEATMAP_FILE
 from ..extras import has_extra, install_hint
 from ..files import public_name
 from .results import MetricColumns, check_measured_sparsities, file_under_grid, measurement_notes, model_index, \
@@ -39,7 +40,8 @@ from ..logs import get_logger
 logger = get_logger(__name__)
 
 TEMPLATE_PATH = Path(__file__).with_name("templates") / "model_card.md"
-HEATMAP_FILENAME = "allocation_heatmap.png"
+#: The heatmap's file name (the name kept for callers of cards.render and cards.elastic).
+HEATMAP_FILENAME = HEATMAP_FILE
 CARD_TAGS = ("hf-snapvit", "elastic", "pruned", "pruning", "structured-pruning", "vision-transformer")
 #: The Hub's tag for a repository whose model loads with ``trust_remote_code=True`` (a sliced checkpoint does).
 REMOTE_CODE_TAG = "custom_code"

@@ -20,7 +20,7 @@ from .results import MetricColumns, percent
 from .source import CheckpointDescription
 from ..errors import BudgetError, ModelCardError
 from ..elastic.ranking import ElasticRanking
-from ..elastic.remote_code import REMOTE_FILE
+from ..elastic.file_names import REMOTE_FILE
 from ..validation import is_real
 
 # datasets' packaged loaders: their name says only the file format, not where the images came from.

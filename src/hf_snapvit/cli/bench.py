@@ -95,7 +95,9 @@ def run_latency_tables(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from ..files import public_name, write_text_atomic
-    from ..loading.latency_table import FORMAT_VERSION, LATENCY_FILE, measure_latency, write_latency_file
+    from ..elastic.file_names import LATENCY_FILE
+    from ..elastic.latency_file import FORMAT_VERSION, write_latency_file
+    from ..loading.latency_table import measure_latency
     from ..loading.modeling import ElasticViTModel
 
     device, dtype = _latency_settings(args)

@@ -45,30 +45,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        default_count="the correction's default, 1000")
 
 
-def _correction_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """``from_pretrained``'s correction and recovery arguments: the images of ``--data``, all of them used."""
+def _fit_step(args: argparse.Namespace) -> Any:
+    """The load's correction and/or recovery (:func:`hf_snapvit.fitting.fit_step`, as :func:`hf_snapvit.correct`
+    runs it): the images of ``--data``, all of them used; ``None`` without ``--correct`` or ``--recover``."""
     if args.data and not (args.correct or args.recover):
         raise ConfigError("--data is only read with --correct or --recover; add one or drop --data.")
     if not args.recover and (args.steps or args.batch_size):
         raise ConfigError("--steps and --batch-size are settings of --recover; add --recover or drop them.")
     if not (args.correct or args.recover):
-        return {}
+        return None
     if not args.data:
         raise ConfigError("--correct and --recover need calibration images: pass --data ID_OR_PATH.")
     from ..correction import CorrectionConfig
+    from ..fitting import fit_step
     from ..recovery import RecoveryConfig
 
     defaults = RecoveryConfig()
     num_samples = args.num_samples or (defaults.num_images if args.recover else CorrectionConfig().num_samples) or 1000
     images = load_data(args, num_samples, show_progress=not args.quiet)
-    kwargs: dict[str, Any] = {}
-    if args.correct:
-        kwargs.update(correction_data=images, correction=CorrectionConfig(num_samples=None, seed=args.seed))
-    if args.recover:
-        kwargs.update(recovery_data=images, recovery=RecoveryConfig(
-            steps=args.steps or defaults.steps, batch_size=args.batch_size or defaults.batch_size,
-            num_images=None, seed=args.seed))  # exactly the images read
-    return kwargs
+    correction = CorrectionConfig(num_samples=None, seed=args.seed) if args.correct else None
+    recovery = RecoveryConfig(steps=args.steps or defaults.steps, batch_size=args.batch_size or defaults.batch_size,
+                              num_images=None, seed=args.seed) if args.recover else None  # exactly the images read
+    return fit_step(images if args.correct else None, correction, images if args.recover else None, recovery)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -78,15 +76,13 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     from ..architectures.flops import estimate_gflops
     from ..distributed import process_state
     from ..files import atomic_directory
-    from ..loading.modeling import ElasticViTModel
+    from ..loading.modeling import load_elastic
 
     output = output_folder(args.output)
     check_base_model(args.base_model)
     model_config(args.model, "ELASTIC", elastic=True)
-    kwargs: dict[str, Any] = {"sparsity": args.sparsity, "target_params": args.target_params,
-                              "target_gflops": args.target_gflops, "width_multiple": args.width_multiple,
-                              **_correction_kwargs(args)}
-    model = ElasticViTModel.from_pretrained(args.model, **kwargs)
+    model = load_elastic(args.model, args.sparsity, target_params=args.target_params,
+                         target_gflops=args.target_gflops, width_multiple=args.width_multiple, fit=_fit_step(args))
     if not process_state().is_main_process:  # under accelerate launch every process recovers (DDP); one writes
         return None
     _record_base_model(model, args.base_model, output.name)

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _prefix_record(checkpoint: str) -> dict[str, Any] | None:
     """The record of the checkpoint's prefix correction (``prefix_correction.safetensors``), if it has one."""
-    from ..correction.prefix_file import find_prefix_file
+    from ..elastic.prefix_file import find_prefix_file
 
     found = find_prefix_file(checkpoint)
     return found.record if found is not None else None

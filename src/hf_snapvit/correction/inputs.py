@@ -12,9 +12,10 @@ import torch
 import torch.nn as nn
 from huggingface_hub.utils import tqdm
 
-from ..architectures import get_attention, get_layers, get_mlp, get_projection, head_dim
+from ..architectures import get_attention, get_layers, head_dim
 from ..architectures.embedding import image_embedding
 from ..errors import CorrectionError
+from ..surgery.slicing import output_projections
 from ..architectures.placement import execution_device
 from ..data.views import model_inputs, processor_inputs
 
@@ -69,12 +70,6 @@ class HessianHook:
         if self.sum is None:  # never called
             return torch.zeros(self.width, self.width)
         return self.sum / max(self.count, 1)
-
-
-def output_projections(layer: nn.Module, spec) -> tuple[nn.Linear, nn.Linear]:
-    """A block's attention and FFN output projections (the layers whose input columns pruning removes)."""
-    mlp, variant = get_mlp(layer, spec)
-    return get_projection(get_attention(layer, spec), spec.o_proj), get_projection(mlp, variant.out_proj)
 
 
 def output_columns(layer: nn.Module, spec, units: tuple[Any, Any] | None) -> list[np.ndarray]:

@@ -12,7 +12,7 @@ is the factor of the prefix block (``H[K, K] = L[K, K] L[K, K]ᵀ`` and ``H[:, K
 for *every* prefix at once: one pass over the calibration images, one factorisation per layer, and a triangular solve
 per size. At full size ``W' = W L L⁻¹ = W``: the dense model is untouched. The price is memory: ``L`` (lower triangle)
 and ``WL`` take about 1.1× the float32 weights of a ViT's blocks (FFN 4× wide), stored as
-:mod:`hf_snapvit.correction.prefix_file` describes.
+:mod:`hf_snapvit.elastic.prefix_file` describes (which applies it at load).
 """
 
 from __future__ import annotations
@@ -29,16 +29,13 @@ from transformers import PreTrainedModel
 from ..architectures import get_attention, get_layers, get_spec, head_dim
 from ..data.calibration import calibration_batches
 from ..errors import CorrectionError
-from ..surgery.slicing import OUTPUT_KINDS
+from ..elastic.prefix_file import KINDS, applies_at, correct_widths_, first_band
 from .config import CorrectionConfig
 from .guard import held_out_count
 from .inputs import (HessianHook, capture_first_block_inputs, dense_block_hessians, halve, model_inputs_of,
                      output_columns, output_projections)
 from .solve import damped_cholesky
-from ..surgery.threads import one_thread
 
-#: The two column-pruned projections of a block, in the order :class:`PrefixCorrection` keeps them.
-KINDS = OUTPUT_KINDS
 #: The fewest calibration images the size check can work with: one to fit on, one held out to check.
 MIN_CHECKED_IMAGES = 2
 
@@ -153,7 +150,7 @@ class PrefixCorrection:
 
     def weight(self, block: int, kind: str, kept: int, dense: torch.Tensor | None = None) -> torch.Tensor:
         """``[out, kept]`` float64: the corrected first ``kept`` columns of a block's projection (``dense`` is not
-        needed here; :class:`~hf_snapvit.correction.prefix_file.PrefixFile` checks it)."""
+        needed here; :class:`~hf_snapvit.elastic.prefix_file.PrefixFile` checks it)."""
         return self.factors[block][KINDS.index(kind)].weight(kept)
 
     def record(self) -> dict[str, Any]:
@@ -212,55 +209,5 @@ class PrefixCorrection:
                 linear.weight.copy_(new)
 
 
-def first_band(helped: Sequence[bool]) -> list[bool]:
-    """Of the checked sizes in order of sparsity, those in the first run where the correction helped: the factors
-    fit the dense model's inputs, which drift further from a size's own the more it prunes, so past a size where the
-    correction did not help a larger one is not trusted either (a held-out check of a few hundred images can pass
-    there by chance; on the shared ViT-Tiny such sizes lost k-NN accuracy on the validation images)."""
-    band, started, ended = [], False, False
-    for flag in helped:
-        ended = ended or (started and not flag)
-        started = started or flag
-        band.append(bool(flag) and not ended)
-    return band
-
-
-def applies_at(record: dict[str, Any], sparsity: float) -> bool:
-    """Whether the prefix correction described by ``record`` applies to a model of ``sparsity``.
-
-    Without a size check (``record["sizes"]`` absent) it applies at every size. Otherwise the checked sparsities
-    bracket the one asked for, and it applies only where the correction helped at both (at the nearest one, below the
-    first checked size), within the first run of checked sizes it helped (:func:`first_band`); beyond the last
-    checked size it does not apply.
-    """
-    sizes = record.get("sizes")
-    if sizes is None:
-        return True
-    checked = sorted((float(s["sparsity"]), bool(s["kept"])) for s in sizes)
-    helped = list(zip([s for s, _ in checked], first_band([kept for _, kept in checked])))
-    below = [kept for s, kept in helped if s <= sparsity + 1e-6]
-    above = [kept for s, kept in helped if s >= sparsity - 1e-6]
-    if not above:
-        return False
-    return above[0] and (not below or below[-1])
-
-
-def correct_widths_(model: PreTrainedModel, source: Any) -> bool:
-    """Correct a loaded model's attention and FFN output projections for the widths it has now, in place: each keeps
-    a prefix of the stored rank order, and ``source`` (a :class:`PrefixCorrection` fitted on the dense model, or the
-    checkpoint's :class:`~hf_snapvit.correction.prefix_file.PrefixFile`) gives the corrected weights. A layer that
-    keeps every column is left as it is (the dense model stays bit-identical). Returns whether a layer changed."""
-    spec = get_spec(model)
-    changed = False
-    with one_thread(), torch.no_grad():  # small solves: see one_thread
-        for block, layer in enumerate(get_layers(model, spec)):
-            for kind, linear in zip(KINDS, output_projections(layer, spec)):
-                kept = linear.weight.shape[1]
-                if kept < source.width(block, kind):
-                    new = source.weight(block, kind, kept, linear.weight)
-                    linear.weight.copy_(new.to(dtype=linear.weight.dtype, device=linear.weight.device))
-                    changed = True
-    return changed
-
-
-__all__ = ["KINDS", "PrefixCorrection", "PrefixFactors", "applies_at", "correct_widths_", "output_projections"]
+__all__ = ["KINDS", "PrefixCorrection", "PrefixFactors", "applies_at", "correct_widths_", "first_band",
+           "output_projections"]

@@ -1,4 +1,4 @@
-"""Elastic checkpoints on disk: reading only the slices a model keeps (writing them is :mod:`hf_snapvit.publishing.saving`).
+"""Elastic checkpoints on disk: reading only the slices a model keeps (writing them is :mod:`.writing`).
 
 An elastic checkpoint is a normal transformers checkpoint whose heads and FFN neurons were permuted into rank order
 (function-preserving) with the ranking in ``config.json["elastic_ranking"]``. Stock ``AutoModel.from_pretrained``

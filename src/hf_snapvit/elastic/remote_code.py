@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 import transformers
@@ -21,10 +23,9 @@ from ..surgery import slicing
 from .._version import __version__
 from ..architectures import ArchitectureSpec, get_spec
 from ..architectures.registry import auto_class_names
+from ..files import write_text_atomic
+from .file_names import CONFIG_FILE, REMOTE_FILE, REMOTE_MODULE
 
-#: The module's file name in a sliced checkpoint, and the module name ``auto_map`` entries start with.
-REMOTE_MODULE = "modeling_hf_snapvit_sliced"
-REMOTE_FILE = f"{REMOTE_MODULE}.py"
 
 # Copied verbatim (their source, not called from here, hence the private names too), in this order: each needs only the ones before it, numpy, torch and transformers.
 _SOURCES = (
@@ -149,6 +150,20 @@ def load_with(classes: dict[str, str]) -> dict[str, str]:
         "note": f"trust_remote_code=True runs {REMOTE_FILE} from the checkpoint; read it first "
                 "(stock transformers without it fails with a size mismatch: the blocks differ in width).",
     }
+
+
+def write_remote_code(model: transformers.PreTrainedModel, folder: str | os.PathLike) -> dict[str, Any]:
+    """Add to the freshly saved checkpoint ``folder`` of the sliced ``model`` what transformers alone needs to load
+    it: :data:`REMOTE_FILE`, and ``auto_map`` and ``elastic_layout["load_with"]`` in its ``config.json``. Returns the
+    config as written (each file is replaced atomically; the caller's atomic folder write makes them one)."""
+    folder = Path(folder)
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    classes = remote_classes(model)
+    config["auto_map"] = {**(config.get("auto_map") or {}), **auto_map(classes)}
+    config["elastic_layout"] = {**config["elastic_layout"], "load_with": load_with(classes)}
+    write_text_atomic(folder / REMOTE_FILE, remote_module_source(get_spec(model), classes))
+    write_text_atomic(folder / CONFIG_FILE, dump_config(config))
+    return config
 
 
 def dump_config(config: dict[str, Any]) -> str:

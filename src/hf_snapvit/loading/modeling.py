@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import os
 from functools import partial
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import PreTrainedModel
 
@@ -18,20 +16,19 @@ from ..architectures.budget import model_shape, resolve_width_multiple
 from ..architectures.skeleton import skeleton
 from ..architectures.stored import require_stored_spec
 from ..elastic.checkpoint import CheckpointReader, check_ranking, elastic_entries, read_config, stored_widths
-from ..correction import CorrectionConfig, correct_model_
-from ..correction.prefix import correct_widths_
-from ..correction.prefix_file import prefix_file_for
-from ..errors import BudgetError, ConfigError, CorrectionError, RankingFormatError, RecoveryError
+from ..elastic.prefix_file import correct_widths_, prefix_file_for
+from ..elastic.records import fitted_to_size, warn_if_untrained
+from ..errors import BudgetError, ConfigError, RankingFormatError
 from ..elastic.ranking import ElasticRanking, KeepCounts
-from ..recovery import RecoveryConfig, recover_, warn_if_untrained
 from .arguments import READ_BY_CONFIG, LoadOptions, model_dtype, sort_arguments
-from .latency_table import load_latency_tables
+from .fit_step import FitStep, deprecated_fit_step
+from ..elastic.latency_file import load_latency_tables
 from .placement import check_spread, dispatch_sliced
 from .sliced import finish_sliced
 from .stored_spec import check_stored_spec_loads
 from .switchable import as_switchable
 from .weights import load_weights
-from ..surgery.slicing import prefixes, slice_model_
+from ..surgery.slicing import prefixes
 from ..data.views import load_processor
 
 
@@ -58,8 +55,8 @@ class ElasticViTModel:
         target_gflops: float | None = None,
         width_multiple: int | None = None,
         correction_data: Any = None,
-        correction: CorrectionConfig | None = None,
-        recovery_data: Any = None, recovery: RecoveryConfig | None = None,
+        correction: Any = None,
+        recovery_data: Any = None, recovery: Any = None,
         processor: Any = None,
         switchable: bool = False,
         prefix_correction: bool | None = None,
@@ -76,12 +73,11 @@ class ElasticViTModel:
             width_multiple: Kept FFN widths are multiples of this, so GPU kernels stay fast (bf16/fp16 GEMMs slow down
                 several-fold at unaligned widths); ``None``: 64 for ViT-S/B/L (smaller for narrow FFNs, see
                 :func:`hf_snapvit.architectures.budget.resolve_width_multiple`); ``1``: exact widths.
-            correction_data: Unlabelled calibration images (PIL list, ``datasets`` Dataset or pixel tensor): the removed
-                units' contribution is compensated into the kept weights (:mod:`hf_snapvit.correction`) for this size.
-            correction: :class:`~hf_snapvit.correction.CorrectionConfig` for the correction (defaults if ``None``).
-            recovery_data, recovery: Images (as ``correction_data``, or a stream) and a ``RecoveryConfig``: the
-                model is distilled from the dense one (:func:`hf_snapvit.recover`, after any correction).
-            processor: Image processor for the images of either; by default the checkpoint's own.
+            correction_data, correction: Deprecated (a ``FutureWarning``; removed in the next release): use
+                :func:`hf_snapvit.correct`, which loads, corrects and slices with the same result.
+            recovery_data, recovery: Deprecated likewise: distil the loaded size from the dense model with
+                :func:`hf_snapvit.recover` (after any correction).
+            processor: Image processor for the images of the deprecated arguments; by default the checkpoint's own.
             switchable: Load every unit; the model then changes size in place (``model.set_budget(...)``, see
                 :mod:`hf_snapvit.loading.switchable`), starting at the budget given here, else at full size.
             prefix_correction: The stored correction of every size: ``None`` applies it where it helps (unless images
@@ -101,34 +97,48 @@ class ElasticViTModel:
 
         Example: ``ElasticViTModel.from_pretrained("my-org/vit-elastic", sparsity=0.3)``.
         """
-        options = sort_arguments(kwargs)
-        config, unused = read_config(pretrained_model_name_or_path, options.hub, options.config_kwargs)
-        options.build.update(unused)
-        require_stored_spec(config, pretrained_model_name_or_path)  # a model no registry knows: never a guess
-        get_spec(config)  # unsupported architectures fail before any weight is touched
-        ranking, layout = elastic_entries(config, pretrained_model_name_or_path)
-        resized = any(v is not None for v in (sparsity, target_params, target_gflops))
-        fitting = (correction_data, correction), (recovery_data, recovery)
-        _check_fit_arguments(*fitting, layout, budget=resized, switchable=switchable, device_map=options.device_map)
-        model, dense_shape = _dense_skeleton(config, layout, ranking, options.build)
-        checkpoint_shape = _checkpoint_shape(pretrained_model_name_or_path, options, layout, ranking, dense_shape)
-        reader = CheckpointReader(pretrained_model_name_or_path, **options.hub)
-        check_ranking(config, ranking, pretrained_model_name_or_path, model, checkpoint_shape, reader,
-                      sliced=layout is not None, resized=resized)
-        stored = stored_widths(layout, dense_shape)
-        counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
-                                           target_gflops, width_multiple, corrected=_fitted_to_size(config))
-        prefix = prefix_file_for(pretrained_model_name_or_path, prefix_correction, options.hub, fitting, layout)
-        info: dict[str, Any] = {}
-        if switchable:
-            model = _load_switchable(model, pretrained_model_name_or_path, ranking, dense_shape, reader, options,
-                                     (sparsity, target_params, target_gflops, width_multiple), prefix, info)
-        else:
-            processor_for = partial(_processor_for, source=pretrained_model_name_or_path, hub_kwargs=options.hub)
-            _load_sized(model, counts, stored, reader, options, fitting, processor, processor_for, prefix, info)
-            model.config._name_or_path = str(pretrained_model_name_or_path)
-            model = dispatch_sliced(finish_sliced(model, counts, multiple, dense_shape), options)
-        return (model, info) if options.output_loading_info else model
+        fit = deprecated_fit_step(correction_data, correction, recovery_data, recovery)
+        return load_elastic(pretrained_model_name_or_path, sparsity, target_params=target_params,
+                            target_gflops=target_gflops, width_multiple=width_multiple, fit=fit, processor=processor,
+                            switchable=switchable, prefix_correction=prefix_correction, **kwargs)
+
+
+def load_elastic(source: str | os.PathLike, sparsity: float | None = None, *, target_params: int | None = None,
+                 target_gflops: float | None = None, width_multiple: int | None = None, fit: FitStep | None = None,
+                 processor: Any = None, switchable: bool = False, prefix_correction: bool | None = None,
+                 **kwargs: Any) -> PreTrainedModel:
+    """:meth:`ElasticViTModel.from_pretrained`'s load (its arguments, less the deprecated ones); with ``fit``
+    (:mod:`hf_snapvit.fitting`'s verbs), the dense weights are read and fitted to the budget instead of sliced."""
+    options = sort_arguments(kwargs)
+    config, unused = read_config(source, options.hub, options.config_kwargs)
+    options.build.update(unused)
+    require_stored_spec(config, source)  # a model no registry knows: never a guess
+    get_spec(config)  # unsupported architectures fail before any weight is touched
+    ranking, layout = elastic_entries(config, source)
+    resized = any(v is not None for v in (sparsity, target_params, target_gflops))
+    _check_switchable(switchable, layout, fit is not None)
+    check_spread(options.device_map, switchable=switchable is True, fitting=fit is not None)
+    if fit is not None:
+        fit.check(layout, resized)
+    model, dense_shape = _dense_skeleton(config, layout, ranking, options.build)
+    checkpoint_shape = _checkpoint_shape(source, options, layout, ranking, dense_shape)
+    reader = CheckpointReader(source, **options.hub)
+    check_ranking(config, ranking, source, model, checkpoint_shape, reader, sliced=layout is not None,
+                  resized=resized)
+    stored = stored_widths(layout, dense_shape)
+    counts, multiple = _resolve_budget(ranking, dense_shape, layout, stored, sparsity, target_params,
+                                       target_gflops, width_multiple, corrected=fitted_to_size(config))
+    prefix = prefix_file_for(source, prefix_correction, options.hub, fit is not None, layout)
+    info: dict[str, Any] = {}
+    if switchable:
+        model = _load_switchable(model, source, ranking, dense_shape, reader, options,
+                                 (sparsity, target_params, target_gflops, width_multiple), prefix, info)
+    else:
+        processor_for = partial(_processor_for, source=source, hub_kwargs=options.hub)
+        _load_sized(model, counts, stored, reader, options, fit, processor, processor_for, prefix, info)
+        model.config._name_or_path = str(source)
+        model = dispatch_sliced(finish_sliced(model, counts, multiple, dense_shape), options)
+    return (model, info) if options.output_loading_info else model
 
 
 def _dense_skeleton(config: Any, layout: dict | None, ranking: ElasticRanking | None,
@@ -174,21 +184,18 @@ def _checkpoint_shape(source: Any, options: LoadOptions, layout: dict | None, ra
 
 
 def _load_sized(model: PreTrainedModel, counts: KeepCounts, stored: tuple[list[int], list[int]],
-                reader: CheckpointReader, options: LoadOptions, fitting: tuple[tuple[Any, Any], tuple[Any, Any]],
-                processor: Any, processor_for: Any, prefix: Any, info: dict[str, Any]) -> None:
-    """Fill the skeleton with the units ``counts`` keeps; with correction or recovery data, load what the checkpoint
-    holds (both start from the dense weights), then correct and/or recover it down to ``counts``; else apply the
-    checkpoint's ``prefix`` correction where it helps."""
-    (correction_data, _), (recovery_data, _) = fitting
+                reader: CheckpointReader, options: LoadOptions, fit: FitStep | None, processor: Any,
+                processor_for: Any, prefix: Any, info: dict[str, Any]) -> None:
+    """Fill the skeleton with the units ``counts`` keeps; with a ``fit`` step, load what the checkpoint holds (a fit
+    starts from the dense weights) and let it fit the model down to ``counts``; else apply the checkpoint's
+    ``prefix`` correction where it helps."""
     warn_if_untrained(model.config, counts.sparsity)
     keep = prefixes(counts.heads, counts.neurons)
-    fit = correction_data is not None or recovery_data is not None
-    info.update(load_weights(model, prefixes(*stored) if fit else keep, reader, stored, options))
+    info.update(load_weights(model, prefixes(*stored) if fit is not None else keep, reader, stored, options))
     if options.device is not None:
         model.to(options.device)
-    if fit:
-        images = correction_data if correction_data is not None else recovery_data
-        _fit(model, keep, *fitting, processor_for(images, processor))
+    if fit is not None:
+        fit.fit(model, keep, processor_for(fit.data, processor))
     elif prefix is not None and prefix.applies_at(counts.sparsity) and correct_widths_(model, prefix):
         model.config.elastic_correction = prefix.record
 
@@ -201,8 +208,8 @@ def _check_switchable(switchable: Any, layout: dict | None, fitting: bool) -> No
                           "one is sliced (config.elastic_layout is set). Load the elastic checkpoint it came from.")
     if switchable and fitting:
         raise ConfigError("Correction and recovery fit the weights to one size, so they cannot serve a switchable "
-                          "model. Load switchable=True without correction_data/recovery_data; for a checkpoint that "
-                          "is good at many sizes, recover with RecoveryConfig(elastic=True) and save_elastic.")
+                          "model. Load switchable=True without fitting (hf_snapvit.correct, recover); for a checkpoint "
+                          "that is good at many sizes, recover with RecoveryConfig(elastic=True) and save_elastic.")
 
 
 def _load_switchable(model: PreTrainedModel, source: str | os.PathLike, ranking: ElasticRanking, dense_shape: Any,
@@ -221,62 +228,6 @@ def _load_switchable(model: PreTrainedModel, source: str | os.PathLike, ranking:
         model.set_budget(sparsity, target_params=target_params, target_gflops=target_gflops,
                          width_multiple=width_multiple)
     return model
-
-
-def _check_correction_arguments(correction: Any, correction_data: Any, layout: dict | None) -> None:
-    if correction is not None and correction_data is None:
-        raise CorrectionError("correction= was given without correction_data=; pass the calibration images too.")
-    if correction_data is not None and layout is not None:
-        raise CorrectionError(
-            "Correction needs the dense weights, but this checkpoint is already sliced (config.elastic_layout is "
-            "set). Load the dense elastic checkpoint with correction_data= instead."
-        )
-
-
-def _check_fit_arguments(correcting: tuple[Any, Any], recovering: tuple[Any, Any], layout: dict | None, *,
-                         budget: bool, switchable: Any = False, device_map: dict | None = None) -> None:
-    """Check the ``(data, config)`` pairs of correction and recovery against the checkpoint, the budget and
-    ``switchable`` (and a ``device_map`` that spreads the model against both)."""
-    (correction_data, correction), (recovery_data, recovery) = correcting, recovering
-    _check_switchable(switchable, layout, correction_data is not None or recovery_data is not None)
-    check_spread(device_map, switchable=switchable is True,
-                 fitting=correction_data is not None or recovery_data is not None)
-    _check_correction_arguments(correction, correction_data, layout)
-    if recovery is not None and not isinstance(recovery, RecoveryConfig):
-        raise RecoveryError(f"recovery must be a RecoveryConfig, got {type(recovery).__name__}.")
-    if recovery is not None and recovery_data is None:
-        raise RecoveryError("recovery= was given without recovery_data=; pass the unlabelled images too.")
-    if recovery_data is not None and layout is not None:
-        raise RecoveryError(
-            "Recovery distils from the dense weights, but this checkpoint is already sliced (config.elastic_layout "
-            "is set). Load the dense elastic checkpoint with recovery_data= instead."
-        )
-    if recovery is not None and recovery.elastic and (budget or correction_data is not None):
-        raise RecoveryError("RecoveryConfig(elastic=True) trains the dense elastic model for every size: load it "
-                            "without sparsity/target_params/target_gflops and without correction_data, save it with "
-                            "hf_snapvit.save_elastic, then load any size from that checkpoint.")
-
-
-def _fitted_to_size(config: Any) -> bool:
-    """Whether the checkpoint's weights were corrected or recovered for its saved size (so it cannot shrink)."""
-    recovery = getattr(config, "elastic_recovery", None)
-    return getattr(config, "elastic_correction", None) is not None or (
-        isinstance(recovery, dict) and not recovery.get("elastic", False))
-
-
-def _fit(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], correcting: tuple[Any, Any],
-         recovering: tuple[Any, Any], processor: Any) -> None:
-    """Correct and/or recover the dense ``model`` for ``keep``, slicing it to ``keep``; the teacher of a recovery
-    is the dense model as loaded."""
-    (correction_data, correction), (recovery_data, recovery) = correcting, recovering
-    elastic = recovery is not None and recovery.elastic
-    teacher = copy.deepcopy(model) if recovery_data is not None and not elastic else None
-    if correction_data is not None:
-        _correct(model, keep, correction_data, processor, correction)
-    else:
-        slice_model_(model, keep)
-    if recovery_data is not None:
-        recover_(model, teacher, recovery_data, recovery, processor=processor)
 
 
 def _resolve_budget(ranking: ElasticRanking | None, dense_shape: Any, layout: dict | None,
@@ -303,8 +254,8 @@ def _resolve_budget(ranking: ElasticRanking | None, dense_shape: Any, layout: di
         raise BudgetError(
             "This checkpoint was weight-corrected or recovered for its saved size, so it cannot be sliced further "
             "(its weights were fitted to the units kept). Load it without a budget, or correct/recover the "
-            "dense elastic checkpoint at the new budget: from_pretrained(dense, sparsity=..., "
-            "correction_data=images) or recovery_data=images."
+            "dense elastic checkpoint at the new budget: hf_snapvit.correct(dense, sparsity=..., data=images), or "
+            "hf_snapvit.recover(from_pretrained(dense, sparsity=...), from_pretrained(dense), images)."
         )
     too_big = [l for l, (h, f, sh, sf) in enumerate(zip(counts.heads, counts.neurons, stored_heads,
                                                        stored_neurons)) if h > sh or f > sf]
@@ -323,17 +274,3 @@ def _processor_for(data: Any, processor: Any, source: Any, hub_kwargs: dict[str,
     if processor is None and not isinstance(data, (torch.Tensor, Mapping)):
         processor = load_processor(source, purpose="preprocess the calibration images", **hub_kwargs)
     return processor
-
-
-def _correct(model: PreTrainedModel, keep: list[tuple[np.ndarray, np.ndarray]], data: Any, processor: Any,
-             correction: CorrectionConfig | None) -> None:
-    summary = correct_model_(model, keep, data, processor, correction or CorrectionConfig())
-    if summary.num_removed:
-        model.config.elastic_correction = {
-            "settings": summary.config.to_dict(),
-            "num_images": summary.num_images,
-            "num_tokens": summary.num_tokens,
-            "mean_error_before": round(summary.mean_error("before"), 6),
-            "mean_error_after": round(summary.mean_error("after"), 6),
-            **summary.guard_record(),
-        }

@@ -25,9 +25,9 @@ import transformers
 from huggingface_hub import ModelCard
 from transformers import PreTrainedModel
 
-from ..architectures import get_spec
 from ..files import atomic_directory, final_path, write_text_atomic
-from ..elastic.remote_code import REMOTE_FILE, auto_map, dump_config, load_with, remote_classes, remote_module_source
+from ..elastic.file_names import CARD_FILE, CONFIG_FILE
+from ..elastic.remote_code import write_remote_code
 from ..cards.sliced import base_model_id, sliced_card
 from ..surgery.slicing import slice_to_layout_
 
@@ -69,11 +69,11 @@ class SlicedModelMixin:
     def _upload_modified_files(self, working_dir: str | os.PathLike, repo_id: str, *args: Any,
                                **kwargs: Any) -> Any:
         """Put our card (naming ``repo_id``) back before transformers' ``push_to_hub`` uploads the folder."""
-        readme = Path(working_dir) / "README.md"
+        readme = Path(working_dir) / CARD_FILE
         existing = ModelCard(readme.read_text(encoding="utf-8")) if readme.is_file() else None
         tags = list((existing.data.tags or []) if existing is not None else [])
         if existing is None or _STOCK_TEMPLATE in existing.text or "hf-snapvit" in tags:
-            config = json.loads((Path(working_dir) / "config.json").read_text())
+            config = json.loads((Path(working_dir) / CONFIG_FILE).read_text())
             card = sliced_card(config, repo_id, base_model=base_model_id(config, self.config.name_or_path),
                                tags=tags)
             write_text_atomic(readme, str(card))
@@ -83,15 +83,9 @@ class SlicedModelMixin:
 def write_sliced_extras(model: PreTrainedModel, folder: str | os.PathLike, repo: str) -> None:
     """Add to the freshly saved checkpoint ``folder`` of the sliced ``model``: the loading module, ``auto_map`` and
     ``elastic_layout["load_with"]`` in config.json, and README.md naming the checkpoint ``repo``."""
-    folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text())
-    classes = remote_classes(model)
-    config["auto_map"] = {**(config.get("auto_map") or {}), **auto_map(classes)}
-    config["elastic_layout"] = {**config["elastic_layout"], "load_with": load_with(classes)}
-    write_text_atomic(folder / REMOTE_FILE, remote_module_source(get_spec(model), classes))
-    write_text_atomic(folder / "config.json", dump_config(config))
+    config = write_remote_code(model, folder)
     card = sliced_card(config, repo, base_model=base_model_id(config, model.config.name_or_path))
-    write_text_atomic(folder / "README.md", str(card))
+    write_text_atomic(Path(folder) / CARD_FILE, str(card))
 
 
 def sliced_class(stock: type) -> type:

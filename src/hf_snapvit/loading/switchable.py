@@ -28,13 +28,14 @@ from ..architectures import get_layers, get_spec
 from ..architectures.budget import KeepCounts, ModelShape, budget_number, resolve_width_multiple
 from ..errors import BudgetError, ConfigError
 from ..files import atomic_directory
-from .latency_table import LatencyTable, choose_table, device_name, dtype_name, write_latency_file
+from ..elastic.latency_file import LatencyTable, write_latency_file
+from .latency_table import choose_table, device_name, dtype_name
 from ..elastic.ranking import ElasticRanking
-from ..recovery.config import warn_if_untrained
+from ..elastic.records import warn_if_untrained
 from ..elastic.remote_code import stock_class
 from .sliced import finish_sliced, twin_class, twin_lookup
 from ..surgery.slicing import slice_head_tables_
-from ..correction.prefix_file import PREFIX_FILE
+from ..elastic.file_names import PREFIX_FILE
 from ..surgery.switching import (PrefixLinear, SwitchBlock, SwitchGate, capacity, install_corrections_, make_switchable_,
                         remove_head_prefixes_, set_widths_, switch_blocks)
 
@@ -356,7 +357,7 @@ def as_switchable(model: PreTrainedModel, ranking: ElasticRanking, shape: ModelS
                   tables: list[LatencyTable] | None = None, correction: Any = None) -> PreTrainedModel:
     """Make a dense ``model`` (every unit loaded, in the rank order of ``ranking``) switchable, in place, at full
     size. Only module classes change. ``correction``: a prefix correction (the checkpoint's
-    :class:`~hf_snapvit.correction.prefix_file.PrefixFile`) that every smaller size then computes with."""
+    :class:`~hf_snapvit.elastic.prefix_file.PrefixFile`) that every smaller size then computes with."""
     held = capacity(switch_blocks(model))
     if held != (shape.dense_heads, shape.dense_neurons):
         raise ConfigError(f"A switchable model needs every unit of the dense model; this one holds {held}.")

@@ -32,7 +32,8 @@ from ..cards.source import describe_checkpoint, pipeline_tag_for
 from ..errors import HubUploadError, ModelCardError
 from ..files import disk_full_reported
 from ..logs import get_logger
-from ..cards.elastic import CARD_TAGS, GENERATED_MARKER, HEATMAP_FILENAME, write_model_card
+from ..cards.elastic import CARD_TAGS, GENERATED_MARKER, write_model_card
+from ..elastic.file_names import CARD_FILE, CONFIG_FILE, HEATMAP_FILE
 from ..elastic.ranking import ElasticRanking
 from .saving import save_elastic
 
@@ -80,7 +81,7 @@ def _files(folder: Path) -> list[Path]:
 
 
 def _check_checkpoint(folder: Path) -> None:
-    if not (folder / "config.json").is_file():
+    if not (folder / CONFIG_FILE).is_file():
         raise HubUploadError(
             f"{str(folder)!r} is not a checkpoint folder (no config.json). Pass the folder written by "
             "hf_snapvit.save_elastic (or save_pretrained of a sliced model), or the model itself."
@@ -146,19 +147,19 @@ def _card_uploads(folder: Path, tmp: Path, model_card: bool | ModelCard | str, b
                   uploads: dict[str, Path], **card_kwargs: Any) -> None:
     """Put the model card's files into ``uploads`` (path in the repository -> local file), as ``model_card`` asks."""
     if model_card is True:
-        card = _user_card(folder / "README.md", folder, base_model)
+        card = _user_card(folder / CARD_FILE, folder, base_model)
         card_dir = tmp / "card"
         card_dir.mkdir()
         if card is None:
-            uploads.pop(HEATMAP_FILENAME, None)  # a stale heatmap must not outlive its card
+            uploads.pop(HEATMAP_FILE, None)  # a stale heatmap must not outlive its card
             write_model_card(folder, card_dir, base_model=base_model, **card_kwargs)
         else:
-            card.save(card_dir / "README.md")
+            card.save(card_dir / CARD_FILE)
         uploads.update({p.name: p for p in _files(card_dir)})
     elif model_card is not False:
-        card_file = tmp / "README.md"
+        card_file = tmp / CARD_FILE
         card_file.write_text(str(model_card), encoding="utf-8")
-        uploads["README.md"] = card_file
+        uploads[CARD_FILE] = card_file
 
 
 def _staging_reported(tmp: str, repo_id: str) -> Any:
@@ -306,7 +307,7 @@ def push_to_hub(
             staged = _stage(uploads, Path(tmp) / "upload")
         message = commit_message or f"Upload {kind} checkpoint with hf_snapvit"
         if dry_run:
-            readme = staged / "README.md"
+            readme = staged / CARD_FILE
             return UploadPlan(repo_id, {name: path.stat().st_size for name, path in sorted(uploads.items())},
                               message, readme.read_text(encoding="utf-8") if readme.is_file() else None)
         return _commit(staged, repo_id, token=token, private=private, revision=revision, create_pr=create_pr,

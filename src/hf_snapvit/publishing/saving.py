@@ -1,14 +1,15 @@
-"""Writing an elastic checkpoint: the weights permuted into rank order, the ranking, and its model card.
+"""Publishing an elastic checkpoint: one atomic folder write of its format and its model card.
 
-:func:`save_elastic` writes, in one atomic folder write, what ``ElasticViTModel.from_pretrained`` reads
-(:mod:`hf_snapvit.elastic.checkpoint`) plus a ``README.md`` model card (:mod:`hf_snapvit.cards.elastic`) that the Hub and
-``huggingface_hub.ModelCard.load`` read. Writing sits after the card modules in the data flow; loading never
-imports this module.
+:func:`save_elastic` orchestrates: the format is :mod:`hf_snapvit.elastic.writing` (the weights permuted into rank
+order, the ranking, a discovered model's spec), written beside its reader (:mod:`hf_snapvit.elastic.checkpoint`); this
+module stages the folder, checks that a discovered model loads back, and adds the ``README.md`` model card
+(:mod:`hf_snapvit.cards.elastic`) that the Hub and ``huggingface_hub.ModelCard.load`` read. Every file name of the
+folder is in :mod:`hf_snapvit.elastic.file_names`. Writing sits after the card modules in the data flow; loading
+never imports this module.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import warnings
 from collections.abc import Mapping
@@ -19,24 +20,22 @@ import torch
 from transformers import PreTrainedModel
 
 from ..architectures import get_spec
-from ..architectures.discovery import adopt_discovered, is_discovered, spec_to_dict
+from ..architectures.discovery import adopt_discovered
 from ..architectures.embedding import dummy_inputs
-from ..architectures.budget import model_shape
-from ..architectures.prunable import note_partial
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError
 from ..correction import CorrectionConfig
 from ..correction.prefix import PrefixCorrection
-from ..correction.prefix_file import write_prefix_file
+from ..elastic.prefix_file import write_prefix_file
 from ..correction.prefix_sizes import check_sizes
-from ..files import atomic_directory, public_name
-from ..architectures.placement import offloaded_values, strip_hooks_
-from ..elastic.fingerprint import fingerprint_of
+from ..files import atomic_directory
 from ..cards.elastic import GENERATED_MARKER, write_model_card
-from ..surgery.proof import ensure_proven, float_output, masked_copy
+from ..elastic.file_names import CARD_FILE, CONFIG_FILE
 from ..elastic.ranking import ElasticRanking
-from ..surgery.slicing import slice_model_
+from ..elastic.writing import elastic_checkpoint
+from ..surgery.proof import float_output, masked_copy
 
-__all__ = ["save_elastic"]
+__all__ = ["add_prefix_correction", "save_elastic"]
+
 
 def save_elastic(
     model: PreTrainedModel,
@@ -80,44 +79,18 @@ def save_elastic(
     Returns:
         The ranking as stored (in rank order): what ``ElasticViTModel.from_pretrained`` resolves budgets with.
     """
-    spec = ensure_proven(model)
-    if not isinstance(ranking, ElasticRanking):
-        raise ConfigError(f"save_elastic needs the ElasticRanking hf_snapvit.rank returns, got {type(ranking).__name__}.")
-    ranking.check_matches(model_shape(model))
-    ranking = note_partial(model, ranking)  # part of the backbone only: a warning, and the card says which share
-    if not spec.prune_heads and ranking.floors()[0] < ranking.shape.num_heads:
-        raise ConfigError(
-            f"This {spec.model_type} model cannot run with fewer attention heads, so every block keeps all of them, "
-            f"but the ranking's floor keeps {ranking.floors()[0]} of {ranking.shape.num_heads}. Rank it with "
-            "hf_snapvit.rank(model, ...), which sets that floor (min_head_keep_ratio=1.0).")
-    if getattr(model.config, "elastic_layout", None):
-        raise CheckpointError(
-            "save_elastic needs the dense model, but this one is sliced (config.elastic_layout is set). Load the dense "
-            "elastic checkpoint or the original model instead."
-        )
     options = dict(card_options or {})
     if reserved := sorted({"base_model", "evaluations", "source", "save_directory"} & set(options)):
         raise CheckpointError(f"card_options must not hold {reserved}: pass them as save_elastic's own arguments.")
-    data = ranking.sorted().to_dict()
-    data["provenance"]["base_model"] = public_name(base_model or data["provenance"].get("base_model"))
-    permuted = slice_model_(_shadow_copy(model), ranking.orders())
-    data["provenance"]["weights_fingerprint"] = fingerprint_of(permuted)
-    permuted.config.elastic_ranking = data
-    # A model (or a task model's encoder) no registry knows: loading reads its proven spec from config.json.
-    encoder = model.get_submodule(spec.encoder) if spec.task is not None else model
-    encoder_spec = get_spec(encoder)
-    if is_discovered(encoder_spec):
-        permuted.config.elastic_spec = spec_to_dict(encoder_spec, encoder.config)
+    checkpoint = elastic_checkpoint(model, ranking, base_model=base_model)
     with atomic_directory(save_directory) as staging:
-        permuted.save_pretrained(staging, **save_kwargs)
-        if is_discovered(encoder_spec):  # a registered family's loading is tested; a discovered one's, here
-            _check_loads(staging, model, ranking, ElasticRanking.from_dict(data), save_directory)
-        if image_processor is not None:
-            image_processor.save_pretrained(staging)
+        checkpoint.write(staging, image_processor=image_processor, **save_kwargs)
+        if checkpoint.discovered is not None:  # a registered family's loading is tested; a discovered one's, here
+            _check_loads(staging, model, ranking, checkpoint.ranking, save_directory)
         if model_card and not _hand_written_card(save_directory):
             # From the folder just written: the card describes exactly the config.json beside it.
             write_model_card(staging, staging, base_model=base_model, evaluations=evaluations, **options)
-    return ElasticRanking.from_dict(data)
+    return checkpoint.ranking
 
 
 def _check_loads(staging: Path, model: PreTrainedModel, ranking: ElasticRanking, stored: ElasticRanking,
@@ -162,40 +135,8 @@ def _check_loads(staging: Path, model: PreTrainedModel, ranking: ElasticRanking,
 
 def _hand_written_card(save_directory: str | os.PathLike) -> bool:
     """Whether ``save_directory`` holds a README.md that hf_snapvit did not generate: it is the user's, and kept."""
-    readme = Path(save_directory) / "README.md"
+    readme = Path(save_directory) / CARD_FILE
     return readme.is_file() and GENERATED_MARKER not in readme.read_text(encoding="utf-8", errors="replace")
-
-
-def _shadow_copy(model: PreTrainedModel) -> PreTrainedModel:
-    """A copy of ``model``'s module tree and config that shares its parameters and buffers: slicing the copy
-    assigns new tensors to the copy's modules and leaves ``model`` as it is. Of a model accelerate dispatched, the
-    copy has no hooks and holds the offloaded weights, read into host memory (so host memory must hold the model
-    once: the checkpoint writer needs every tensor)."""
-    copies: dict[int, torch.nn.Module] = {}
-
-    def shadow(module: torch.nn.Module) -> torch.nn.Module:
-        if id(module) not in copies:
-            clone = copy.copy(module)
-            copies[id(module)] = clone
-            clone._parameters = dict(module._parameters)
-            clone._buffers = dict(module._buffers)
-            clone._modules = {name: None if child is None else shadow(child)
-                              for name, child in module._modules.items()}
-        return copies[id(module)]
-
-    clone = strip_hooks_(shadow(model))
-    for module in copies.values():  # a model accelerate placed: the copy runs and saves without its hooks
-        strip_hooks_(module)
-    for module, values in offloaded_values(model):  # its offloaded weights, read into host memory a block at a time
-        twin = copies[id(module)]
-        for name, value in values.items():
-            if name in twin._parameters:
-                flag = module._parameters[name].requires_grad
-                twin._parameters[name] = torch.nn.Parameter(value, requires_grad=flag)
-            else:
-                twin._buffers[name] = value
-    clone.config = copy.deepcopy(model.config)
-    return clone
 
 
 def add_prefix_correction(
@@ -208,7 +149,7 @@ def add_prefix_correction(
     show_progress: bool = True,
 ) -> dict[str, Any]:
     """Fit the correction for every size of a local elastic checkpoint and store it beside its weights
-    (``prefix_correction.safetensors``, :mod:`hf_snapvit.correction.prefix_file`).
+    (``prefix_correction.safetensors``, :mod:`hf_snapvit.elastic.prefix_file`).
 
     From then on ``ElasticViTModel.from_pretrained(folder, sparsity=s)`` (and a switchable model at every size)
     compensates the removed heads' and neurons' contribution into the kept output-projection weights: the per-size
@@ -236,7 +177,7 @@ def add_prefix_correction(
     from ..data.views import load_processor
 
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
+    if not (folder / CONFIG_FILE).is_file():
         raise CheckpointError(f"{str(folder)!r} is not a local checkpoint folder (no config.json); save the elastic "
                               "checkpoint with hf_snapvit.save_elastic first, or download it.")
     model = ElasticViTModel.from_pretrained(folder, prefix_correction=False)
@@ -251,6 +192,6 @@ def add_prefix_correction(
                     show_progress=show_progress)
     record = correction.record()
     write_prefix_file(folder, correction.factors, record)
-    if refresh_card and (folder / "README.md").is_file() and not _hand_written_card(folder):
+    if refresh_card and (folder / CARD_FILE).is_file() and not _hand_written_card(folder):
         write_model_card(folder, folder)
     return record

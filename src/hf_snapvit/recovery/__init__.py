@@ -37,7 +37,8 @@ from ..distributed import on_process_device, process_state, reduce_sum
 from ..errors import RecoveryError
 from ..elastic.ranking import ElasticRanking
 from ..data.views import embedder, load_processor
-from .config import RecoveryConfig, RecoverySummary, warn_if_untrained
+from ..elastic.records import warn_if_untrained
+from .config import RecoveryConfig, RecoverySummary
 from .forward import forward_outputs, prefix_view
 from .held_out import HeldOutCheck, check_sizes, held_out_record, skipped_record, split_held_out
 from .parallel import Parallel, check_same_start

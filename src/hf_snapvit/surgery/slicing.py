@@ -100,6 +100,13 @@ def slice_neurons_(layer: nn.Module, spec: ArchitectureSpec, keep: IndexLike, so
 OUTPUT_KINDS = ("attention_output", "ffn_output")
 
 
+def output_projections(layer: nn.Module, spec: ArchitectureSpec) -> tuple[nn.Linear, nn.Linear]:
+    """A block's attention and FFN output projections (the layers whose input columns pruning removes), in the order
+    of :data:`OUTPUT_KINDS`."""
+    mlp, variant = get_mlp(layer, spec)
+    return get_projection(get_attention(layer, spec), spec.o_proj), get_projection(mlp, variant.out_proj)
+
+
 def prefixes(heads: Sequence[int], neurons: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
     """``keep`` for :func:`slice_model_` that keeps the first ``heads[l]`` heads and ``neurons[l]`` neurons of each
     block: what every budget keeps of a model in rank order."""

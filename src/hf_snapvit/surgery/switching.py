@@ -183,7 +183,7 @@ def set_widths_(spec: ArchitectureSpec, blocks: Sequence[SwitchBlock], heads: Se
 
 def install_corrections_(blocks: Sequence[SwitchBlock], source: Any) -> None:
     """Give every output projection that computes with fewer columns than it holds the corrected weight of its
-    current width from ``source`` (a prefix correction, see :func:`hf_snapvit.correction.prefix.correct_widths_`);
+    current width from ``source`` (a prefix correction, see :func:`hf_snapvit.elastic.prefix_file.correct_widths_`);
     at full width, or with ``source`` ``None``, it computes with its own weight again. A projection whose width did
     not change keeps the corrected weight it has (it depends on the width alone). The solves run on one thread
     (:func:`~hf_snapvit.surgery.threads.one_thread`)."""
