@@ -2,8 +2,8 @@
 
 For each sparsity, the elastic checkpoint is loaded three ways through the public API: sliced as is
 (``ElasticViTModel.from_pretrained(model, sparsity=s)``), and corrected with dense or sequential propagation
-(``..., correction_data=calibration, correction=CorrectionConfig(propagation=...)``). Calibration images come from
-the Tiny-ImageNet train split (labels ignored) and are disjoint from the k-NN memory bank (also train); accuracy is
+(``hf_snapvit.correct(model, sparsity=s, data=calibration, config=CorrectionConfig(propagation=...))``).
+Calibration images come from the Tiny-ImageNet train split (labels ignored) and are disjoint from the k-NN memory bank (also train); accuracy is
 measured on the validation split (``_harness.scores``: k = 20).
 
     python benchmarks/correction_vit_tiny.py --model ELASTIC --sparsities 0.3 0.5 0.6
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         for propagation in ("dense", "sequential"):
             config = CorrectionConfig(num_samples=args.num_calibration, propagation=propagation, seed=SEED,
                                       guard=not args.no_guard)
-            corrected, seconds = timed(lambda: load(args.model, sparsity=sparsity, correction_data=calibration,
-                                                    correction=config))
+            corrected, seconds = timed(lambda: hf_snapvit.correct(args.model, sparsity=sparsity, data=calibration,
+                                                                  config=config))
             record({"sparsity": sparsity, "variant": f"corrected-{propagation}" + ("-unguarded" if args.no_guard
                                                                                    else ""),
                     "correction_seconds": seconds, "correction": corrected.config.elastic_correction,

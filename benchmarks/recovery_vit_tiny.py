@@ -114,8 +114,8 @@ def run(args: argparse.Namespace, model_dir: str, calibration: Any, val: dict, b
                 model, seconds = timed(lambda: load(model_dir, sparsity=sparsity, **where))
             elif variant == "correction":
                 config = hf_snapvit.CorrectionConfig(num_samples=args.num_correction, seed=args.seed)
-                model, seconds = timed(lambda: load(model_dir, sparsity=sparsity, correction_data=calibration,
-                                                    correction=config, **where))
+                model, seconds = timed(lambda: hf_snapvit.correct(model_dir, sparsity=sparsity, data=calibration,
+                                                                  config=config, **where))
                 extra = {"settings": config.to_dict()}
             elif variant in ("recovery", "correction+recovery"):  # corrected first, then recovered, if both
                 config = recovery_config(args, elastic=False)
