@@ -209,8 +209,9 @@ def test_prune_no_prefix_correction_leaves_the_file_out(model_dir, data_file, tm
     assert (output / "config.json").is_file() and not (output / "prefix_correction.safetensors").exists()
     assert "prefix_correction.safetensors" not in (output / "README.md").read_text()
     code, out, err = run(capsys, "prune", model_dir, "--method", "magnitude", "--output", tmp_path / "m",
-                         "--json", "-q")  # a data-free method reads no images, so it fits no correction
+                         "--precision", "bf16", "--json")  # a data-free method reads no images: no correction
     assert code == 0, err
+    assert "--precision bf16 sets precision, which --method magnitude has not; it is ignored" in err
     assert json.loads(out)["prefix_correction"] is None and not (tmp_path / "m" / "prefix_correction.safetensors"
                                                                  ).exists()
     # one image is too few for the correction's held-out check: a default one is left out, an asked-for one refused

@@ -120,6 +120,9 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         if name == "preset" or name in known:
             if value != unset:
                 settings[name] = value
+        elif value != unset and name == "precision":  # ignored before methods had their own configs: a warning
+            logger.warning("--precision %s sets precision, which --method %s has not; it is ignored (and refused "
+                           "from the next release): leave --precision out.", value, args.method)
         elif value != unset:
             raise ConfigError(f"{flag} {value} sets {name}, which --method {args.method} has not (its settings: "
                               f"{', '.join(known)}); leave {flag} out.")
