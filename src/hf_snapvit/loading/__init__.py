@@ -4,6 +4,7 @@
 * :mod:`.sliced`: stock transformers classes built at a sliced checkpoint's widths;
 * :mod:`.switchable`: one resident model that changes size in place (``set_budget``);
 * :mod:`.latency_table`: measured latency at a grid of sizes, and the largest size that meets a deadline.
+* :mod:`.timing`: interleaved forward timing (also what :mod:`hf_snapvit.benchmark` times models with).
 
 May import: architectures, surgery, data views, the elastic format, correction and recovery (a checkpoint's stored
 correction and recovered weights), and the text-only model cards. Never imports the pruner, evaluation,
