@@ -36,7 +36,7 @@ import _tp_vit
 from _harness import RESULTS, load_classifier, parser, preprocess, timed, write_json
 from hf_snapvit.architectures.budget import ModelShape, backbone_parameters, layer_widths, model_shape
 from hf_snapvit.architectures.flops import estimate_gflops
-from hf_snapvit.benchmark import hardware_info, measure_latency
+from hf_snapvit.benchmark import compare_latency, hardware_info
 from hf_snapvit.elastic.ranking import ElasticRanking, Floors
 from hf_snapvit.errors import BudgetError
 from hf_snapvit.evaluation import Evaluator, load_split
@@ -173,7 +173,7 @@ def prune_to_sparsity(
 def latency_record(dense: torch.nn.Module, pruned: torch.nn.Module) -> dict:
     """Median forward ms of the pruned and the dense model, timed interleaved on seeded random images, and their
     ratio, per batch size (string keys, as they read back from JSON)."""
-    timed_ms = measure_latency({"dense": dense, "pruned": pruned}, LATENCY_BATCHES, repeats=LATENCY_REPEATS, warmup=1)
+    timed_ms = compare_latency({"dense": dense, "pruned": pruned}, LATENCY_BATCHES, repeats=LATENCY_REPEATS, warmup=1)
     mine = {b: t["median_ms"] for b, t in timed_ms["pruned"].items()}
     reference = {b: t["median_ms"] for b, t in timed_ms["dense"].items()}
     return {"latency_ms": mine, "dense_latency_ms": reference,

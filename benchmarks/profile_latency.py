@@ -1,7 +1,7 @@
 """Where a forward pass spends its time, dense against sliced: torch.profiler time grouped by kind of work.
 
 Per shape (random weights), the dense model and one sliced copy per sparsity are timed side by side
-(``measure_latency``, median wall time) and profiled for ``--steps`` forwards; :func:`attributed_kind` groups the time
+(``compare_latency``, median wall time) and profiled for ``--steps`` forwards; :func:`attributed_kind` groups the time
 into :data:`KINDS` (work inside a gemm, attention or norm op counts as that op's). On CUDA the kinds are device kernel
 time and ``gaps_ms`` = wall - kernel time (launch gaps, host overhead); on a CPU they are each op's self time and
 ``gaps_ms`` the time outside ops (the profiler's cost can make it negative; ``profiled_gaps_ms`` uses the profiled
@@ -31,8 +31,8 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 import hf_snapvit  # noqa: E402
 from _harness import (  # noqa: E402
     DTYPES, build, device_report, latency_arguments, parse_latency_arguments, write_json)
-from hf_snapvit.benchmark import dummy_inputs, measure_latency, sliced_copy  # noqa: E402
-from hf_snapvit.loading.latency_table import synchronize  # noqa: E402
+from hf_snapvit.benchmark import compare_latency, dummy_inputs, sliced_copy  # noqa: E402
+from hf_snapvit.loading.timing import synchronize  # noqa: E402
 
 KINDS = ("gemm", "attention", "norm", "elementwise", "copies", "other")
 # First match wins, so the order matters: fused attention kernels carry "cutlass" or "gemm" in their names, layer
@@ -91,7 +91,7 @@ def profile_forwards(model: torch.nn.Module, inputs: dict[str, torch.Tensor], st
     """Per-forward profiled time of ``steps`` forwards, grouped by kind, with the top names of each kind."""
     on_gpu = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    # inference_mode as in measure_latency, so the profiled ops are the ones whose wall time was measured.
+    # inference_mode as in compare_latency, so the profiled ops are the ones whose wall time was measured.
     with torch.inference_mode():
         for _ in range(warmup):
             model(**inputs)
@@ -161,7 +161,7 @@ def profile_shape(shape: str, args: argparse.Namespace) -> tuple[list[dict[str, 
         sliced = model if sparsity == 0 else sliced_copy(model, ranking, sparsity, width_multiple=args.width_multiple)
         models[f"{sparsity:g}"] = sliced.to(device=device, dtype=DTYPES[args.precision]).eval()
         counts[f"{sparsity:g}"] = ranking.keep_counts(sparsity, width_multiple=args.width_multiple)
-    wall = measure_latency(models, args.batch_sizes, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+    wall = compare_latency(models, args.batch_sizes, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
     rows = _profile_rows(shape, models, counts, dense_counts, wall, args)
     del models
     if device.type == "cuda":

@@ -38,7 +38,7 @@ import profile_latency  # noqa: E402
 import hf_snapvit  # noqa: E402
 from _harness import (  # noqa: E402
     DTYPES, build, device_report, latency_arguments, parse_latency_arguments, write_json)
-from hf_snapvit.benchmark import dummy_inputs, measure_latency, sliced_copy  # noqa: E402
+from hf_snapvit.benchmark import compare_latency, dummy_inputs, sliced_copy  # noqa: E402
 from hf_snapvit.architectures.attention import UNPADDED_SDPA  # noqa: E402
 from hf_snapvit.benchmark.latency import compiled_graph_room  # noqa: E402
 
@@ -139,7 +139,7 @@ def measure_path(name: str, shape: str, dense: nn.Module, ranking: hf_snapvit.El
     try:
         # An empty patch changes nothing: eager and most compiled paths keep inductor's settings.
         with compiled_graph_room(len(timed) * len(run["batch_sizes"])), inductor_config.patch(**path.inductor):
-            latency = measure_latency(timed, run["batch_sizes"], repeats=args.repeats, warmup=warmup, inputs=inputs,
+            latency = compare_latency(timed, run["batch_sizes"], repeats=args.repeats, warmup=warmup, inputs=inputs,
                                       seed=args.seed)
             profile = path_profile(timed["0"], dense, max(run["batch_sizes"]), warmup, args) if args.profile else None
     except Exception as error:  # noqa: BLE001 - a compiler failure is a result of the path; eager ones are bugs
@@ -191,7 +191,7 @@ def switchable_rows(dense: nn.Module, ranking: hf_snapvit.ElasticRanking, shape:
         switchable = load_switchable(folder, next(dense.parameters()).dtype, args.device)
         for requested in args.sparsities:
             budget = switchable.set_budget(sparsity=requested, width_multiple=args.width_multiple)
-            timings = measure_latency({"dense": dense, "switchable": switchable}, args.batch_sizes,
+            timings = compare_latency({"dense": dense, "switchable": switchable}, args.batch_sizes,
                                       repeats=args.repeats, warmup=args.warmup, seed=args.seed)
             theoretical = dense_gflops / budget.gflops
             speedup = {batch: timings["dense"][batch]["median_ms"] / entry["median_ms"]

@@ -11,6 +11,7 @@ import hf_snapvit as hs
 from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.benchmark import (
     add_load_ratios,
+    compare_latency,
     device_slug,
     format_latency_table,
     hardware_info,
@@ -32,12 +33,12 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_measure_latency_interleaves_every_model():
+def test_compare_latency_interleaves_every_model():
     models = {"a": CASE["vit"].build(), "b": CASE["vit-cls"].build()}
     calls = []
     for name, model in models.items():
         model.register_forward_hook(lambda module, args, output, name=name: calls.append(name))
-    result = measure_latency(models, [1, 3], repeats=3, warmup=1)
+    result = compare_latency(models, [1, 3], repeats=3, warmup=1)
     assert set(result) == {"a", "b"}
     for name in models:
         for batch in (1, 3):
@@ -47,7 +48,12 @@ def test_measure_latency_interleaves_every_model():
     # Per batch size: one warm-up each, then rounds in rotating order a b, b a, a b.
     assert calls[:8] == ["a", "b", "a", "b", "b", "a", "a", "b"]
     with pytest.raises(BenchmarkError, match="repeats >= 1"):
-        measure_latency(models, [1], repeats=0)
+        compare_latency(models, [1], repeats=0)
+    # The old name still works for one release, saying the new one.
+    calls.clear()
+    with pytest.warns(FutureWarning, match="compare_latency"):
+        old = measure_latency(models, [2], repeats=2, warmup=0)
+    assert calls == ["a", "b", "b", "a"] and len(old["b"]["2"]["runs_ms"]) == 2
 
 
 def test_latency_vs_sparsity_reports_realised_and_theoretical_speedups():

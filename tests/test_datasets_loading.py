@@ -15,6 +15,7 @@ from hf_snapvit.data.sampling import key_order
 from hf_snapvit.data.calibration import sample_images, split_calibration
 from hf_snapvit.data.images import load_image_dataset
 from hf_snapvit.errors import SnapViTError
+from hf_snapvit.evaluation import load_split
 
 
 def _image(i: int, size: int = 12) -> Image.Image:
@@ -98,6 +99,15 @@ def test_split_files_in_a_folder_are_selected_by_split(tmp_path):
     assert sorted(_ids(load_image_dataset(tmp_path, split="validation", label_column="id"))) == [100, 101, 102, 103]
     with pytest.raises(SnapViTError, match="test"):
         load_image_dataset(tmp_path, split="test")
+    # Evaluation splits open the same way (data.splits.open_split): the same rows, every column, images decoded.
+    evaluated = load_split(tmp_path, "validation")
+    assert sorted(evaluated["id"]) == [100, 101, 102, 103] and isinstance(evaluated[0]["image"], Image.Image)
+    with pytest.raises(SnapViTError, match="test"):
+        load_split(tmp_path, "test")
+    # A split file is found by its name even where datasets would not infer a split from it.
+    _write_parquet(tmp_path / "holdout.parquet", [7, 8])
+    assert sorted(_ids(load_image_dataset(tmp_path, split="holdout", label_column="id"))) == [7, 8]
+    assert sorted(load_split(tmp_path, "holdout")["id"]) == [7, 8]
 
 
 def test_imagefolder_with_class_folders_gives_labels_and_the_right_pixels(tmp_path):

@@ -100,8 +100,13 @@ def switchable_folder(tmp_path_factory):
 def test_measuring_keeps_the_model_as_it_was_and_refuses_another_device_or_dtype(switchable_folder):
     model = ElasticViTModel.from_pretrained(switchable_folder, switchable=True, sparsity=0.2)
     before = model.elastic_budget
+    seen = []
+    hook = model.register_forward_hook(lambda module, args, output: seen.append(module.elastic_budget.sparsity))
     measured = hs.measure_latency(model, batch_size=2, sparsities=[0.0, 0.3, 0.5], repeats=2, warmup=0,
                                   show_progress=False)
+    hook.remove()
+    # One pass at each size per round, the order rotated by one size per round: 0 1 2, then 1 2 0.
+    assert [sorted(set(seen)).index(s) for s in seen] == [0, 1, 2, 1, 2, 0]
     assert model.elastic_budget == before
     assert model.elastic_latency_tables == [measured]
     assert measured.batch_size == 2 and measured.dtype == "float32" and measured.device == device_name("cpu")

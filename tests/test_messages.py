@@ -14,6 +14,7 @@ from hf_snapvit.cli import COMMANDS, build_parser, main
 from hf_snapvit.cli import bench as bench_command
 from hf_snapvit.cli.models import resolve_model
 from hf_snapvit.data.images import load_image_dataset
+from hf_snapvit.evaluation import load_split
 from hf_snapvit.errors import DataError
 
 
@@ -82,11 +83,14 @@ def test_a_folder_without_images_says_so_with_the_flag(argv, source, found, fold
 
 def test_the_library_says_the_same_without_the_flag(folders):
     for source, found in (("empty", "it is empty"), ("notes", "it holds notes.txt")):
-        with pytest.raises(DataError, match=rf"holds no images \({found}\)") as error:
-            load_image_dataset(folders / source, num_samples=4)
-        assert "--data" not in str(error.value) and "looked up" not in str(error.value)
+        for load in (lambda path: load_image_dataset(path, num_samples=4), lambda path: load_split(path, "train")):
+            with pytest.raises(DataError, match=rf"holds no images \({found}\)") as error:
+                load(folders / source)
+            assert "--data" not in str(error.value) and "looked up" not in str(error.value)
     with pytest.raises(DataError, match="No such file or folder: './nope'"):
         load_image_dataset("./nope", num_samples=4)
+    with pytest.raises(DataError, match="No such file or folder: './nope.parquet'"):  # evaluation opens the same way
+        load_split("./nope.parquet", "validation")
 
 
 def test_a_non_vit_model_is_refused_by_discovery_in_one_line(tmp_path, capsys):

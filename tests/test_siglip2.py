@@ -9,8 +9,8 @@ import transformers as T
 
 import hf_snapvit as hs
 from hf_snapvit.architectures.embedding import image_embedding, input_size, patchify, unpatchify
-from hf_snapvit.data.views import MultiCropConfig, processor_inputs
-from hf_snapvit.errors import SnapViTError
+from hf_snapvit.data.views import MultiCropConfig, model_inputs, processor_inputs
+from hf_snapvit.errors import DataError, SnapViTError
 from hf_snapvit.pruning.scoring import ScoreConfig, gradient_scores
 from helpers import CASES, images
 
@@ -34,6 +34,13 @@ def test_patchify_matches_the_processor_and_unpatchify_inverts_it():
     assert torch.equal(patched["spatial_shapes"], expected["spatial_shapes"])
     assert torch.equal(patched["pixel_attention_mask"].bool(), expected["pixel_attention_mask"].bool())
     assert torch.equal(unpatchify(patched["pixel_values"], 8), pixels)
+    # model_inputs passes the processor's outputs on; as_pixels gives the rankers' [B, C, H, W] view (the correction's)
+    assert set(model_inputs(pictures, proc, "cpu", torch.float32)) == set(expected)
+    assert torch.equal(model_inputs(pictures, proc, "cpu", torch.float32, as_pixels=True)["pixel_values"], pixels)
+    as_float = model_inputs(torch.zeros(1, 3, 32, 32, dtype=torch.uint8), None, "cpu", torch.float32, as_pixels=True)
+    assert as_float["pixel_values"].dtype == torch.float32
+    with pytest.raises(DataError, match="processor"):
+        model_inputs(pictures, None, "cpu", torch.float32, as_pixels=True)
 
 
 def test_images_and_patch_sequences_give_the_same_embedding():

@@ -1,7 +1,7 @@
 """Forward latency and throughput of sliced models against the dense one, measured interleaved.
 
 Every speed number is meant to be read as a ratio to the dense model measured in the same run, because absolute
-timings on shared machines drift. :func:`measure_latency` therefore runs the models it compares round-robin (one
+timings on shared machines drift. :func:`compare_latency` therefore runs the models it compares round-robin (one
 timed forward of each per repeat, in a rotating order), and :func:`latency_vs_sparsity` puts the dense model and every
 sliced one into that same rotation, next to the theoretical GFLOP ratio.
 """
@@ -12,6 +12,7 @@ import contextlib
 import copy
 import gc
 import statistics
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,15 +23,11 @@ from transformers import PreTrainedModel
 
 from ..architectures.embedding import dummy_inputs
 from ..errors import BenchmarkError
-from ..loading.latency_table import synchronize, timed_forward_ms
+from ..loading.timing import interleaved_ms
 from ..elastic.ranking import ElasticRanking
 
 
-def _device_of(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def measure_latency(
+def compare_latency(
     models: Mapping[str, nn.Module],
     batch_sizes: Sequence[int] = (1, 8),
     *,
@@ -40,11 +37,13 @@ def measure_latency(
     seed: int = 0,
     show_progress: bool = False,
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Forward latency and throughput of several models, measured interleaved.
+    """Forward latency and throughput of several models against each other, measured interleaved.
 
     For each batch size every model gets ``warmup`` untimed forward passes; then each of ``repeats`` rounds times one
     forward pass of every model, in an order rotated by one model per round, so slow phases of a shared machine hit
-    all models alike. Runs under ``torch.inference_mode()``; CUDA work is synchronised around every timed pass.
+    all models alike (:func:`~hf_snapvit.loading.timing.interleaved_ms`, the timer of
+    :func:`hf_snapvit.measure_latency` too). Runs under ``torch.inference_mode()``; CUDA work is synchronised around
+    every timed pass.
 
     Args:
         models: Name → model (in eval mode; each on its own device).
@@ -62,7 +61,7 @@ def measure_latency(
     if repeats < 1 or warmup < 0:
         raise BenchmarkError(f"Need repeats >= 1 and warmup >= 0; got repeats={repeats}, warmup={warmup}.")
     if not models:
-        raise BenchmarkError("measure_latency needs at least one model.")
+        raise BenchmarkError("compare_latency needs at least one model.")
     if any(int(b) < 1 for b in batch_sizes) or not batch_sizes:
         raise BenchmarkError(f"batch_sizes={list(batch_sizes)} must be positive integers.")
     make = inputs or (lambda model, batch: dummy_inputs(model, batch, seed=seed))
@@ -71,31 +70,29 @@ def measure_latency(
     with torch.inference_mode(), tqdm(total=len(batch_sizes) * repeats, desc="latency", unit="round",
                                       disable=not show_progress) as bar:
         for batch in batch_sizes:
-            prepared = {}
+            passes = []
             for name in names:
                 parameter = next(models[name].parameters())
-                device = parameter.device
-                prepared[name] = {k: v.to(device, dtype=parameter.dtype if v.is_floating_point() else v.dtype)
-                                  for k, v in make(models[name], int(batch)).items()}
-                for _ in range(warmup):
-                    models[name](**prepared[name])
-                synchronize(device)
-            runs: dict[str, list[float]] = {name: [] for name in names}
-            for round_index in range(repeats):
-                shift = round_index % len(names)
-                for name in names[shift:] + names[:shift]:  # one pass each (see timed_forward_ms)
-                    seconds = timed_forward_ms(models[name], prepared[name], _device_of(models[name])) / 1e3
-                    runs[name].append(seconds)
-                bar.update(1)
-            for name in names:
-                median = statistics.median(runs[name])
-                results[name][str(batch)] = {
-                    "median_ms": median * 1e3,
-                    "min_ms": min(runs[name]) * 1e3,
-                    "runs_ms": [r * 1e3 for r in runs[name]],
-                    "throughput": int(batch) / median,
-                }
+                prepared = {k: v.to(parameter.device, dtype=parameter.dtype if v.is_floating_point() else v.dtype)
+                            for k, v in make(models[name], int(batch)).items()}
+                passes.append((models[name], prepared, parameter.device))
+            runs = interleaved_ms(passes, repeats=repeats, warmup=warmup, on_round=lambda: bar.update(1))
+            for name, times in zip(names, runs):
+                median = statistics.median(times)
+                results[name][str(batch)] = {"median_ms": median, "min_ms": min(times), "runs_ms": times,
+                                             "throughput": int(batch) * 1e3 / median}
     return results
+
+
+def measure_latency(models: Mapping[str, nn.Module], batch_sizes: Sequence[int] = (1, 8), **kwargs: Any
+                    ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Deprecated name of :func:`compare_latency` (``hf_snapvit.measure_latency`` is the latency table of one
+    switchable model); warns with a ``FutureWarning``."""
+    warnings.warn("hf_snapvit.benchmark.measure_latency is renamed compare_latency and will be removed in a later "
+                  "release; call hf_snapvit.benchmark.compare_latency(models, batch_sizes, ...) (the same arguments). "
+                  "hf_snapvit.measure_latency is another function: the latency table of one switchable model.",
+                  FutureWarning, stacklevel=2)
+    return compare_latency(models, batch_sizes, **kwargs)
 
 
 def sliced_copy(model: PreTrainedModel, ranking: ElasticRanking, sparsity: float,
@@ -188,7 +185,7 @@ def latency_vs_sparsity(
         timed = {name: torch.compile(m, **options) for name, m in models.items()}
         room = compiled_graph_room(len(models) * len(batch_sizes))
     with room:
-        timings = measure_latency(timed, batch_sizes, repeats=repeats, warmup=warmup, seed=seed,
+        timings = compare_latency(timed, batch_sizes, repeats=repeats, warmup=warmup, seed=seed,
                                   show_progress=show_progress)
     dense_gflops = estimate_gflops(model)
 

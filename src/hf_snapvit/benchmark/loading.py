@@ -24,7 +24,7 @@ from huggingface_hub.utils import tqdm
 
 from ..errors import BenchmarkError
 from .environment import MemoryPoller, count_mmapped_parameters, read_status, reset_peak_rss
-from .latency import dummy_inputs, measure_latency
+from .latency import compare_latency, dummy_inputs
 
 
 def _loader(spec: dict[str, Any]) -> Callable[[], nn.Module]:
@@ -167,7 +167,7 @@ def load_child_main(spec_path: str) -> int:
     latency: dict[str, Any] = {}
     if spec["forward"]:
         model.eval()
-        timed = measure_latency({"model": model}, [int(b) for b in spec["batch_sizes"]], repeats=int(spec["repeats"]),
+        timed = compare_latency({"model": model}, [int(b) for b in spec["batch_sizes"]], repeats=int(spec["repeats"]),
                                 warmup=int(spec["warmup"]), seed=int(spec["seed"]))["model"]
         latency = {b: {**entry, "warmup": int(spec["warmup"])} for b, entry in timed.items()}
     result["latency"] = latency

@@ -42,20 +42,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate ``--model`` on ``--data`` (and the ``--bank-data`` bank) with :func:`hf_snapvit.evaluate`."""
-    from ..data.folders import check_image_source
     from ..evaluation import evaluate, load_split
 
     model_config(args.model, "CHECKPOINT", elastic=bool(args.sparsity))
     if args.dense_model is not None:
         model_config(args.dense_model, "--dense-model", elastic=False)
     _check_metric_inputs(args)
-    with data_option("--data"):
-        check_image_source(args.data)
+    with data_option("--data"):  # load_split checks the source first (data.folders.check_image_source)
         eval_data = load_split(args.data, args.split, num_samples=args.num_samples, seed=args.seed)
     bank = None
     if args.bank_data is not None:
         with data_option("--bank-data"):
-            check_image_source(args.bank_data)
             bank = load_split(args.bank_data, args.bank_split, num_samples=args.num_bank, seed=args.seed)
     result = evaluate(args.model, eval_data, sparsity=args.sparsity, bank_data=bank, dense_model=args.dense_model,
                       metrics=args.metrics, k=args.k, batch_size=args.batch_size, show_progress=not args.quiet,

@@ -49,13 +49,13 @@ from transformers import PreTrainedModel
 
 from ..architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, num_heads
 from ..data.calibration import calibration_batches
+from ..data.views import model_inputs
 from ..errors import CorrectionError
 from ..surgery.slicing import OUTPUT_KINDS, slice_model_
 
 from .config import CorrectionConfig, CorrectionSummary, LayerCorrection
 from .guard import final_outputs, guard_block, guard_model, split_held_out
-from .inputs import (BlockInputs, HessianHook, capture_first_block_inputs, halve, model_inputs_of, output_columns,
-                     output_projections)
+from .inputs import BlockInputs, HessianHook, capture_first_block_inputs, halve, output_columns, output_projections
 from .solve import compensate_removed_columns, damping_value, reconstruction_error, reconstruction_errors
 
 
@@ -104,7 +104,7 @@ def _calibration_inputs(model: nn.Module, spec, images_or_pixels: Any, processor
     fit, held_dense, held_pruned = split_held_out(inputs, config, num_images)
     # The held-out images are run through the whole model three times (dense, corrected, plain): preprocess them once.
     parameter = next(model.parameters())
-    held_batches = [model_inputs_of(batch, processor, parameter.device, parameter.dtype)
+    held_batches = [model_inputs(batch, processor, parameter.device, parameter.dtype, as_pixels=True)
                     for batch in batches[len(batches) - len(held_dense):]] if held_dense else []
     return num_images, fit, held_dense, held_pruned, held_batches
 

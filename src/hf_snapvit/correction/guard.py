@@ -13,9 +13,10 @@ import torch
 import torch.nn as nn
 
 from ..architectures.embedding import forward_inputs, image_embedding, inference_settings, pooled_embedding
+from ..data.views import model_inputs
 from ..errors import CorrectionError
 from .config import CorrectionConfig, LayerCorrection
-from .inputs import BlockInputs, model_inputs_of
+from .inputs import BlockInputs
 
 
 def block_error(outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
@@ -55,7 +56,7 @@ def final_outputs(model: nn.Module, spec, batches: Sequence[Any], processor: Any
     parameter = next(model.parameters())
     outputs, measure = [], "embedding_mse"
     for batch in batches:
-        inputs = model_inputs_of(batch, processor, parameter.device, parameter.dtype)
+        inputs = model_inputs(batch, processor, parameter.device, parameter.dtype, as_pixels=True)
         if spec.task is not None:  # a task model: its head or language model reads the encoder's features
             outputs.append(image_embedding(model, inputs, spec))
             continue

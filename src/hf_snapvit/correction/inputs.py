@@ -17,14 +17,7 @@ from ..architectures.embedding import image_embedding
 from ..errors import CorrectionError
 from ..surgery.slicing import output_projections
 from ..architectures.placement import execution_device
-from ..data.views import model_inputs, processor_inputs
-
-
-def model_inputs_of(batch: Any, processor: Any, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    # Images become [B, C, H, W] pixels as the scorer sees them (SigLIP2 grids made square), not the processor's dict.
-    if not isinstance(batch, dict):
-        batch = processor_inputs(batch, processor, batch_size=len(batch))
-    return model_inputs(batch, None, device, dtype)
+from ..data.views import model_inputs
 
 
 class _StopForward(Exception):
@@ -102,7 +95,7 @@ def capture_first_block_inputs(model: nn.Module, spec, batches: Sequence[Any], p
         for batch in tqdm(batches, desc="correction: embed calibration images", disable=not show_progress):
             try:
                 # The backbone's own embedding path (patchifying, position-embedding interpolation) up to block 0.
-                image_embedding(model, model_inputs_of(batch, processor, device, dtype), spec)
+                image_embedding(model, model_inputs(batch, processor, device, dtype, as_pixels=True), spec)
             except _StopForward:
                 pass
     finally:

@@ -28,12 +28,13 @@ from transformers import PreTrainedModel
 
 from ..architectures import get_attention, get_layers, get_spec, head_dim
 from ..data.calibration import calibration_batches
+from ..data.views import model_inputs
 from ..errors import CorrectionError
 from ..elastic.prefix_file import KINDS, applies_at, correct_widths_, first_band
 from .config import CorrectionConfig
 from .guard import held_out_count
-from .inputs import (HessianHook, capture_first_block_inputs, dense_block_hessians, halve, model_inputs_of,
-                     output_columns, output_projections)
+from .inputs import (HessianHook, capture_first_block_inputs, dense_block_hessians, halve, output_columns,
+                     output_projections)
 from .solve import damped_cholesky
 
 #: The fewest calibration images the size check can work with: one to fit on, one held out to check.
@@ -129,7 +130,7 @@ class PrefixCorrection:
                 batches = halve(batches[0])  # the check still needs images the factors were not fitted on
             num_held = held_out_count(config, len(batches))
             parameter = next(model.parameters())
-            held_out = [model_inputs_of(batch, processor, parameter.device, parameter.dtype)
+            held_out = [model_inputs(batch, processor, parameter.device, parameter.dtype, as_pixels=True)
                         for batch in batches[len(batches) - num_held:]] if num_held else []
             inputs = capture_first_block_inputs(model, spec, batches[:len(batches) - num_held], processor,
                                                 show_progress)

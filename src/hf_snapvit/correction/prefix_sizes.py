@@ -27,8 +27,8 @@ from ..architectures import get_backbone, get_spec
 from ..errors import CorrectionError
 from ..surgery.slicing import prefixes, slice_model_
 from ..architectures.embedding import image_embedding, pooled_embedding, returns_embedding
+from ..data.views import model_inputs
 from .guard import EVIDENCE, distances, final_outputs
-from .inputs import model_inputs_of
 from .prefix import MIN_CHECKED_IMAGES, PrefixCorrection, first_band
 
 #: Sparsities checked by default: every 5 % up to the ranking's maximum.
@@ -61,8 +61,8 @@ def outputs_of(model: PreTrainedModel, spec: Any, batches: Sequence[dict]) -> di
         return {measure: outputs}
     if len(captured) != len(batches):  # a backbone called more or less than once per batch: embed separately
         parameter = next(model.parameters())
-        captured = [image_embedding(model, model_inputs_of(b, None, parameter.device, parameter.dtype), spec)
-                    for b in batches]
+        captured = [image_embedding(model, model_inputs(b, None, parameter.device, parameter.dtype, as_pixels=True),
+                                    spec) for b in batches]
     return {measure: outputs, "embedding_mse": captured}
 
 

@@ -2,6 +2,8 @@
 
 * :mod:`.images`: from whatever the user has (folders, lists, tensors, Hub datasets) to ``datasets`` images
   (:func:`~hf_snapvit.data.images.load_image_dataset`);
+* :mod:`.splits`: the one way a split of a file, folder or Hub dataset is opened, for calibration and evaluation
+  alike (:func:`~hf_snapvit.data.splits.open_split`);
 * :mod:`.streams`: reading sources that can fail part-way, never shortening a draw silently;
 * :mod:`.sampling`: seeded draws that cover their source (shuffled streams, stratified map-style draws);
 * :mod:`.coverage`: whether a draw represents its source, recorded and warned about;

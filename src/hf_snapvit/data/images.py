@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -15,7 +14,7 @@ from PIL import Image
 
 from ..errors import DataError
 from ..files import public_name
-from .folders import check_image_source
+from .splits import open_split
 from .sampling import DEFAULT_STREAM_PREFIX
 from .streams import MAX_CORRUPT_FRACTION
 from ..logs import get_logger
@@ -92,8 +91,6 @@ def array_to_image(array: np.ndarray) -> Image.Image:
 #: Default shuffle buffer of :func:`load_image_dataset`'s lazy stream, in examples of encoded image bytes (about 20 MB
 #: for 64-px JPEGs, about 1 GB for ImageNet-size ones). Draws never use it (see :mod:`hf_snapvit.data.sampling`).
 DEFAULT_SHUFFLE_BUFFER = 10_000
-
-_FILE_BUILDERS = {".parquet": "parquet", ".arrow": "arrow"}
 
 
 class _ValidImages:
@@ -180,41 +177,6 @@ def read_valid_rows(dataset: Any, order: Sequence[int], column: str, count: int)
     return images, rows
 
 
-def _load_raw(source: str | os.PathLike, split: str, streaming: bool, revision: str | None,
-              token: str | bool | None) -> Any:
-    import datasets
-
-    check_image_source(source)
-    path = Path(source).expanduser()
-    kwargs: dict[str, Any] = {"split": split, "streaming": streaming}
-    if path.is_file():
-        builder = _FILE_BUILDERS.get(path.suffix.lower())
-        if builder is None:
-            raise DataError(
-                f"Cannot read {str(source)!r} as a dataset: a single file must be .parquet or .arrow. For images, "
-                "give the folder that holds them (one sub-folder per class is read as labels), or a Hub dataset id."
-            )
-        args: tuple[str, ...] = (builder,)
-        kwargs["data_files"] = {split: str(path)}
-    elif path.is_dir():
-        args = (str(path),)  # datasets infers parquet / arrow / imagefolder and the splits from the file names
-    else:
-        args = (str(source),)
-        kwargs.update(revision=revision, token=token)
-    try:
-        return datasets.load_dataset(*args, **kwargs)
-    except (ConnectionError, FileNotFoundError) as error:  # also datasets' DatasetNotFoundError
-        if path.exists():
-            raise DataError(f"datasets cannot read the local {'folder' if path.is_dir() else 'file'} "
-                            f"{str(source)!r}: {error}") from error
-        raise DataError(
-            f"Cannot load the dataset {str(source)!r}: {error}. It is not a local file or folder, so it was looked up "
-            "on the Hub; check the id, the network, the token for gated datasets, and that HF_HUB_OFFLINE is unset."
-        ) from error
-    except ValueError as error:  # e.g. 'Unknown split "test". Should be one of [...]', or no data files
-        raise DataError(f"Cannot load split {split!r} of {str(source)!r}: {error}") from error
-
-
 def _check_image_feature(column: str, feature: Any, columns: list[str]) -> None:
     import datasets
 
@@ -245,9 +207,9 @@ def load_image_dataset(
 ) -> Any:
     """Open calibration images from a Hub dataset, a parquet file or folder, or an image folder, drawn with a seed.
 
-    The source is read with ``datasets.load_dataset(..., streaming=True)``: a ``.parquet`` (or ``.arrow``) file
-    through the ``parquet`` (``arrow``) builder, a folder through the builder datasets infers from its files
-    (``parquet``, or ``imagefolder`` for images, with sub-folder names as labels), anything else as a Hub dataset id.
+    The source is opened as evaluation splits are (:func:`~hf_snapvit.data.splits.open_split`): a
+    ``.parquet`` (``.arrow``) file, a folder's ``{split}.parquet``, a folder datasets infers a builder for
+    (``parquet``, or ``imagefolder`` with sub-folder names as labels), else a Hub dataset id.
     Only the image column, ``label_column`` and a ``ClassLabel`` column (to measure coverage) are kept.
 
     ``num_samples`` images are drawn as every hf_snapvit draw is (:mod:`hf_snapvit.data.sampling`; exact from a prepared
@@ -295,7 +257,7 @@ def load_image_dataset(
     if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 1:
         raise DataError(f"shuffle_buffer={shuffle_buffer!r} must be a positive integer.")
     name = public_name(source)  # a published config.json must not carry the user's directory layout
-    raw = _load_raw(source, split, streaming, revision, token)
+    raw = open_split(source, split, streaming=streaming, revision=revision, token=token)
     if raw.features is None:
         raise DataError(
             f"datasets cannot tell the columns of {str(source)!r} without reading it (not parquet, arrow or images); "

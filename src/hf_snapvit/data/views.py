@@ -288,21 +288,26 @@ def load_processor(source: Any, *, purpose: str = "preprocess the images", **hub
                         f"({' '.join(str(error).split())}). {fix}") from error
 
 
-def model_inputs(batch: Any, processor: Any, device: torch.device | str, dtype: torch.dtype) -> dict[str, Any]:
+def model_inputs(batch: Any, processor: Any, device: torch.device | str, dtype: torch.dtype, *,
+                 as_pixels: bool = False) -> dict[str, Any]:
     """Keyword arguments of ``model.forward`` for one batch, on ``device``, floating tensors in ``dtype``.
 
     ``batch`` is a dict of tensors (e.g. a processor's output), a ``[B, C, H, W]`` tensor of pixel values, or a list
     of PIL images, which ``processor`` preprocesses (all of its outputs are passed on, e.g. SigLIP2's patch mask).
+    With ``as_pixels``, images (and pixel tensors) become float ``[B, C, H, W]`` pixel values as
+    :func:`processor_inputs` makes them, the view the rankers score (patch-sequence processors' images made square):
+    a correction then sees what the ranking saw.
     """
     if isinstance(batch, Mapping):
         inputs = dict(batch)
-    elif isinstance(batch, torch.Tensor):
+    elif isinstance(batch, torch.Tensor) and not as_pixels:
         inputs = {"pixel_values": batch}
     else:
-        if processor is None:
+        if processor is None and not isinstance(batch, torch.Tensor):
             raise DataError("PIL images need the model's image processor: pass processor=... "
                             "(AutoImageProcessor.from_pretrained(<model>)), or give preprocessed pixel values.")
-        inputs = dict(processor(images=batch, return_tensors="pt"))
+        inputs = ({"pixel_values": processor_inputs(batch, processor, batch_size=len(batch))} if as_pixels
+                  else dict(processor(images=batch, return_tensors="pt")))
     return {k: (v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
                 if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
 

@@ -1,5 +1,6 @@
 """Images to evaluate on: :class:`ImageSet` (PIL images, a ``datasets`` split, pixel tensors or model inputs, with
-optional labels) and :func:`load_split` (a split from parquet files or a dataset name)."""
+optional labels) and :func:`load_split` (a split from parquet files or a dataset name, opened as calibration images
+are)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 
 from ..data.images import find_image_column, to_rgb
+from ..data.splits import open_split
 from ..errors import EvaluationError
 from ..data.sampling import key_order
 
@@ -153,9 +155,12 @@ def load_split(
 ) -> Any:
     """A ``datasets.Dataset`` split: a parquet file, a folder of ``{split}.parquet`` files, or a dataset name.
 
+    Opened as calibration images are (:func:`~hf_snapvit.data.splits.open_split`, prepared rather than streamed),
+    with every column, images decoded.
+
     Args:
-        path_or_name: ``data/validation.parquet``, a folder holding ``{split}.parquet``, or anything
-            ``datasets.load_dataset`` accepts (a Hub id or a local dataset folder).
+        path_or_name: ``data/validation.parquet``, a folder holding ``{split}.parquet``, or a Hub dataset id or a
+            local folder ``datasets.load_dataset`` reads (parquet shards or images, splits named by the file names).
         split: The split to read (``"train"``, ``"validation"``, ...). A single file is read as this split; one
             whose name says it holds training images while a held-out split is asked for (or the reverse) fails.
         num_samples: Keep a seeded random subset of this size (default: all).
@@ -167,23 +172,17 @@ def load_split(
     Raises:
         EvaluationError: A single file named for training (``train``, ``training``) when a held-out split is asked
             for, or named for a held-out split (``validation``, ``val``, ``dev``, ``test``, ...) when ``train`` is.
+        DataError: The source cannot be opened (see :func:`~hf_snapvit.data.splits.open_split`).
     """
-    import datasets
-
-    path = Path(path_or_name)
-    if path.is_file() or path.suffix == ".parquet":
+    if num_samples is not None and num_samples < 1:
+        raise EvaluationError(f"num_samples={num_samples} must be at least 1 (or None for the whole split).")
+    path = Path(path_or_name).expanduser()
+    if path.is_file():
         _check_file_split(path, split)
-        dataset = datasets.load_dataset("parquet", data_files={split: str(path)}, split=split)
-    elif (path / f"{split}.parquet").is_file():
-        dataset = datasets.load_dataset("parquet", data_files={split: str(path / f"{split}.parquet")}, split=split)
-    else:
-        dataset = datasets.load_dataset(str(path_or_name), split=split)
+    dataset = open_split(path_or_name, split, streaming=False)
     if num_samples is not None:
-        if num_samples < 1:
-            raise EvaluationError(f"num_samples={num_samples} must be at least 1 (or None for the whole split).")
         dataset = dataset.select(key_order(len(dataset), seed)[:num_samples])  # the draw every sample uses
     return dataset
-
 
 
 #: Words in a file name that say which split it holds (those ``datasets`` infers splits from).

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from ..benchmark import hardware_info, measure_latency, sliced_copy
+from ..benchmark import compare_latency, hardware_info, sliced_copy
 from ..architectures.budget import model_shape
 from ..errors import SnapViTError, SweepError
 from ..extras import require_extra
@@ -97,7 +97,7 @@ class _LatencyPairs:
                 "input": "seeded random pixels", "interleaved_with_dense": True, "threads": torch.get_num_threads()}
 
     def time(self, sliced: PreTrainedModel) -> dict[str, Any]:
-        timed = measure_latency({"dense": self.dense_model, "sliced": sliced}, [self.batch_size],
+        timed = compare_latency({"dense": self.dense_model, "sliced": sliced}, [self.batch_size],
                                 repeats=self.repeats, warmup=self.warmup)
         key = str(self.batch_size)
         dense_ms, sliced_ms = timed["dense"][key]["median_ms"], timed["sliced"][key]["median_ms"]

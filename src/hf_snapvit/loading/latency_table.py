@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import platform
 import statistics
-import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -24,6 +23,7 @@ from ..errors import BudgetError
 from ..elastic.file_names import LATENCY_FILE
 from ..elastic.latency_file import (FORMAT_VERSION, LatencyTable, load_latency_tables, read_latency_file,
                                     write_latency_file)
+from .timing import interleaved_ms, synchronize, timed_forward_ms
 
 # The file's format is elastic.latency_file's; its names stay importable from here, where they were.
 __all__ = ["FORMAT_VERSION", "LATENCY_FILE", "LatencyTable", "choose_table", "device_name", "dtype_name",
@@ -92,7 +92,8 @@ def measure_latency(model: Any, batch_size: int = 1, *, dtype: torch.dtype | str
     """Time a switchable model at a grid of sizes where it runs now, and keep the table on it.
 
     Every round times one forward pass at each size, in an order rotated by one size per round, so a slow phase of a
-    shared machine hits all sizes alike (switching size between passes costs nothing). The model's budget is restored
+    shared machine hits all sizes alike (:func:`~hf_snapvit.loading.timing.interleaved_ms`; switching size between
+    passes costs nothing). The model's budget is restored
     afterwards, and the table is added to ``model.elastic_latency_tables`` (replacing one with the same key), where
     ``set_budget(latency_ms=...)`` finds it; ``model.save_pretrained(path, whole=True)`` saves it.
 
@@ -122,22 +123,17 @@ def measure_latency(model: Any, batch_size: int = 1, *, dtype: torch.dtype | str
     grid = sorted({0.0, *(sparsities if sparsities is not None else default)})
     inputs = {k: v.to(parameter.device, dtype=parameter.dtype if v.is_floating_point() else v.dtype)
               for k, v in dummy_inputs(model, batch_size).items()}
-    budgets = []
     # inference_settings: the model as it serves images (ViTMAE: every patch, not its pre-training mask). no_grad,
     # not inference_mode: transformers caches tensors across models (BEiT's relative position index), and one made
     # in inference mode breaks any later training in the process.
     with model.budget(sparsity=0.0, width_multiple=width_multiple), torch.no_grad(), \
-            inference_settings(model, get_spec(model)):
-        for s in grid:
-            budgets.append(model.set_budget(sparsity=s, width_multiple=width_multiple))
-            for _ in range(warmup):
-                model(**inputs)
-        runs = [[] for _ in budgets]
-        for r in tqdm(range(repeats), desc="latency", unit="round", disable=not show_progress):
-            order = list(range(len(budgets)))
-            for i in order[r % len(order):] + order[: r % len(order)]:
-                model.set_budget(sparsity=grid[i], width_multiple=width_multiple)
-                runs[i].append(timed_forward_ms(model, inputs, parameter.device))
+            inference_settings(model, get_spec(model)), \
+            tqdm(total=repeats, desc="latency", unit="round", disable=not show_progress) as bar:
+        budgets = [model.set_budget(sparsity=s, width_multiple=width_multiple) for s in grid]
+        # One model serves as every pass: select switches its size (untimed; switching costs nothing).
+        runs = interleaved_ms([(model, inputs, parameter.device)] * len(grid), repeats=repeats, warmup=warmup,
+                              select=lambda i: model.set_budget(sparsity=grid[i], width_multiple=width_multiple),
+                              on_round=lambda: bar.update(1))
     # Two grid points can resolve to the same size (one width group apart); keep the first of each.
     rows = {}
     for budget, times in zip(budgets, runs):
@@ -156,21 +152,3 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (CUDA runs asynchronously), so a wall-clock timing covers it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed_forward_ms(model: Any, inputs: dict[str, torch.Tensor], device: torch.device) -> float:
-    """Milliseconds of one forward pass of ``model`` on ``inputs``, ``device`` synchronised around it.
-
-    Timed by hand: the callers' rounds interleave sizes (or models) one pass each, so a slow phase of a shared
-    machine hits all of them alike, and ``torch.utils.benchmark.Timer`` does not time single passes (``timeit`` runs
-    two untimed ones before each timing, ``blocked_autorange`` a whole series of one statement).
-    """
-    synchronize(device)
-    start = time.perf_counter()
-    model(**inputs)
-    synchronize(device)
-    return (time.perf_counter() - start) * 1e3
