@@ -267,6 +267,23 @@ def test_write_model_card_writes_readme_and_heatmap(elastic, tmp_path):
     assert [p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")] == []
     card = write_model_card(folder, tmp_path / "plain", heatmap_path=None)
     assert not (tmp_path / "plain" / HEATMAP_FILENAME).exists() and "![" not in card.text
+    with pytest.raises(TypeError, match=r"write_model_card\(\) got unexpected keyword arguments \['sparsity'\]; "
+                                        r"the card's settings are base_model, evaluations, sparsities"):
+        write_model_card(folder, tmp_path / "typo", sparsity=0.3)
+    assert not (tmp_path / "typo").exists()
+
+
+def test_every_card_writer_takes_the_one_declared_list_of_card_settings():
+    """CardOptions is the one declaration: push_to_hub's card arguments are its names (less the two it sets itself:
+    its repository and the heatmap's file), and what save_and_push forwards to the saved card is the rest."""
+    import inspect
+
+    from hf_snapvit.cards.render import CARD_OPTION_NAMES
+    from hf_snapvit.publishing.hub import CARD_OPTIONS, push_to_hub
+
+    pushed = (set(inspect.signature(push_to_hub).parameters) & set(CARD_OPTION_NAMES)) - {"repo_id"}
+    assert pushed == set(CARD_OPTION_NAMES) - {"repo_id", "heatmap_path"}
+    assert set(CARD_OPTIONS) == pushed - {"base_model", "evaluations"}
 
 
 def test_not_elastic_and_bad_sparsities_raise(tmp_path, elastic):

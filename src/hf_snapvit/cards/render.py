@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from huggingface_hub import ModelCard, ModelCardData
 
@@ -61,6 +61,59 @@ CITATION = """@inproceedings{simoncini2025elastic,
   booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
   year      = {2025}
 }"""
+
+class CardOptions(TypedDict, total=False):
+    """The settings of a generated card, declared once for every function that renders, writes, saves or uploads one
+    (:func:`hf_snapvit.cards.elastic.make_model_card`, ``write_model_card``, :func:`render_card`; ``save_elastic``'s
+    ``card_options``; ``push_to_hub``'s card arguments).
+
+    Attributes:
+        base_model: Hub id of the model that was pruned; by default the ranking's recorded base model when that is
+            a Hub id (a local path is left out of the metadata).
+        evaluations: Measured metrics per sparsity (the forms accepted are listed in :mod:`hf_snapvit.cards.results`);
+            they fill the table's metric columns and the ``model-index``.
+        sparsities: Sparsities of the table and the heatmap, each in ``(0, ranking.max_sparsity]``; default: the
+            paper's grid 10 %, 20 %, ..., 60 %, up to ``max_sparsity``.
+        repo_id: The repository the card is for, used in the usage snippet; default: the checkpoint folder's name
+            (``<your-username>/<this-repo>`` for a card of a bare ranking).
+        model_name: Title of the card and ``model-index`` name; default: the repository's or folder's name, else
+            the model family's (``Elastic ViT``).
+        license: ``license`` metadata (e.g. the base model's, ``"apache-2.0"``).
+        datasets: ``datasets`` metadata (e.g. the calibration dataset's Hub id).
+        heatmap_path: Path of the heatmap image relative to the card (written by ``write_model_card``); ``None``
+            leaves the image out. Default: ``HEATMAP_FILENAME``.
+        eval_dataset: Dataset name for evaluation results that carry none (``hf_snapvit.evaluation`` results).
+        eval_split: Split name for those results, e.g. ``"validation"``.
+        base_model_description: How the card's text names the base model when its id alone would mislead (e.g.
+            "a ViT-Tiny fine-tuned on Tiny-ImageNet-200 from `WinKawaks/vit-tiny-patch16-224`"); default: the id.
+    """
+
+    base_model: str | None
+    evaluations: Any
+    sparsities: Sequence[float] | None
+    repo_id: str | None
+    model_name: str | None
+    license: str | None
+    datasets: str | list[str] | None
+    heatmap_path: str | None
+    eval_dataset: str | None
+    eval_split: str | None
+    base_model_description: str | None
+
+
+#: Every card setting by name, each defaulting to ``None`` except the heatmap's file.
+CARD_OPTION_NAMES = tuple(CardOptions.__annotations__)
+
+
+def card_options(caller: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with every card setting's default filled in; an unknown name is refused as Python refuses an
+    unexpected keyword argument, naming the known ones."""
+    unknown = sorted(set(options) - set(CARD_OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"{caller}() got unexpected keyword arguments {unknown}; the card's settings are "
+                        f"{', '.join(CARD_OPTION_NAMES)} (hf_snapvit.cards.render.CardOptions).")
+    return {**dict.fromkeys(CARD_OPTION_NAMES), "heatmap_path": HEATMAP_FILENAME, **options}
+
 
 # How the caller gives a card its base model, for the warning when none is known: the CLI sets its own flag.
 _BASE_MODEL_ADVICE = contextvars.ContextVar("base_model_advice", default="pass base_model='org/name'")
@@ -152,32 +205,21 @@ def _base_model(described: CheckpointDescription, base_model: str | None, descri
     return base, f"`{named}`" if named else "a pretrained ViT"
 
 
-def render_card(
-    source: Any,
-    *,
-    base_model: str | None = None,
-    evaluations: Any = None,
-    sparsities: Sequence[float] | None = None,
-    repo_id: str | None = None,
-    model_name: str | None = None,
-    license: str | None = None,
-    datasets: str | list[str] | None = None,
-    heatmap_path: str | None = HEATMAP_FILENAME,
-    eval_dataset: str | None = None,
-    eval_split: str | None = None,
-    base_model_description: str | None = None,
-    tags: Sequence[str] = (),
-    warn_base_model: bool = True,
-) -> RenderedCard:
+def render_card(source: Any, *, tags: Sequence[str] = (), warn_base_model: bool = True,
+                **options: Unpack[CardOptions]) -> RenderedCard:
     """Render the card of an elastic or sliced checkpoint.
 
     Args:
         source: An :class:`~hf_snapvit.ElasticRanking`, a checkpoint folder, a transformers model, or its config.
-        base_model, evaluations, sparsities, repo_id, model_name, license, datasets, heatmap_path, eval_dataset,
-            eval_split, base_model_description: As in :func:`hf_snapvit.cards.elastic.make_model_card`.
         tags: Further tags (e.g. those of a card already on the Hub).
         warn_base_model: Log a warning when no Hub id of the base model is known.
+        **options: The card's settings (:class:`CardOptions`).
     """
+    o = card_options("render_card", options)
+    base_model, evaluations, sparsities, repo_id, model_name, license, datasets, heatmap_path = (
+        o["base_model"], o["evaluations"], o["sparsities"], o["repo_id"], o["model_name"], o["license"],
+        o["datasets"], o["heatmap_path"])
+    eval_dataset, eval_split, base_model_description = o["eval_dataset"], o["eval_split"], o["base_model_description"]
     described = describe_checkpoint(source)
     ranking, layout = described.ranking, described.layout
     records = parse_evaluations(evaluations, eval_dataset=eval_dataset, eval_split=eval_split)

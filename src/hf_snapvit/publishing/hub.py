@@ -33,6 +33,7 @@ from ..errors import HubUploadError, ModelCardError
 from ..files import disk_full_reported
 from ..logs import get_logger
 from ..cards.elastic import CARD_TAGS, GENERATED_MARKER, write_model_card
+from ..cards.render import CARD_OPTION_NAMES
 from ..elastic.file_names import CARD_FILE, CONFIG_FILE, HEATMAP_FILE
 from ..elastic.ranking import ElasticRanking
 from .saving import save_elastic
@@ -322,9 +323,10 @@ HUB_UPLOAD_KWARGS = tuple(
 )
 
 
-# Arguments of push_to_hub that shape the generated card; save_and_push gives them to save_elastic's card too.
-CARD_OPTIONS = ("sparsities", "model_name", "license", "datasets", "eval_dataset", "eval_split",
-                "base_model_description")
+# Arguments of push_to_hub that shape the generated card (CardOptions, less those push_to_hub passes itself);
+# save_and_push gives them to save_elastic's card too.
+CARD_OPTIONS = tuple(name for name in CARD_OPTION_NAMES
+                     if name not in ("base_model", "evaluations", "repo_id", "heatmap_path"))
 
 
 class SavedAndPushed(NamedTuple):
