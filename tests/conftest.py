@@ -1,5 +1,6 @@
 """pytest set-up: offline Hub, one torch thread, quiet transformers, the `case` fixture over every tiny architecture,
-a tiny elastic checkpoint and model card heatmaps shared by the session, and the folders the CLI's tests run on."""
+a tiny elastic checkpoint and model card heatmaps shared by the session, the folders the CLI's tests run on, and the
+session's one multi-process launch (tests/launched.py)."""
 
 from __future__ import annotations
 
@@ -118,3 +119,24 @@ def elastic_dir(model_dir, tmp_path_factory):
     processor = transformers.AutoImageProcessor.from_pretrained(model_dir)
     hs.save_elastic(model, hs.rank(model, method="magnitude"), folder, image_processor=processor)
     return folder
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "launched(scenario): the test reads SCENARIO of tests/launched.py from the "
+                            "session's one 2-process launch, through the `launched` fixture")
+
+
+@pytest.fixture(scope="session")
+def launches(request, tmp_path_factory):
+    """The session's launch of every scenario a collected test names in its ``launched`` mark (once per session,
+    shared by pytest-xdist's workers)."""
+    from launched import shared_launch
+
+    names = {mark.args[0] for item in request.session.items for mark in item.iter_markers("launched")}
+    return shared_launch(tmp_path_factory, names)
+
+
+@pytest.fixture
+def launched(request, launches):
+    """The folders (``.one``, ``.two``, ``.inputs``) of the scenario named by the test's ``launched`` mark."""
+    return launches(request.node.get_closest_marker("launched").args[0])
