@@ -300,8 +300,9 @@ def save_tiny_vit_folder(folder: Path) -> Path:
     return folder
 
 
-def write_image_parquet(path: Path, count: int = 24, classes: int = 5) -> Path:
-    """``count`` seeded random 40-px PNG images with labels ``i % classes``, as one parquet file."""
+def write_image_parquet(path: Path, count: int = 24, classes: int = 5, corrupt: tuple[int, ...] = ()) -> Path:
+    """``count`` seeded random 40-px PNG images with labels ``i % classes``, as one parquet file; the rows ``corrupt``
+    hold bytes that are not an image instead."""
     import io
 
     rng = np.random.default_rng(0)
@@ -309,7 +310,8 @@ def write_image_parquet(path: Path, count: int = 24, classes: int = 5) -> Path:
     for i in range(count):
         buffer = io.BytesIO()
         Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(buffer, format="PNG")
-        rows.append({"image": {"bytes": buffer.getvalue(), "path": None}, "label": i % classes})
+        rows.append({"image": {"bytes": b"not an image" if i in corrupt else buffer.getvalue(), "path": None},
+                     "label": i % classes})
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=classes)})
     datasets.Dataset.from_list(rows, features=features).to_parquet(str(path))
     return path

@@ -2,7 +2,7 @@
 examples/accelerate_config.yaml) runs ``tests/launched.py INPUTS OUT SCENARIO...``, and one plain process runs the
 same file beside it as the one-process reference. Each scenario writes its results, and each process's stdout and
 stderr, to ``OUT/<scenario>/``; the tests that read them (``@pytest.mark.launched(scenario)`` and the ``launched``
-fixture of conftest.py) assert on those files.
+fixture of conftest.py, which starts both runs) assert on those files.
 
 A process's start-up (interpreter, torch, transformers) costs more than most scenarios, and a launch of 2 starts three
 of them: one launch for every scenario instead of one per test file (issue 66).
@@ -22,17 +22,14 @@ later scenario joins a new group, with accelerate's state reset, as a freshly la
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import runpy
 import socket
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -54,7 +51,6 @@ from helpers import CASES, PROCESSOR, images, save_tiny_vit_folder, sliced, sort
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE = {c.name: c for c in CASES}
-RECORD = "launch.json"  # return codes and stderr tails of the two runs, written when both ended
 PER_PROCESS = "this process's own line"
 
 
@@ -219,23 +215,6 @@ def recovery(inputs: Path, out: Path, rank: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------- logging (test_logging_once)
-def write_corrupt_calibration(path: Path) -> Path:
-    """A parquet of 16 labelled random images of which 2 (rows 3 and 9) are corrupt."""
-    import io
-
-    from PIL import Image
-
-    rng, rows = np.random.default_rng(0), []
-    for i in range(16):
-        buffer = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(buffer, format="PNG")
-        rows.append({"image": {"bytes": b"not an image" if i in (3, 9) else buffer.getvalue(), "path": None},
-                     "label": i % 5})
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=5)})
-    datasets.Dataset.from_list(rows, features=features).to_parquet(str(path))
-    return path
-
-
 def prunes_that_log(inputs: Path, out: Path, rank: int) -> None:
     """Two prunes that log lines about their inputs (corrupt images skipped, a data-free method given data), then a
     line of this process's own."""
@@ -279,7 +258,7 @@ def write_inputs(inputs: Path) -> None:
     """What the scenarios read, written once before both runs start."""
     save_tiny_vit_folder(inputs / "model")
     write_image_parquet(inputs / "calib.parquet")
-    write_corrupt_calibration(inputs / "corrupt.parquet")
+    write_image_parquet(inputs / "corrupt.parquet", 16, corrupt=(3, 9))
     teacher = CASE["vit-cls"].build()
     hs.save_elastic(teacher, hs.rank(teacher, method="magnitude"), inputs / "elastic", image_processor=PROCESSOR)
 
@@ -344,90 +323,10 @@ def worker(inputs: Path, out: Path, names: list[str]) -> None:
         start = time.perf_counter()
         with captured(folder, rank):
             SCENARIOS[name](inputs, folder, rank)
-        (folder / f"done.rank{rank}").write_text(f"{time.perf_counter() - start:.1f} s\n")  # where a launch's time goes
+        # The marker the tests look for, with the scenario's seconds: where a launch's time goes.
+        (folder / f"done.rank{rank}").write_text(f"{time.perf_counter() - start:.1f} s\n")
         rejoin(port)
     distributed.finish_processes()
-
-
-# ----------------------------------------------------------------------------------------------------- the tests' side
-@dataclass
-class Run:
-    """One scenario's folders: in the one-process reference (``one``) and in the 2-process launch (``two``)."""
-
-    one: Path
-    two: Path
-    inputs: Path
-
-    def output(self, which: str, stream: str = "stderr") -> str:
-        """The ``stream`` of every process of run ``which`` ("one" or "two") during the scenario, rank by rank."""
-        folder = getattr(self, which)
-        return "".join((folder / f"{stream}.rank{rank}").read_text() for rank in range(1 if which == "one" else 2))
-
-
-class Launch:
-    """The launch of ``names`` under ``root`` (``root/inputs``, ``root/one``, ``root/two``)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def start(self, names: list[str]) -> None:
-        """Write the inputs, run the launch and the reference at once, and record how each ended."""
-        write_inputs(self.root / "inputs")
-        env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-                   HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONWARNINGS="ignore")
-        env.pop("PYTHONHASHSEED", None)  # every process its own hash seed (the draw scenario shows it is irrelevant)
-        script = [__file__, str(self.root / "inputs")]
-        # On a CPU-only machine the config's MULTI_GPU is what makes accelerate start N processes (torchrun);
-        # hf_snapvit then joins them over gloo (distributed.process_state).
-        launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                  str(ROOT / "examples" / "accelerate_config.yaml"), "--main_process_port", str(free_port()),
-                  *script, str(self.root / "two"), *names]
-        alone = [sys.executable, *script, str(self.root / "one"), *names]
-        processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                      cwd=ROOT) for command in (launch, alone)]
-        record = {}
-        try:
-            for which, process in zip(("two", "one"), processes):
-                try:
-                    _, err = process.communicate(timeout=600)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    _, err = process.communicate()
-                record[which] = {"returncode": process.returncode, "stderr": err[-4000:]}
-        finally:
-            for process in processes:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
-        (self.root / RECORD).write_text(json.dumps(record))
-
-    def __call__(self, name: str) -> Run:
-        """The folders of scenario ``name``; fails the test (with the runs' stderr) if a process did not finish it."""
-        run = Run(self.root / "one" / name, self.root / "two" / name, self.root / "inputs")
-        missing = [f"{which} rank {rank}" for which, ranks in (("one", 1), ("two", 2)) for rank in range(ranks)
-                   if not (getattr(run, which) / f"done.rank{rank}").exists()]
-        if missing:
-            record = json.loads((self.root / RECORD).read_text())
-            scenario = {which: (getattr(run, which) / "stderr.rank0").read_text()[-3000:]
-                        for which in ("one", "two") if (getattr(run, which) / "stderr.rank0").exists()}
-            pytest.fail(f"scenario {name!r} not finished by {missing}: {record}; its stderr: {scenario}")
-        return run
-
-
-def shared_launch(tmp_path_factory: pytest.TempPathFactory, names: set[str]) -> Launch:
-    """The launch of ``names`` (in :data:`SCENARIOS` order), run once per session: with pytest-xdist, the first worker
-    to ask runs it under a file lock and the others read its folder."""
-    ordered = [name for name in SCENARIOS if name in names]
-    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
-    base = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.mktemp("launched")
-    root = base / f"launch-{'-'.join(ordered)}"
-    root.mkdir(exist_ok=True)
-    with open(base / f"{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # held until the launch is recorded; released when the file closes
-        launch = Launch(root)
-        if not (root / RECORD).exists():
-            launch.start(ordered)
-    return launch
 
 
 if __name__ == "__main__":
