@@ -196,7 +196,7 @@ def recovery(inputs: Path, out: Path, rank: int) -> None:
     pooled, _ = recover(sliced(CASE["vit"].build()), CASE["vit"].build(), images(20), config, processor=PROCESSOR,
                         show_progress=False)
     torch.save(pooled.state_dict(), out / f"pooled.rank{rank}.pt")
-    dense = hs.ElasticViTModel.from_pretrained(inputs / "elastic")  # written by the test, before the launch
+    dense = hs.ElasticViTModel.from_pretrained(inputs / "elastic")  # written before the launch (write_inputs)
     elastic, second = recover(dense, None, images(20), RecoveryConfig(steps=3, batch_size=7, warmup_steps=1,
                                                                      elastic=True, elastic_range=(0.1, 0.5)),
                               processor=PROCESSOR, show_progress=False)
