@@ -6,8 +6,8 @@ do not depend on the weights). It is ranked once (``bench_ranking_time.run_one``
 memory), with ``--max-memory-mib`` placed first by accelerate within that much of the device (the rest offloaded to
 host memory, or to disk on a CPU: a model larger than its device), saved with ``save_elastic`` into ``--workdir``,
 freed, and loaded at each ``--load-sparsities`` in a fresh process (``ElasticViTModel.from_pretrained(...,
-device_map=<device>, dtype=<dtype>)``), which reports its load time,
-the loaded parameters' bytes, its peak device memory (``torch.cuda.max_memory_allocated``) and the growth of its
+device_map=<device>, dtype=<dtype>)``; ``--load-here``, for dry runs, loads in this process), which reports its load
+time, the loaded parameters' bytes, its peak device memory (``torch.cuda.max_memory_allocated``) and the growth of its
 host memory during the load: of its anonymous (process-owned) memory at the end, and of the kernel's peak resident
 size ``VmHWM`` (reset before the load), which also counts the checkpoint pages it mapped.
 
@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-memory-mib", type=float, default=None,
                         help="rank the model placed by accelerate within this much of the device's memory (MiB): "
                         "the blocks that do not fit are offloaded to host memory (to disk on a CPU)")
+    parser.add_argument("--load-here", action="store_true",
+                        help="load each size in this process instead of a fresh one (a dry run's shortcut: the "
+                        "host-memory figures then include what the ranking left behind)")
     parser.add_argument("--workdir", default=None, help="where the elastic checkpoint goes (default: a temporary "
                         "folder, removed at the end)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -86,6 +89,8 @@ def build(shape: str, seed: int, device: str, dtype: torch.dtype) -> transformer
 def child_load(folder: str, sparsity: float, args: argparse.Namespace) -> dict[str, Any]:
     """In a fresh process: load ``folder`` at ``sparsity`` onto the device; its time, bytes and peak memory."""
     device = torch.device(args.device)
+    if device.type == "cuda":  # a load in the ranking's process (--load-here) must not report the ranking's peak
+        torch.cuda.reset_peak_memory_stats(device)
     reset_peak_rss()
     before = read_status()
     start = time.perf_counter()
@@ -107,13 +112,16 @@ def child_load(folder: str, sparsity: float, args: argparse.Namespace) -> dict[s
 def load_in_children(folder: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for sparsity in args.load_sparsities:
-        command = [sys.executable, __file__, "--child-load", folder, str(sparsity), "--device", args.device,
-                   "--precision", args.precision]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode:
-            rows.append({"sparsity": sparsity, "error": done.stderr[-2000:]})
-            continue
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        if args.load_here:
+            rows.append({**child_load(folder, sparsity, args), "fresh_process": False})
+        else:
+            command = [sys.executable, __file__, "--child-load", folder, str(sparsity), "--device", args.device,
+                       "--precision", args.precision]
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode:
+                rows.append({"sparsity": sparsity, "error": done.stderr[-2000:]})
+                continue
+            rows.append({**json.loads(done.stdout.strip().splitlines()[-1]), "fresh_process": True})
         rows[-1]["peak_device_over_loaded"] = (rows[-1]["peak_device_bytes"] / rows[-1]["loaded_bytes"]
                                                if rows[-1]["peak_device_bytes"] else None)
     return rows

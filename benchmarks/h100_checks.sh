@@ -6,7 +6,7 @@
 # in seconds. On a CPU, `DEV=cpu B=tiny S=tiny OUT=/tmp/out` runs the same steps on a tiny model (a dry run; for steps
 # 19-22 add `BACKEND=aot_eager SCALE_SHAPES="tiny small" SCALE_IMAGES=4 GRID_SPARSITIES="0.1 0.5"`: no inductor C++
 # builds, and sizes the tiny model has; for step 23 `RSTEPS=2 NB=40 NV=40 RCAL=64`; for step 24 `RPSTEPS=2`; for
-# steps 25-26 `BIG=tiny BIG_IMAGES=4 BIG_CAP=0.4`).
+# steps 25-26 `BIG=tiny BIG_IMAGES=4 BIG_CAP=0.4`, and BIG_LOAD_HERE=1 to load step 25's sizes in its own process).
 #
 # Step 24 (issue 65): recovery on 1 and several processes through accelerate's DDP (benchmarks/recovery_processes.py):
 # the weights' difference from one process, and each process's seconds and peak memory. One process per GPU (NCCL),
@@ -93,6 +93,7 @@ for step in ${STEPS:-22 18 13 21 3 23}; do case $step in
      --processes ${RPROCS:-1 2} --steps "${RPSTEPS:-20}" --batch-size "${RPBATCH:-16}" \
      --work "${RPWORK:-/tmp/recovery_processes}" --output "$R/recovery_processes.json" ;;
 25) timeout "${T25:-540}" python3 benchmarks/big_vit.py --device "$DEV" --shape "${BIG:-dinov3-7b}" --preset fast \
+     ${BIG_LOAD_HERE:+--load-here} \
      --images "${BIG_IMAGES:-64}" --generations "${BIG_GENERATIONS:-1}" --output "$R/big_vit.json" ;;
 26) timeout "${T26:-540}" python3 benchmarks/big_vit.py --device "$DEV" --shape "${BIG:-dinov3-7b}" --preset fast \
      --images "${BIG_IMAGES:-64}" --generations "${BIG_GENERATIONS:-1}" --max-memory-mib "${BIG_CAP:-8192}" \

@@ -1,10 +1,16 @@
 """pytest set-up: offline Hub, one torch thread, quiet transformers, the `case` fixture over every tiny architecture,
-a tiny elastic checkpoint and model card heatmaps shared by the session, and the folders the CLI's tests run on."""
+a tiny elastic checkpoint and model card heatmaps shared by the session, the folders the CLI's tests run on, and the
+session's one multi-process launch (tests/launched.py)."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 # Before transformers and huggingface_hub are imported: they read these settings once, at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -118,3 +124,101 @@ def elastic_dir(model_dir, tmp_path_factory):
     processor = transformers.AutoImageProcessor.from_pretrained(model_dir)
     hs.save_elastic(model, hs.rank(model, method="magnitude"), folder, image_processor=processor)
     return folder
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "launched(scenario): the test reads SCENARIO of tests/launched.py from the "
+                            "session's one 2-process launch, through the `launched` fixture")
+
+
+@dataclass
+class LaunchedRun:
+    """One scenario's folders: in the one-process reference (``one``) and in the 2-process launch (``two``)."""
+
+    one: Path
+    two: Path
+    inputs: Path
+
+    def output(self, which: str, stream: str = "stderr") -> str:
+        """The ``stream`` of every process of run ``which`` ("one" or "two") during the scenario, rank by rank."""
+        folder = getattr(self, which)
+        return "".join((folder / f"{stream}.rank{rank}").read_text() for rank in range(1 if which == "one" else 2))
+
+
+class Launch:
+    """tests/launched.py's scenarios run under ``root``: ``root/inputs``, ``root/one`` (the reference) and
+    ``root/two`` (the launch), and ``root/launch.json``, how each run ended."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def start(self, names: list[str]) -> None:
+        """Write the inputs, run the launch and the reference at once, and record how each ended."""
+        import launched
+
+        launched.write_inputs(self.root / "inputs")
+        env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+                   HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONWARNINGS="ignore")
+        env.pop("PYTHONHASHSEED", None)  # every process its own hash seed (the draw scenario shows it is irrelevant)
+        script = [launched.__file__, str(self.root / "inputs")]
+        # On a CPU-only machine the config's MULTI_GPU is what makes accelerate start N processes (torchrun);
+        # hf_snapvit then joins them over gloo (distributed.process_state).
+        launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                  str(launched.ROOT / "examples" / "accelerate_config.yaml"), "--main_process_port",
+                  str(launched.free_port()), *script, str(self.root / "two"), *names]
+        alone = [sys.executable, *script, str(self.root / "one"), *names]
+        processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                      cwd=launched.ROOT) for command in (launch, alone)]
+        record = {}
+        try:
+            for which, process in zip(("two", "one"), processes):
+                try:
+                    _, err = process.communicate(timeout=600)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    _, err = process.communicate()
+                record[which] = {"returncode": process.returncode, "stderr": err[-4000:]}
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        (self.root / "launch.json").write_text(json.dumps(record))
+
+    def __call__(self, name: str) -> LaunchedRun:
+        """The folders of scenario ``name``; fails the test (with the runs' stderr) if a process did not finish it."""
+        run = LaunchedRun(self.root / "one" / name, self.root / "two" / name, self.root / "inputs")
+        missing = [f"{which} rank {rank}" for which, ranks in (("one", 1), ("two", 2)) for rank in range(ranks)
+                   if not (getattr(run, which) / f"done.rank{rank}").exists()]
+        if missing:
+            record = json.loads((self.root / "launch.json").read_text())
+            scenario = {which: (getattr(run, which) / "stderr.rank0").read_text()[-3000:]
+                        for which in ("one", "two") if (getattr(run, which) / "stderr.rank0").exists()}
+            pytest.fail(f"scenario {name!r} not finished by {missing}: {record}; its stderr: {scenario}")
+        return run
+
+
+@pytest.fixture(scope="session")
+def launches(request, tmp_path_factory) -> Launch:
+    """The session's launch of every scenario a collected test names in its ``launched`` mark, in
+    ``launched.SCENARIOS`` order: run once per session; with pytest-xdist, the first worker to ask runs it under a
+    file lock and the others read its folder."""
+    from launched import SCENARIOS
+
+    wanted = {mark.args[0] for item in request.session.items for mark in item.iter_markers("launched")}
+    names = [name for name in SCENARIOS if name in wanted]
+    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    base = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.mktemp("launched")
+    launch = Launch(base / f"launch-{'-'.join(names)}")
+    launch.root.mkdir(exist_ok=True)
+    with open(base / f"{launch.root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held until the launch is recorded; released when the file closes
+        if not (launch.root / "launch.json").exists():
+            launch.start(names)
+    return launch
+
+
+@pytest.fixture
+def launched(request, launches) -> LaunchedRun:
+    """The folders (``.one``, ``.two``, ``.inputs``) of the scenario named by the test's ``launched`` mark."""
+    return launches(request.node.get_closest_marker("launched").args[0])

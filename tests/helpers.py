@@ -212,6 +212,31 @@ def requires_shared(*paths: tuple[str, ...]):
                                                     "beside the repository)")
 
 
+CLASS_NAMES = [f"class {c}" for c in range(40)]
+
+
+def coloured(label: int, i: int) -> Image.Image:
+    """A 16x16 image whose colour says its class (and a little noise, its index)."""
+    rng = np.random.default_rng(i)
+    base = np.array([(37 * label) % 256, (91 * label) % 256, (53 * label) % 256], dtype=np.int16)
+    return Image.fromarray(np.clip(base + rng.integers(-6, 7, (16, 16, 3)), 0, 255).astype(np.uint8))
+
+
+def sorted_table(classes: int, per_class: int, *, class_label: bool = True) -> datasets.Dataset:
+    """Rows sorted by class (at most 40), as image folders and the shared train parquet store them."""
+    labels = [c for c in range(classes) for _ in range(per_class)]
+    feature = datasets.ClassLabel(names=CLASS_NAMES[:classes]) if class_label else datasets.Value("int64")
+    rows = {"image": [coloured(c, i) for i, c in enumerate(labels)], "label": labels}
+    return datasets.Dataset.from_dict(rows, features=datasets.Features({"image": datasets.Image(), "label": feature}))
+
+
+def sliced(model: transformers.PreTrainedModel, heads: int = 2, neurons: int = 10) -> transformers.PreTrainedModel:
+    """A copy of the 2-block ``model`` keeping its first ``heads`` heads and ``neurons`` FFN neurons in each block."""
+    from hf_snapvit.surgery.slicing import slice_model_
+
+    return slice_model_(copy.deepcopy(model), [(np.arange(heads), np.arange(neurons))] * 2)
+
+
 def images(n: int, seed: int = 0) -> list[Image.Image]:
     """n random RGB images of 48 x 40 pixels."""
     rng = np.random.default_rng(seed)
@@ -275,8 +300,9 @@ def save_tiny_vit_folder(folder: Path) -> Path:
     return folder
 
 
-def write_image_parquet(path: Path, count: int = 24, classes: int = 5) -> Path:
-    """``count`` seeded random 40-px PNG images with labels ``i % classes``, as one parquet file."""
+def write_image_parquet(path: Path, count: int = 24, classes: int = 5, corrupt: tuple[int, ...] = ()) -> Path:
+    """``count`` seeded random 40-px PNG images with labels ``i % classes``, as one parquet file; the rows ``corrupt``
+    hold bytes that are not an image instead."""
     import io
 
     rng = np.random.default_rng(0)
@@ -284,7 +310,8 @@ def write_image_parquet(path: Path, count: int = 24, classes: int = 5) -> Path:
     for i in range(count):
         buffer = io.BytesIO()
         Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(buffer, format="PNG")
-        rows.append({"image": {"bytes": buffer.getvalue(), "path": None}, "label": i % classes})
+        rows.append({"image": {"bytes": b"not an image" if i in corrupt else buffer.getvalue(), "path": None},
+                     "label": i % classes})
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=classes)})
     datasets.Dataset.from_list(rows, features=features).to_parquet(str(path))
     return path

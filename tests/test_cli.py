@@ -6,7 +6,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -407,30 +406,23 @@ def test_console_script_in_a_subprocess(entry_points):
     assert result.stdout.startswith("checkpoint:") and "0.20" in result.stdout
 
 
-@pytest.mark.slow
-def test_accelerate_launch_with_the_example_config_ranks_like_one_process(model_dir, data_file, tmp_path, capsys):
-    """The README command: 2 CPU processes through examples/accelerate_config.yaml; one process writes and prints."""
-    argv = ["prune", str(model_dir), "--data", str(data_file), "--method", "snip", "--preset", "fast",
-            "--num-samples", "8", "--json", "-q"]
-    launched = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-         str(ROOT / "examples" / "accelerate_config.yaml"), "-m", "hf_snapvit", *argv,
-         "--output", str(tmp_path / "two")],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert launched.returncode == 0, launched.stderr[-3000:]
-    result = json.loads(launched.stdout)  # exactly one JSON document: only the main process reports
+@pytest.mark.slow  # reads the session's launch of two accelerate processes
+@pytest.mark.launched("readme")
+def test_accelerate_launch_with_the_example_config_ranks_like_one_process(launched):
+    """The README command: 2 CPU processes through examples/accelerate_config.yaml, running ``-m hf_snapvit prune``
+    (tests/launched.py's ``readme`` scenario); one process writes and prints."""
+    result = json.loads(launched.output("two", "stdout"))  # exactly one JSON document: only the main process reports
     assert result["num_processes"] == 2
-    assert run(capsys, *argv, "--output", tmp_path / "one")[0] == 0
+    assert json.loads(launched.output("one", "stdout"))["num_processes"] == 1
 
     def ranking(folder: Path) -> hf_snapvit.ElasticRanking:
         return hf_snapvit.ElasticRanking.from_dict(json.loads((folder / "config.json").read_text())["elastic_ranking"])
 
-    two, one = ranking(tmp_path / "two"), ranking(tmp_path / "one")
+    two, one = ranking(launched.two / "pruned"), ranking(launched.one / "pruned")
     for sparsity in (0.1, 0.3, 0.5):
         assert two.keep_counts(sparsity) == one.keep_counts(sparsity)
     # Stored neuron curves are knots within 0.0005 decades of each score, so two stored rankings of equal scores
     # differ by at most 0.001 decades (0.23 %).
     np.testing.assert_allclose(two.neuron_scores, one.neuron_scores, rtol=2.5e-3)
     np.testing.assert_allclose(two.head_scores, one.head_scores, rtol=1e-5)
-    assert not list(tmp_path.glob(".two.tmp-*"))  # no second writer's leftovers
+    assert not list(launched.two.glob(".pruned.tmp-*"))  # no second writer's leftovers

@@ -1,13 +1,11 @@
 """Label-free recovery: distillation from the dense teacher per size and for the whole elastic checkpoint,
-determinism, resuming, the from_pretrained/CLI path, bad input, and 2 processes against 1."""
+determinism, resuming, the from_pretrained/CLI path, bad input, and 2 processes against 1 (tests/launched.py's
+``recovery`` scenario)."""
 
 from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import datasets
@@ -22,16 +20,11 @@ from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.errors import DataError, RecoveryError
 from hf_snapvit.recovery import RecoveryConfig, recover, recover_
 from hf_snapvit.recovery.forward import forward_outputs, prefix_view
-from hf_snapvit.surgery.slicing import slice_model_
 
-from helpers import CASES, PROCESSOR, images, output_of
+from helpers import CASES, PROCESSOR, images, output_of, sliced
 
 CASE = {c.name: c for c in CASES}
 FAST = dict(steps=4, batch_size=4, warmup_steps=1)
-
-
-def sliced(model, heads=2, neurons=10):
-    return slice_model_(copy.deepcopy(model), [(np.arange(heads), np.arange(neurons))] * 2)
 
 
 def pixels(n, seed=0):
@@ -337,112 +330,31 @@ def test_a_batch_smaller_than_the_processes_raises_before_training(monkeypatch):
                 show_progress=False)
 
 
-def interrupted(student, teacher, config: RecoveryConfig) -> None:
-    """Recover ``student`` in place, stopped by a KeyboardInterrupt in the 3rd step (the same one on every process)."""
-    calls = [0]
-
-    def interrupt(module, args):
-        calls[0] += 1
-        if calls[0] == 3:
-            raise KeyboardInterrupt
-
-    student.register_forward_pre_hook(interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        recover_(student, teacher, images(20), config, processor=PROCESSOR, show_progress=False)
-
-
-def scenario(out: Path, rank: int) -> None:
-    """Recover per size and elastically (the elastic checkpoint in ``out/elastic``) with 1 thread; write the weights
-    of this process."""
-    torch.set_num_threads(1)
-    teacher = CASE["vit-cls"].build()
-    # 7 images per step: the processes get unequal shares (4 and 3).
-    config = RecoveryConfig(steps=3, batch_size=7, warmup_steps=1, num_images=20)
-    per_size, first = recover(sliced(teacher), teacher, images(20), config, processor=PROCESSOR,
-                              show_progress=False)
-    torch.save(per_size.state_dict(), out / f"per_size.rank{rank}.pt")
-    # Interrupted in its 3rd step on every process (after the state of step 2), then resumed: the same weights.
-    saving = dict(steps=3, batch_size=7, warmup_steps=1, num_images=20, checkpoint_every=1)
-    shared = RecoveryConfig(**saving, output_dir=str(out / ("state" if rank < 9 else "state9")))
-    interrupted(sliced(teacher), teacher, shared)
-    resumed, summary = recover(sliced(teacher), teacher, images(20), shared, processor=PROCESSOR,
-                               show_progress=False)
-    assert summary.resumed_from == 2, summary.resumed_from
-    assert all(torch.equal(a, b) for a, b in zip(resumed.state_dict().values(), per_size.state_dict().values()))
-    if rank < 9:  # a state only the main process sees: every process refuses to resume, none waits forever
-        private = RecoveryConfig(**saving, output_dir=str(out / f"private{rank}"))
-        interrupted(sliced(teacher), teacher, private)
-        with pytest.raises(RecoveryError, match=r"different steps \[2, 0\]"):
-            recover(sliced(teacher), teacher, images(20), private, processor=PROCESSOR, show_progress=False)
-    # ViTModel's pooler takes no part in the loss: no process gives it a gradient, so AdamW must leave it alone.
-    pooled, _ = recover(sliced(CASE["vit"].build()), CASE["vit"].build(), images(20), config, processor=PROCESSOR,
-                        show_progress=False)
-    torch.save(pooled.state_dict(), out / f"pooled.rank{rank}.pt")
-    dense = hf_snapvit.ElasticViTModel.from_pretrained(out / "elastic")  # written by the test, before the launch
-    elastic, second = recover(dense, None, images(20), RecoveryConfig(steps=3, batch_size=7, warmup_steps=1,
-                                                                     elastic=True, elastic_range=(0.1, 0.5)),
-                              processor=PROCESSOR, show_progress=False)
-    torch.save(elastic.state_dict(), out / f"elastic.rank{rank}.pt")
-    (out / f"processes.rank{rank}.json").write_text(json.dumps([first.processes, second.processes]))
-    # Last: the CLI ends the process group. Every process recovers, the main one writes the folder.
-    from hf_snapvit.cli import main
-
-    folder = out / f"images{rank}"
-    folder.mkdir()
-    for i, image in enumerate(images(6)):
-        image.save(folder / f"{i}.png")
-    assert main(["export", "--model", str(out / "elastic"), "--sparsity", "0.3", "--output",
-                 str(out / ("export" if rank < 9 else "export9")), "--recover", "--data", str(folder),
-                 "--num-samples", "6", "--steps", "2", "--batch-size", "3", "-q"]) == 0
-
-
-@pytest.mark.slow  # launches two accelerate processes
-def test_two_processes_recover_like_one(tmp_path):
-    from test_distributed import _free_port
-
-    teacher = CASE["vit-cls"].build()
-    hf_snapvit.save_elastic(teacher, hf_snapvit.rank(teacher, method="magnitude"), tmp_path / "elastic",
-                            image_processor=PROCESSOR)
-    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONWARNINGS="ignore")
-    command = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-               __file__, str(tmp_path)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
-    threads = torch.get_num_threads()
-    try:
-        scenario(tmp_path, 9)
-    finally:
-        torch.set_num_threads(threads)
+@pytest.mark.slow  # reads the session's launch of two accelerate processes
+@pytest.mark.launched("recovery")
+def test_two_processes_recover_like_one(launched):
+    """tests/launched.py's ``recovery`` scenario, in the 2-process launch and in its one-process reference run."""
+    two, one = launched.two, launched.one
     for kind in ("per_size", "pooled", "elastic"):
-        one = torch.load(tmp_path / f"{kind}.rank9.pt")
+        reference = torch.load(one / f"{kind}.rank0.pt")
         for rank in (0, 1):
-            two = torch.load(tmp_path / f"{kind}.rank{rank}.pt")
-            for name in one:
-                torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=1e-5, msg=f"{kind}: {name}")
+            got = torch.load(two / f"{kind}.rank{rank}.pt")
+            for name in reference:
+                torch.testing.assert_close(got[name], reference[name], rtol=1e-4, atol=1e-5, msg=f"{kind}: {name}")
     # The gradients went through accelerate's DDP (gloo), not through a sum of our own.
     for rank in (0, 1):
-        for record in json.loads((tmp_path / f"processes.rank{rank}.json").read_text()):
+        for record in json.loads((two / f"processes.rank{rank}.json").read_text()):
             assert record == {"num_processes": 2, "distributed_type": "MULTI_CPU",
                               "wrapper": "DistributedDataParallel"}, record
-    assert json.loads((tmp_path / "processes.rank9.json").read_text())[0]["wrapper"] == "Distilled"
-    exported, reference = (hf_snapvit.ElasticViTModel.from_pretrained(tmp_path / name)
-                           for name in ("export", "export9"))
+    assert json.loads((one / "processes.rank0.json").read_text())[0]["wrapper"] == "Distilled"
+    exported, reference = (hf_snapvit.ElasticViTModel.from_pretrained(run / "export") for run in (two, one))
     assert exported.config.elastic_recovery["processes"]["num_processes"] == 2
     for (name, a), b in zip(exported.state_dict().items(), reference.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"export: {name}")
     pooler = {k: v for k, v in sliced(CASE["vit"].build()).state_dict().items() if k.startswith("pooler.")}
-    for rank in (0, 1, 9):
-        trained = torch.load(tmp_path / f"pooled.rank{rank}.pt")
-        assert pooler and all(torch.equal(trained[k], v) for k, v in pooler.items()), rank
+    for folder, rank in ((two, 0), (two, 1), (one, 0)):
+        trained = torch.load(folder / f"pooled.rank{rank}.pt")
+        assert pooler and all(torch.equal(trained[k], v) for k, v in pooler.items()), (folder, rank)
     start = sliced(CASE["vit-cls"].build()).state_dict()
-    trained = torch.load(tmp_path / "per_size.rank9.pt")
+    trained = torch.load(one / "per_size.rank0.pt")
     assert any(not torch.equal(trained[k], start[k]) for k in trained)
-
-
-if __name__ == "__main__":
-    from hf_snapvit import distributed
-
-    scenario(Path(sys.argv[1]), distributed.process_state().process_index)
-    distributed.process_state().destroy_process_group()

@@ -93,6 +93,34 @@ recovery.recover(student_of(teacher), teacher, recovery_pixels(), config, show_p
 
 HANGING = "child-hangs"
 
+# One process imports what the children need once and forks a child per kill: a fresh interpreter's start-up (torch,
+# transformers) costs more than the run it is killed in. The fork happens before any computation, so each child starts
+# as a fresh process would, its threads its own.
+FORKER = """
+import json, os, sys, traceback
+import torch, hf_snapvit, hf_snapvit.recovery, helpers, test_reliability_resume  # the children's imports, once
+for line in iter(sys.stdin.readline, ""):
+    child, out, torn, stderr, ended = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        with open(stderr, "w") as err:
+            os.dup2(err.fileno(), 2)
+        sys.argv, code = ["-c", out, torn], 1
+        try:
+            exec(compile(child, "<child>", "exec"), {"__name__": "__main__"})
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    print(pid, flush=True)
+    _, status = os.waitpid(pid, 0)
+    with open(ended + ".tmp", "w") as record:
+        record.write(str(os.waitstatus_to_exitcode(status)))
+    os.replace(ended + ".tmp", ended)
+"""
+
 
 def hang() -> None:
     """In a child: say so (a marker beside the state), then wait to be killed."""
@@ -108,34 +136,62 @@ def student_of(teacher):
     return slice_model_(copy.deepcopy(teacher), [(np.arange(2), np.arange(10))] * 2)
 
 
-def kill_mid_run(child: str, out: Path, saved_step, last: int, *, torn: bool = False) -> int:
-    """Run ``child`` (with ``out`` and ``torn`` as arguments) in a new process and SIGKILL it once ``saved_step(out)``
-    is a step in ``[1, last)`` and the child has begun to hang (for ``torn``, in the middle of writing the next state);
-    return the saved step."""
-    # The child computes with as many threads as this process: another count sums in another order, and the resumed
-    # run must match the uninterrupted one bit for bit.
+@pytest.fixture(scope="module")
+def forker(tmp_path_factory):
+    """The forking process of this module's children, started once."""
+    # The children compute with as many threads as this process: another count sums in another order, and the
+    # resumed run must match the uninterrupted one bit for bit.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS=str(torch.get_num_threads()), HF_HUB_OFFLINE="1", HF_HUB_DISABLE_PROGRESS_BARS="1", PYTHONWARNINGS="ignore")
-    process = subprocess.Popen([sys.executable, "-c", child, str(out), str(torn)], env=env, cwd=TESTS,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+               OMP_NUM_THREADS=str(torch.get_num_threads()), HF_HUB_OFFLINE="1", HF_HUB_DISABLE_PROGRESS_BARS="1",
+               PYTHONWARNINGS="ignore")
+    with open(tmp_path_factory.mktemp("forker") / "stderr", "w+") as err:
+        process = subprocess.Popen([sys.executable, "-c", FORKER], env=env, cwd=TESTS, stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            yield process
+        finally:
+            process.kill()  # it holds nothing to save, and an interpreter with torch loaded is slow to finalise
+            process.wait()
+            process.stdin.close()
+            process.stdout.close()
+
+
+def kill_mid_run(forker, child: str, out: Path, saved_step, last: int, *, torn: bool = False) -> int:
+    """Run ``child`` (with ``out`` and ``torn`` as arguments) in a new process forked by ``forker`` and SIGKILL it once
+    ``saved_step(out)`` is a step in ``[1, last)`` and the child has begun to hang (for ``torn``, in the middle of
+    writing the next state); return the saved step."""
+    # The forking process writes the child's exit status to ``ended`` when the child is gone.
+    stderr, ended = out / "child.stderr", out / "child.ended"
+    forker.stdin.write(json.dumps([child, str(out), str(torn), str(stderr), str(ended)]) + "\n")
+    forker.stdin.flush()
+    pid = int(forker.stdout.readline())
     deadline, step = time.monotonic() + 240, None
     try:
-        while time.monotonic() < deadline and process.poll() is None:
+        while time.monotonic() < deadline and not ended.exists():
             step = saved_step(out)
             if (out / HANGING).exists():
                 break
             time.sleep(0.02)
-        assert process.poll() is None, f"the child ended before it was killed: {process.stderr.read()[-3000:]}"
+        assert not ended.exists(), f"the child ended before it was killed: {stderr.read_text()[-3000:]}"
         assert step is not None and 1 <= step < last, f"no state mid-run within the deadline (last seen: {step})"
-        os.kill(process.pid, signal.SIGKILL)
-        assert process.wait(timeout=60) == -signal.SIGKILL
+        os.kill(pid, signal.SIGKILL)
+        assert _ended(ended) == str(-signal.SIGKILL)
         (out / HANGING).unlink()
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        process.stderr.close()
+        if not ended.exists():
+            os.kill(pid, signal.SIGKILL)
+            _ended(ended)
+        stderr.unlink(missing_ok=True)
+        ended.unlink(missing_ok=True)
     return saved_step(out)  # the child may have saved once more between the last look and the kill
+
+
+def _ended(status: Path, timeout: float = 60) -> str:
+    """The exit status the forking process wrote to ``status`` once the child was gone (waiting up to ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while not status.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return status.read_text() if status.exists() else "still running"
 
 
 def _temporaries(out: Path) -> list[Path]:
@@ -173,9 +229,10 @@ def assert_same_ranking(a, b):
 # The kill mid-write is in the slow lane: the recovery test below checks the same clean-up in the fast one.
 @pytest.mark.parametrize("torn", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["killed-in-a-generation", "killed-while-writing-the-state"])
-def test_a_killed_snapvit_search_resumes_to_the_uninterrupted_ranking(tmp_path, monkeypatch, torn):
+def test_a_killed_snapvit_search_resumes_to_the_uninterrupted_ranking(forker, tmp_path, monkeypatch, torn):
     assert CASES[0].name == "vit"
-    generation = kill_mid_run(SNAPVIT_CHILD, tmp_path, _search_generation, last=TINY["max_generations"], torn=torn)
+    generation = kill_mid_run(forker, SNAPVIT_CHILD, tmp_path, _search_generation, last=TINY["max_generations"],
+                              torn=torn)
     assert 1 <= generation < 5 and bool(_temporaries(tmp_path)) == torn
     if torn:  # the write that was cut short never replaced the state before it
         assert generation == 2
@@ -278,9 +335,9 @@ def test_checkpointing_options_are_checked_and_not_part_of_the_ranking(tmp_path)
 
 # ------------------------------------------------------------------------------------------------------ recovery
 @pytest.mark.parametrize("torn", [False, True], ids=["killed-in-a-step", "killed-while-writing-the-state"])
-def test_a_killed_recovery_resumes_to_the_uninterrupted_weights_and_record(tmp_path, torn):
+def test_a_killed_recovery_resumes_to_the_uninterrupted_weights_and_record(forker, tmp_path, torn):
     assert CASES[1].name == "vit-cls"
-    step = kill_mid_run(RECOVERY_CHILD, tmp_path, _recovery_step, last=RECOVERY["steps"], torn=torn)
+    step = kill_mid_run(forker, RECOVERY_CHILD, tmp_path, _recovery_step, last=RECOVERY["steps"], torn=torn)
     assert 1 <= step < RECOVERY["steps"] and bool(_temporaries(tmp_path)) == torn
     if torn:
         assert step == 2

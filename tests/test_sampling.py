@@ -5,15 +5,11 @@ only the sample; a draw that cannot represent its data warns with the numbers an
 from __future__ import annotations
 
 import json
-import os
-import sys
 import warnings
 
-import datasets
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 import hf_snapvit as hs
 from hf_snapvit.data import coverage, sampling
@@ -21,29 +17,12 @@ from hf_snapvit.data.calibration import draw_sample, sample_images
 from hf_snapvit.evaluation import load_split
 from hf_snapvit.data.sampling import StreamSource, key_order, row_keys, stream_candidates
 
-from helpers import CASES, FEW_CROPS, PROCESSOR, images, run_at_once
+from helpers import CASES, FEW_CROPS, PROCESSOR, coloured, images, sorted_table
+from launched import digest, draw_of_a_sorted_stream
 
 CASE = {c.name: c for c in CASES}
-NAMES = [f"class {c}" for c in range(40)]
-
-
 def pixels(drawn) -> list[bytes]:
     return [image.tobytes() for image in drawn]
-
-
-def coloured(label: int, i: int) -> Image.Image:
-    """A 16x16 image whose colour says its class (and a little noise, its index)."""
-    rng = np.random.default_rng(i)
-    base = np.array([(37 * label) % 256, (91 * label) % 256, (53 * label) % 256], dtype=np.int16)
-    return Image.fromarray(np.clip(base + rng.integers(-6, 7, (16, 16, 3)), 0, 255).astype(np.uint8))
-
-
-def sorted_table(classes: int, per_class: int, *, class_label: bool = True) -> datasets.Dataset:
-    """Rows sorted by class, as image folders and the shared train parquet store them."""
-    labels = [c for c in range(classes) for _ in range(per_class)]
-    feature = datasets.ClassLabel(names=NAMES[:classes]) if class_label else datasets.Value("int64")
-    rows = {"image": [coloured(c, i) for i, c in enumerate(labels)], "label": labels}
-    return datasets.Dataset.from_dict(rows, features=datasets.Features({"image": datasets.Image(), "label": feature}))
 
 
 # ------------------------------------------------------------------------------------------------------- the keys
@@ -82,21 +61,15 @@ def test_the_same_seed_draws_the_same_images_and_another_seed_others():
     assert pixels(first) == pixels(again) and pixels(first) != pixels(other)
 
 
-def test_the_draw_is_the_same_in_every_process():
-    """Processes share no state: each computes the draw from the source and the seed (different hash seeds here)."""
-    script = ("import sys; sys.path.insert(0, 'tests'); import hashlib, numpy as np; from test_sampling import "
-              "sorted_table; from hf_snapvit.data.calibration import sample_images; images, labels = sample_images("
-              "sorted_table(10, 6).to_iterable_dataset(num_shards=4), 9, seed=7, label_column='label'); "
-              "print(hashlib.sha256(b''.join(i.tobytes() for i in images)).hexdigest(), labels.tolist())")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    # Both processes run at once, as a launcher starts them.
-    done = run_at_once([[sys.executable, "-c", script]] * 2, cwd=root,
-                       envs=[{**os.environ, "PYTHONHASHSEED": str(h), "RANK": str(h), "WORLD_SIZE": "2"} for h in (0, 1)])
-    outputs = {result.stdout for result in done}
-    assert len(outputs) == 1
-    images_here, labels_here = sample_images(sorted_table(10, 6).to_iterable_dataset(num_shards=4), 9, seed=7,
-                                             label_column="label")
-    assert str(labels_here.tolist()) in outputs.pop()
+@pytest.mark.launched("draw")
+def test_the_draw_is_the_same_in_every_process(launched):
+    """Processes share no state: each computes the draw from the source and the seed (tests/launched.py's ``draw``
+    scenario, in the session's launch of 2 processes and its one-process reference), under its own hash seed."""
+    done = [json.loads((launched.two / f"draw.rank{rank}.json").read_text()) for rank in (0, 1)]
+    done.append(json.loads((launched.one / "draw.rank0.json").read_text()))
+    assert done[0]["string_hash"] != done[1]["string_hash"]  # different hash seeds
+    images_here, labels_here = draw_of_a_sorted_stream()
+    assert {(d["images"], str(d["labels"])) for d in done} == {(digest(images_here), str(labels_here.tolist()))}
 
 
 def test_a_stream_of_several_shards_is_drawn_from_every_shard():
