@@ -131,7 +131,7 @@ def parse_config(spec: str, seed: int) -> tuple[str, hf_snapvit.SnapViTConfig]:
 
 def early_stop(history: list[dict], patience: int, threshold: float) -> int:
     """The generation a search with this early stopping ends at, read off a longer run's history: the stopped
-    search is the start of the longer one (tests/test_snapvit.py checks this)."""
+    search is the start of the longer one (tests/pruning/test_snapvit.py checks this)."""
     for g in range(1, len(history) + 1):
         if generations_without_improvement(history[:g], threshold) >= patience:
             return g

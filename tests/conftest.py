@@ -37,6 +37,13 @@ def case(request) -> Case:
     return request.param
 
 
+def pytest_configure(config) -> None:
+    """The processes tests start (a worker module under ``accelerate launch``, ``python -c``) import the tests' shared
+    modules as the tests do: pyproject's ``pythonpath`` folders go on their PYTHONPATH too."""
+    folders = [str(path) for path in config.getini("pythonpath")]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*filter(None, [os.environ.get("PYTHONPATH")]), *folders])
+
+
 def _heatmap_key(ranking, sparsities) -> tuple:
     """Everything of ``ranking`` (its timings aside, which no heatmap shows) and the rows: equal keys, equal PNGs."""
     import numpy as np

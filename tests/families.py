@@ -2,8 +2,8 @@
 and the supported-models page already have: the page's rows (registered and discovered backbones, timm's ViTs), the
 registered variants of :data:`helpers.CASES`, the task models of test_task_models and test_task_models_discovered,
 the discovered families of test_discovery (with a user's own model), test_discovery_wild and test_fused_qkv, and
-models with a mask token (which take ``bool_masked_pos``). tests/test_output_contract.py checks the contract on each;
-utils/supported_models.py says so on the page."""
+models with a mask token (which take ``bool_masked_pos``). tests/contract/test_output_contract.py checks the contract on
+each; utils/supported_models.py says so on the page."""
 
 from __future__ import annotations
 

@@ -149,7 +149,8 @@ def _cases() -> list[Case]:
         _case("clip-cls", T.CLIPForImageClassification,
               T.CLIPConfig(vision_config=vit, text_config=text, num_labels=5)),
         # mask_ratio 0, as hf_snapvit runs ViTMAE (its inference_config): tests compare hf_snapvit's computations
-        # with plain forwards, which would otherwise see 4 of 16 patches. test_new_families covers the default 0.75.
+        # with plain forwards, which would otherwise see 4 of 16 patches. architectures/test_families.py covers
+        # the default 0.75.
         _case("vit-mae", T.ViTMAEModel, T.ViTMAEConfig(**vit, mask_ratio=0.0), _mae_inputs),
         _case("vit-msn", T.ViTMSNModel, T.ViTMSNConfig(**vit)),
         # Per-block relative position bias tables: sliced with the heads.

@@ -1,7 +1,7 @@
 """Every field of a model's output by name, compared field by field; the forwards a family's contract is checked with
 (hidden states, eager attentions, tuples, another resolution, masked patches) and which of them stock transformers
-itself can run for the dense model. Used by tests/test_output_contract.py and utils/supported_models.py (the page
-says what the contract test checks, from the same probe)."""
+itself can run for the dense model. Used by tests/contract/test_output_contract.py and utils/supported_models.py (the
+page says what the contract test checks, from the same probe)."""
 
 from __future__ import annotations
 

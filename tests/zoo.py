@@ -1,4 +1,5 @@
-"""A declarative builder of tiny ``PreTrainedModel``s that almost look like ViTs (tests/test_hostile_zoo.py).
+"""A declarative builder of tiny ``PreTrainedModel``s that almost look like ViTs
+(tests/architectures/test_hostile_zoo.py).
 
 Every structural choice of a zoo model is data (``config.zoo``, defaults in :data:`DEFAULTS`); the model reads
 nothing else, so a case can hide, rename or falsify the config entries hf_snapvit reads (``image_size``,

@@ -1,5 +1,5 @@
-"""The hostile zoo's case table (tests/test_hostile_zoo.py): tiny module trees that almost look like ViTs, each with
-what is correct for it.
+"""The hostile zoo's case table (tests/architectures/test_hostile_zoo.py): tiny module trees that almost look like
+ViTs, each with what is correct for it.
 
 ``works``: must rank, save and load, equal to the independent mask. ``refuse``: must raise an hf_snapvit error that
 fits a few lines and matches ``reason``, writing nothing. ``works_or_refuse``: either, never a silent wrong slice;

@@ -3,10 +3,10 @@
 For every registered backbone and every family that discovery serves, a tiny random model is built in code, its spec
 is looked up (registered) or discovered, and the spec is proven on it (``hf_snapvit.surgery.proof.prove_spec``:
 reordering every unit changes nothing, and slicing to 75 % and 40 % of the units equals masking the rest). The table
-says what the spec prunes, the proof's result, and what tests/test_output_contract.py checks for the family: the
-forwards stock transformers runs for its dense model (tests/output_fields.py's ``stock_gaps``, the probe that test
-skips by) and the loads it compares field by field with the masked model. Task models are listed from the registry
-with the encoder and features they read and their contract. ``tests/test_supported_models.py`` checks that the
+says what the spec prunes, the proof's result, and what tests/contract/test_output_contract.py checks for the
+family: the forwards stock transformers runs for its dense model (tests/output_fields.py's ``stock_gaps``, the probe
+that test skips by) and the loads it compares field by field with the masked model. Task models are listed from the registry
+with the encoder and features they read and their contract. ``tests/package/test_supported_models.py`` checks that the
 committed page is what this script writes.
 
     python utils/supported_models.py                 # rewrites docs/supported-models.md
@@ -166,8 +166,8 @@ def _contract_families() -> dict[str, object]:
 
 
 def contract(name: str) -> str:
-    """What tests/test_output_contract.py checks for the family ``name`` of tests/families.py: every output field
-    equal to the masked model's, in the forwards stock transformers runs for the dense model, for each load."""
+    """What tests/contract/test_output_contract.py checks for the family ``name`` of tests/families.py: every output
+    field equal to the masked model's, in the forwards stock transformers runs for the dense model, for each load."""
     import output_fields
 
     family = _contract_families()[name]
@@ -179,7 +179,8 @@ def contract(name: str) -> str:
     return f"contract: {', '.join(k for k in output_fields.KINDS if k not in gaps)} = masked ({', '.join(loads)})"
 
 
-# The loads tests/test_output_contract.py compares (besides sparsity 0 = the untouched model), remote code aside.
+# The loads tests/contract/test_output_contract.py compares (besides sparsity 0 = the untouched model), remote code
+# aside.
 LOADS = ("sliced", "switchable", "to_sliced", "re-saved")
 
 
@@ -212,7 +213,7 @@ def page() -> str:
         "([architecture.md](architecture.md#models-no-registry-knows)). A refused family names what did not match.",
         "Their `*ForImageClassification` variants and dual-tower models use the same specs.",
         "",
-        "*contract* names what `tests/test_output_contract.py` checks on the same tiny model, its weights perturbed:",
+        "*contract* names what `tests/contract/test_output_contract.py` checks on the same tiny model, its weights perturbed:",
         "every field of the output (last hidden state, pooled output, logits, each hidden state, each attention,",
         "each tuple position) equals the dense model's with the dropped heads and neurons masked, for the forwards",
         "listed: *outputs* (the default call), *hidden states* (`output_hidden_states=True`), *attentions*",

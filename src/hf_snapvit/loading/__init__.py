@@ -9,5 +9,5 @@
 
 May import: architectures, surgery, data views, the elastic format (with a checkpoint's stored correction and the
 records of a fitting), and the text-only model cards. Never imports correction, recovery or fitting (the loader
-only loads), the pruner, evaluation, benchmarks, publishing or the CLI (``tests/test_layout.py`` checks it).
+only loads), the pruner, evaluation, benchmarks, publishing or the CLI (``tests/package/test_layout.py`` checks it).
 """

@@ -285,7 +285,7 @@ def test_a_bank_metric_without_a_bank_names_the_flag(elastic_dir, split_files, c
     one_line_error(code, err, "--bank-data", absent=("bank_data=",))
 
 
-# A push without a token names --token: tests/test_cli.py::test_push_without_a_token_fails_before_ranking.
+# A push without a token names --token: tests/cli/test_cli.py::test_push_without_a_token_fails_before_ranking.
 
 
 def test_quiet_silences_the_datasets_and_hub_progress_bars(elastic_dir, tmp_path, capsys):

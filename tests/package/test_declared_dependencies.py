@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("src", "tests", "benchmarks", "examples")
 PROJECT = "hf-snapvit"
 
@@ -106,7 +106,7 @@ def test_the_check_flags_an_import_that_only_arrives_through_another_package(tmp
     (tmp_path / "src").mkdir()
     script = tmp_path / "uses_yaml.py"
     script.write_text("import json\nimport torch\n\ndef load():\n    from yaml import safe_load\n    return safe_load\n")
-    declared = declared_distributions(Path(__file__).resolve().parents[1] / "pyproject.toml")
+    declared = declared_distributions(Path(__file__).resolve().parents[2] / "pyproject.toml")
     assert "pyyaml" not in declared and "torch" in declared
     assert undeclared_imports([script], declared) == {"yaml": ["uses_yaml.py"]}
 

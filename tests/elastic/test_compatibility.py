@@ -1,6 +1,6 @@
 """Elastic checkpoints written by earlier versions keep loading, to the same widths and outputs.
 
-``tests/data/pre_reorg_elastic.json`` holds the ``config.json`` that hf_snapvit wrote before the package was
+``tests/fixtures/pre_reorg_elastic.json`` holds the ``config.json`` that hf_snapvit wrote before the package was
 reorganised (commit bebd34f) for the tiny ``vit-cls`` model of ``tests/helpers.py`` ranked by magnitude, and the
 widths and summed logits that version loaded at four sparsities.
 """
@@ -17,7 +17,7 @@ import hf_snapvit as hs
 from hf_snapvit.architectures.budget import layer_widths
 from helpers import CASES
 
-FIXTURE = json.loads((Path(__file__).parent / "data" / "pre_reorg_elastic.json").read_text())
+FIXTURE = json.loads((Path(__file__).parents[1] / "fixtures" / "pre_reorg_elastic.json").read_text())
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from helpers import run_at_once
 from hf_snapvit.errors import MissingExtraError, SnapViTError
 from hf_snapvit.extras import EXTRAS, install_hint, require_extra
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OPTIONAL = ("matplotlib", "evaluate", "datasets")
 
 # Writes a tiny elastic checkpoint into sys.argv[1] (in a process that may have optional modules blocked).

@@ -55,7 +55,8 @@ def test_sparsity_zero_equals_untouched_base_model(elastic):
 def test_save_elastic_leaves_the_model_unchanged(case, tmp_path):
     model = case.build()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    # test_reliability_io saves this ranking too: the session draws its card's heatmap once (see conftest).
+    # reliability/test_untouched_inputs.py saves this ranking too: the session draws its card's heatmap once (see
+    # conftest).
     hs.save_elastic(model, hs.rank(model, method="random", seed=3), tmp_path / "out")
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "hf_snapvit"
+SRC = Path(__file__).resolve().parents[2] / "src" / "hf_snapvit"
 
 # Stage of each top-level module or package (or of a package's module of another stage), in data-flow order.
 STAGES: dict[str, int] = {
@@ -101,7 +101,7 @@ def _place(module: str) -> str:
 
 def _stage(module: str) -> int:
     top = _place(module)
-    assert top in STAGES, f"{module} has no stage in tests/test_layout.py: give it one in data-flow order"
+    assert top in STAGES, f"{module} has no stage in tests/package/test_layout.py: give it one in data-flow order"
     return STAGES[top]
 
 

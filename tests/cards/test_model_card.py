@@ -317,7 +317,7 @@ def test_sliced_checkpoint_without_ranking_only_describes_its_size(elastic, tmp_
 @requires_shared(SHARED_MODEL)
 def test_example_card_describes_the_shared_vit_tiny():
     """The checked-in card (benchmarks/make_example_card.py) against the real model, measured independently."""
-    example = Path(__file__).resolve().parents[1] / "model_cards" / "vit-tiny-tinyimagenet-elastic"
+    example = Path(__file__).resolve().parents[2] / "model_cards" / "vit-tiny-tinyimagenet-elastic"
     card = ModelCard((example / "README.md").read_text())
     assert card.data.library_name == "transformers" and card.data.pipeline_tag == "image-classification"
     assert card.data.base_model == "WinKawaks/vit-tiny-patch16-224"

@@ -22,7 +22,7 @@ from hf_snapvit.loading.latency_table import LATENCY_FILE, LatencyTable, device_
 
 from helpers import PROCESSOR, tiny_vit_classifier
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_example():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import SHARED, SHARED_MODEL, SHARED_TRAIN, SHARED_VALIDATION, requires_shared
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _example(script: str):

@@ -319,7 +319,7 @@ def test_when_neither_heads_nor_neurons_slice_the_one_reason_is_named_not_the_sh
 
 def test_snapvit_pruner_fit_proves_the_model_first(tmp_path):
     from helpers import PROCESSOR, images
-    from test_reliability_io import TINY_SNAPVIT
+    from test_untouched_inputs import TINY_SNAPVIT
 
     tied = _model()
     _tie(tied)

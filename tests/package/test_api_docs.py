@@ -11,7 +11,7 @@ from pathlib import Path
 
 import hf_snapvit
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 API_PAGE = ROOT / "docs" / "api.md"
 
 

@@ -14,7 +14,7 @@ from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
 from hf_snapvit.pruning.methods.snapvit import pruner as snapvit_module
 from hf_snapvit.pruning.xnes import XNES
 from helpers import CASES, PROCESSOR, images
-from test_reliability_resume import interrupted_in_generation
+from test_resume import interrupted_in_generation
 from test_snapvit import fit, forward_precision
 
 CASE = {c.name: c for c in CASES}

@@ -14,7 +14,8 @@ from helpers import load_benchmark
 def test_the_offloaded_rankings_equal_the_plain_one(tmp_path):
     script = load_benchmark("offloaded_ranking")
     output = tmp_path / "offloaded.json"
-    # cpu_offload's ranking equals the plain one in tests/test_big_models.py; here the script's two-process comparison.
+    # cpu_offload's ranking equals the plain one in tests/loading/test_placement.py; here the script's two-process
+    # comparison.
     assert script.main(["--shape", "tiny", "--images", "4", "--generations", "1", "--modes", "plain", "disk",
                         "--output", str(output)]) == 0
     rows = {row["mode"]: row for row in json.loads(output.read_text())["rows"]}

@@ -41,7 +41,7 @@ import json, sys, time
 import hf_snapvit as hs
 from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
 from helpers import CASES, PROCESSOR, images
-from test_reliability_resume import TINY, hang
+from test_resume import TINY, hang
 
 evaluate, calls = EmbeddingFitness.batch_loss, [0]
 def hang_in_generation_4(self, *args, **kwargs):
@@ -67,7 +67,7 @@ import sys, time
 import torch
 import hf_snapvit.recovery as recovery
 from helpers import CASES, images
-from test_reliability_resume import RECOVERY, hang, student_of, recovery_pixels
+from test_resume import RECOVERY, hang, student_of, recovery_pixels
 
 forward, calls = recovery.forward_outputs, [0]
 def hang_in_step_5(*args, **kwargs):

@@ -29,7 +29,7 @@ from hf_snapvit.evaluation.features import has_classifier
 from hf_snapvit.loading import sliced
 from helpers import CASES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BY_NAME = {case.name: case for case in CASES}
 PUBLIC = {"transformers", "transformers.utils"}
 # Each private module the package imports, and the test below that blocks it.

@@ -332,7 +332,7 @@ def test_device_map_auto_picks_the_one_device_and_strategies_are_refused(saved):
     assert {p.device.type for p in model.parameters()} == {expected}
     model = hs.ElasticViTModel.from_pretrained(path, sparsity=0.4, device_map={"": "cpu"})
     assert {p.device.type for p in model.parameters()} == {"cpu"}
-    # Dicts and strategies are placed by accelerate: tests/test_big_models.py.
+    # Dicts and strategies are placed by accelerate: tests/loading/test_placement.py.
 
 
 class _Images(torch.utils.data.Dataset):

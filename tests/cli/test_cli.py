@@ -26,7 +26,7 @@ from hf_snapvit.cli import COMMANDS, main
 
 from helpers import output_of, run_at_once
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
