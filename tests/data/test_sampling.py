@@ -84,11 +84,11 @@ def test_the_same_seed_draws_the_same_images_and_another_seed_others():
 
 def test_the_draw_is_the_same_in_every_process():
     """Processes share no state: each computes the draw from the source and the seed (different hash seeds here)."""
-    script = ("import sys; sys.path.insert(0, 'tests'); import hashlib, numpy as np; from test_sampling import "
+    script = ("import sys; sys.path.insert(0, 'tests/data'); import hashlib, numpy as np; from test_sampling import "
               "sorted_table; from hf_snapvit.data.calibration import sample_images; images, labels = sample_images("
               "sorted_table(10, 6).to_iterable_dataset(num_shards=4), 9, seed=7, label_column='label'); "
               "print(hashlib.sha256(b''.join(i.tobytes() for i in images)).hexdigest(), labels.tolist())")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     # Both processes run at once, as a launcher starts them.
     done = run_at_once([[sys.executable, "-c", script]] * 2, cwd=root,
                        envs=[{**os.environ, "PYTHONHASHSEED": str(h), "RANK": str(h), "WORLD_SIZE": "2"} for h in (0, 1)])

@@ -398,7 +398,7 @@ def scenario(out: Path, rank: int) -> None:
 
 @pytest.mark.slow  # launches two accelerate processes
 def test_two_processes_recover_like_one(tmp_path):
-    from test_distributed import _free_port
+    from helpers import free_port as _free_port
 
     teacher = CASE["vit-cls"].build()
     hf_snapvit.save_elastic(teacher, hf_snapvit.rank(teacher, method="magnitude"), tmp_path / "elastic",
