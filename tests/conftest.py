@@ -11,6 +11,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 # Before transformers and huggingface_hub are imported: they read these settings once, at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,6 +31,7 @@ logging.set_verbosity_error()
 logging.disable_progress_bar()
 
 from helpers import CASES, PROCESSOR, Case, save_tiny_vit_folder, write_image_parquet  # noqa: E402
+from support.hub import FakeHub  # noqa: E402
 
 
 @pytest.fixture(params=CASES, ids=lambda c: c.name)
@@ -37,11 +39,21 @@ def case(request) -> Case:
     return request.param
 
 
+@pytest.fixture
+def hub(monkeypatch) -> FakeHub:
+    """The Hub's stand-in, installed at the ``HfApi`` boundary for one test: what each commit would hold."""
+    fake = FakeHub()
+    fake.install(monkeypatch)
+    return fake
+
+
 def pytest_configure(config) -> None:
     """The processes tests start (a worker module under ``accelerate launch``, ``python -c``) import the tests' shared
     modules as the tests do: pyproject's ``pythonpath`` folders go on their PYTHONPATH too."""
     folders = [str(path) for path in config.getini("pythonpath")]
     os.environ["PYTHONPATH"] = os.pathsep.join([*filter(None, [os.environ.get("PYTHONPATH")]), *folders])
+    config.addinivalue_line("markers", "launched(scenario): the test reads SCENARIO of tests/launched.py from the "
+                            "session's one 2-process launch, through the `launched` fixture")
 
 
 def _heatmap_key(ranking, sparsities) -> tuple:
@@ -89,6 +101,35 @@ def draw_each_card_heatmap_once():
         yield
 
 
+class _Checkpoints(dict):
+    """``name -> folder``, each folder written when its name is first looked up."""
+
+    def __init__(self, write: Callable[[str], Path]) -> None:
+        super().__init__()
+        self._write = write
+
+    def __missing__(self, name: str) -> Path:
+        self[name] = self._write(name)
+        return self[name]
+
+
+@pytest.fixture(scope="session")
+def elastic(tmp_path_factory) -> dict[str, Path]:
+    """``elastic[name]``: folder of an elastic checkpoint of the tiny ``name`` model of ``helpers.CASES``, ranked at
+    random (seed 1: every unit moves, so sizes differ in every block), without a model card (drawing its heatmap is
+    most of a save's time); written on first use, once per session; tests must not modify it."""
+    import hf_snapvit as hs
+
+    cases = {c.name: c for c in CASES}
+
+    def write(name: str) -> Path:
+        model, folder = cases[name].build(), tmp_path_factory.mktemp(f"random-{name}")
+        hs.save_elastic(model, hs.rank(model, method="random", seed=1), folder, model_card=False)
+        return folder
+
+    return _Checkpoints(write)
+
+
 @pytest.fixture(scope="session")
 def tiny_elastic(tmp_path_factory):
     """``tiny_elastic(name)``: folder of an elastic checkpoint (magnitude ranking, :data:`helpers.PROCESSOR` saved
@@ -131,11 +172,6 @@ def elastic_dir(model_dir, tmp_path_factory):
     processor = transformers.AutoImageProcessor.from_pretrained(model_dir)
     hs.save_elastic(model, hs.rank(model, method="magnitude"), folder, image_processor=processor)
     return folder
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "launched(scenario): the test reads SCENARIO of tests/launched.py from the "
-                            "session's one 2-process launch, through the `launched` fixture")
 
 
 @dataclass

@@ -23,6 +23,7 @@ from transformers import ViTImageProcessor
 
 import hf_snapvit
 from hf_snapvit.architectures import get_attention, get_layers, get_mlp, get_projection, get_spec, head_dim
+from hf_snapvit.correction import CorrectionConfig
 from hf_snapvit.data.views import MultiCropConfig
 from hf_snapvit.pruning.scoring import ScoreConfig
 
@@ -316,3 +317,65 @@ def write_image_parquet(path: Path, count: int = 24, classes: int = 5, corrupt: 
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=classes)})
     datasets.Dataset.from_list(rows, features=features).to_parquet(str(path))
     return path
+
+
+# Tiny SnapViT searches: one generation (what a test of the inputs needs) and two (what a test of the search needs).
+TINY_SNAPVIT = dict(num_gradient_images=3, num_fitness_images=6, max_generations=1, max_evaluations=None,
+                    fitness_sparsities=(0.1, 0.3), pca_components=8,
+                    scores=ScoreConfig(crops=MultiCropConfig(num_global=2, num_local=2)))
+TINY_SEARCH = dict(num_gradient_images=3, num_fitness_images=6, max_generations=2, max_evaluations=None,
+                   fitness_sparsities=(0.1, 0.3), pca_components=8,
+                   scores=ScoreConfig(crops=MultiCropConfig(num_local=2)))
+
+
+def fit(model, data=None, **overrides):
+    pruner = hf_snapvit.SnapViTPruner(hf_snapvit.SnapViTConfig(**{**TINY_SEARCH, **overrides}))
+    return pruner, pruner.fit(model, images(12) if data is None else data, processor=PROCESSOR, show_progress=False)
+
+
+def forward_precision(ranking) -> str:
+    """The autocast precision the search ran in ("auto" is bf16 on a CPU with bf16 matrix units)."""
+    return {"fp32": "no", "bf16": "bf16"}[ranking.provenance["precision"]]
+
+
+def interrupted_in_generation(n: int):
+    """``EmbeddingFitness.batch_loss`` that raises KeyboardInterrupt in the ``n``-th generation's evaluation."""
+    from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
+
+    evaluate, calls = EmbeddingFitness.batch_loss, [0]
+
+    def interrupted(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == n:
+            raise KeyboardInterrupt
+        return evaluate(self, *args, **kwargs)
+
+    return interrupted
+
+
+def data_of(case, n, seed=0):
+    """``(inputs, data)``: ``n`` seeded inputs of ``case`` and the calibration data they make (the pixels
+    alone where they are the only input)."""
+    inputs = case.inputs(n, seed) if seed else case.inputs(n)
+    return inputs, (inputs if len(inputs) > 1 else inputs["pixel_values"])
+
+
+def corrected_checkpoint(tmp_path, case, n=10, guard=False):
+    """An elastic checkpoint of ``case`` (random ranking) with its prefix correction, and the calibration data;
+    without the guard, the correction applies at every size and is fitted on every image."""
+    folder = tmp_path / case.name
+    model = case.build().eval()
+    hf_snapvit.save_elastic(model, hf_snapvit.rank(model, method="random", seed=1), folder)
+    _, data = data_of(case, n)
+    record = hf_snapvit.add_prefix_correction(folder, data, show_progress=False,
+                                              config=CorrectionConfig(num_samples=None, batch_size=4, guard=guard))
+    return folder, data, record
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a launch's rendezvous."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import runpy
-import socket
 import sys
 import time
 from pathlib import Path
@@ -48,7 +47,8 @@ from hf_snapvit.pruning.methods.snapvit import fitness
 from hf_snapvit.pruning.scoring import ScoreConfig
 from hf_snapvit.recovery import RecoveryConfig, recover, recover_
 
-from helpers import CASES, PROCESSOR, images, save_tiny_vit_folder, sliced, sorted_table, write_image_parquet
+from helpers import (CASES, PROCESSOR, free_port, images, save_tiny_vit_folder, sliced, sorted_table,
+                     write_image_parquet)
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE = {c.name: c for c in CASES}
@@ -283,12 +283,6 @@ def captured(folder: Path, rank: int) -> Iterator[None]:
             stream.flush()
             os.dup2(original, descriptor)
             os.close(original)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def next_port() -> int | None:

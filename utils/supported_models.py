@@ -4,10 +4,10 @@ For every registered backbone and every family that discovery serves, a tiny ran
 is looked up (registered) or discovered, and the spec is proven on it (``hf_snapvit.surgery.proof.prove_spec``:
 reordering every unit changes nothing, and slicing to 75 % and 40 % of the units equals masking the rest). The table
 says what the spec prunes, the proof's result, and what tests/contract/test_output_contract.py checks for the
-family: the forwards stock transformers runs for its dense model (tests/output_fields.py's ``stock_gaps``, the probe
-that test skips by) and the loads it compares field by field with the masked model. Task models are listed from the registry
-with the encoder and features they read and their contract. ``tests/package/test_supported_models.py`` checks that the
-committed page is what this script writes.
+family: the forwards stock transformers runs for its dense model (tests/support/output_fields.py's ``stock_gaps``, the
+probe that test skips by) and the loads it compares field by field with the masked model. Task models are listed from
+the registry with the encoder and features they read and their contract. ``tests/package/test_supported_models.py``
+checks that the committed page is what this script writes.
 
     python utils/supported_models.py                 # rewrites docs/supported-models.md
     python utils/supported_models.py --check         # exit 1 if the page differs
@@ -157,18 +157,19 @@ def row(family: str) -> str:
 
 
 def _contract_families() -> dict[str, object]:
-    """tests/families.py's families by name (the tests folder holds the contract test's helpers)."""
+    """tests/support/families.py's families by name (the tests folder holds the contract test's helpers)."""
     if str(ROOT / "tests") not in sys.path:
         sys.path.insert(0, str(ROOT / "tests"))
-    import families
+    from support import families
 
     return {family.name: family for family in families.FAMILIES}
 
 
 def contract(name: str) -> str:
-    """What tests/contract/test_output_contract.py checks for the family ``name`` of tests/families.py: every output
-    field equal to the masked model's, in the forwards stock transformers runs for the dense model, for each load."""
-    import output_fields
+    """What tests/contract/test_output_contract.py checks for the family ``name`` of tests/support/families.py: every
+    output field equal to the masked model's, in the forwards stock transformers runs for the dense model, for each
+    load."""
+    from support import output_fields
 
     family = _contract_families()[name]
     model = family.build()
@@ -185,7 +186,7 @@ LOADS = ("sliced", "switchable", "to_sliced", "re-saved")
 
 
 def task_contract(model_type: str) -> str:
-    """The contract of the task models of ``model_type`` that tests/families.py builds."""
+    """The contract of the task models of ``model_type`` that tests/support/families.py builds."""
     found = [(name, f) for name, f in _contract_families().items() if getattr(f, "model_type", None) == model_type
              and name.startswith("task ")]
     return "; ".join(f"{contract(name)} (`{name}`)" for name, _ in found) or "not in the contract test"

@@ -12,11 +12,8 @@ import re
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 import transformers
-from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutputWithPooling
+from transformers import PreTrainedModel
 
 import hf_snapvit as hs
 from hf_snapvit.architectures import discovery, get_spec
@@ -24,8 +21,9 @@ from hf_snapvit.architectures.embedding import dummy_inputs, image_embedding
 from hf_snapvit.elastic.remote_code import remote_module_source
 from hf_snapvit.surgery import proof
 from hf_snapvit.surgery.slicing import slice_model_
-import zoo_cases
 from helpers import masked_copy
+from support import zoo_cases
+from support.discovered import perturbed, relpos_model
 
 SMALL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, image_size=32,
              patch_size=8)
@@ -38,23 +36,14 @@ def fresh_discoveries(monkeypatch):
     monkeypatch.setattr(proof, "_PROVEN", set())
 
 
-def _perturbed(model: PreTrainedModel) -> PreTrainedModel:
-    """``model`` in eval mode, every weight moved off its init (zero biases would hide a wrong slice)."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.05)
-    return model.eval()
-
-
 def xclip() -> PreTrainedModel:
     torch.manual_seed(0)
-    return _perturbed(transformers.XCLIPVisionModel(transformers.XCLIPVisionConfig(**SMALL, num_frames=2)))
+    return perturbed(transformers.XCLIPVisionModel(transformers.XCLIPVisionConfig(**SMALL, num_frames=2)))
 
 
 def timesformer() -> PreTrainedModel:
     torch.manual_seed(0)
-    return _perturbed(transformers.TimesformerModel(transformers.TimesformerConfig(**SMALL, num_frames=2)))
+    return perturbed(transformers.TimesformerModel(transformers.TimesformerConfig(**SMALL, num_frames=2)))
 
 
 def timm_vit(architecture: str, **arguments) -> PreTrainedModel:
@@ -63,82 +52,7 @@ def timm_vit(architecture: str, **arguments) -> PreTrainedModel:
     config = transformers.TimmWrapperConfig(architecture=architecture, num_labels=5, pretrained_cfg={
         "input_size": [3, 32, 32]}, model_args=dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4,
                                                     mlp_ratio=1.5, **arguments))
-    return _perturbed(transformers.TimmWrapperForImageClassification(config))
-
-
-class RelPosConfig(PretrainedConfig):
-    model_type = "hf_snapvit_test_relpos"
-
-    def __init__(self, width=32, depth=2, heads=4, ffn=48, image_size=32, patch_size=8, num_channels=3, **kwargs):
-        super().__init__(**kwargs)
-        self.width, self.depth, self.num_attention_heads, self.ffn = width, depth, heads, ffn
-        self.image_size, self.patch_size, self.num_channels = image_size, patch_size, num_channels
-
-
-class RelPosAttention(nn.Module):
-    """timm's relative-position attention, merging its heads to whatever width they have (timm's own merges to the
-    model width, so its heads cannot go): the bias comes from timm's ``RelPosMlp``, whose last layer has one output
-    row per head and which views the bias to ``bias_shape`` (ending in the head count)."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.num_heads, self.head_dim = config.num_attention_heads, config.width // config.num_attention_heads
-        self.qkv, self.proj = nn.Linear(config.width, 3 * config.width), nn.Linear(config.width, config.width)
-        from timm.layers import RelPosMlp  # timm is part of the [test] extra
-
-        side = config.image_size // config.patch_size
-        self.rel_pos = RelPosMlp(window_size=(side, side), num_heads=self.num_heads, hidden_dim=16,
-                                             prefix_tokens=1)
-
-    def forward(self, x):
-        b, n, _ = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.rel_pos.get_bias())
-        return self.proj(out.transpose(1, 2).reshape(b, n, -1))
-
-
-class RelPosBlock(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.n1, self.n2 = nn.LayerNorm(config.width), nn.LayerNorm(config.width)
-        self.attn = RelPosAttention(config)
-        self.mlp = nn.Sequential(nn.Linear(config.width, config.ffn), nn.GELU(), nn.Linear(config.ffn, config.width))
-
-    def forward(self, x):
-        x = x + self.attn(self.n1(x))
-        return x + self.mlp(self.n2(x))
-
-
-class RelPosModel(PreTrainedModel):
-    config_class = RelPosConfig
-    base_model_prefix = "relpos"
-    main_input_name = "pixel_values"
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.patchify = nn.Conv2d(config.num_channels, config.width, config.patch_size, config.patch_size)
-        self.cls = nn.Parameter(torch.zeros(1, 1, config.width))
-        self.blocks = nn.ModuleList(RelPosBlock(config) for _ in range(config.depth))
-        self.norm = nn.LayerNorm(config.width)
-        self.post_init()
-
-    def forward(self, pixel_values, **kwargs):
-        x = self.patchify(pixel_values).flatten(2).transpose(1, 2)
-        x = torch.cat([self.cls.expand(len(x), -1, -1), x], 1)
-        for block in self.blocks:
-            x = block(x)
-        x = self.norm(x)
-        return BaseModelOutputWithPooling(last_hidden_state=x, pooler_output=x[:, 0])
-
-
-AutoConfig.register(RelPosConfig.model_type, RelPosConfig, exist_ok=True)
-AutoModel.register(RelPosConfig, RelPosModel, exist_ok=True)
-
-
-def relpos_model() -> RelPosModel:
-    pytest.importorskip("timm", reason="timm is part of the [test] extra")
-    torch.manual_seed(0)
-    return _perturbed(RelPosModel(RelPosConfig()))
+    return perturbed(transformers.TimmWrapperForImageClassification(config))
 
 
 def _outputs(model, inputs) -> torch.Tensor:

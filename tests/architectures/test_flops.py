@@ -25,7 +25,7 @@ from hf_snapvit.architectures.skeleton import skeleton
 from hf_snapvit.errors import RankingFormatError
 from hf_snapvit.surgery import proof
 from helpers import CASES
-from zoo_cases import BY_NAME
+from support.zoo_cases import BY_NAME
 
 CASE = {c.name: c for c in CASES}
 

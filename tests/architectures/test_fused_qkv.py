@@ -18,46 +18,7 @@ from hf_snapvit.architectures import discovery, get_spec
 from hf_snapvit.architectures.embedding import dummy_inputs
 from hf_snapvit.surgery.proof import _output
 from helpers import masked_copy
-
-
-def _sam() -> transformers.PreTrainedModel:
-    """SAM's image encoder: windowed and global attention, relative-position tables shared by the heads, a neck."""
-    config = transformers.SamVisionConfig(hidden_size=32, output_channels=16, num_hidden_layers=2,
-                                          num_attention_heads=4, mlp_dim=48, image_size=32, patch_size=8,
-                                          window_size=2, global_attn_indexes=[1], num_pos_feats=8)
-    return transformers.SamVisionModel(config)
-
-
-def _blip2() -> transformers.PreTrainedModel:
-    """BLIP-2's vision tower: a fused qkv with a bias, registered with every head kept (see its spec)."""
-    config = transformers.Blip2VisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                            num_attention_heads=4, image_size=32, patch_size=8)
-    return transformers.Blip2VisionModel(config)
-
-
-def _qwen2_vl() -> transformers.PreTrainedModel:
-    """Qwen2-VL's vision tower: 2-D rotary positions, a patch merger, and one sequence of every image's patches with
-    their grids as input (``forward(hidden_states, grid_thw)``), a class transformers does not export."""
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
-
-    config = transformers.Qwen2VLVisionConfig(depth=2, embed_dim=32, hidden_size=48, num_heads=4, mlp_ratio=2,
-                                              patch_size=8, spatial_merge_size=2, temporal_patch_size=2,
-                                              image_size=32)
-    return Qwen2VisionTransformerPretrainedModel(config)
-
-
-# name -> (tiny model, found by discovery, heads pruned, a sparsity its floors allow: FFN neurons alone go in BLIP-2,
-# Qwen2-VL's patch merger is a large share of its tiny tower)
-FAMILIES = {"sam": (_sam, True, True, 0.3), "blip-2": (_blip2, False, False, 0.2),
-            "qwen2-vl": (_qwen2_vl, True, True, 0.2)}
-
-
-def _perturbed(model: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
-    """Weights moved off their initial values (zero biases and tables would hide a wrong slice)."""
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.05)
-    return model.eval()
+from support.fused import FAMILIES, blip2, blip2_whole, blip2_whole_inputs, perturbed, qwen2_vl
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -65,7 +26,7 @@ def saved(request, tmp_path_factory):
     """``(name, model, ranking, stored ranking, folder)``: the tiny model ranked by magnitude and saved elastic."""
     torch.manual_seed(0)
     build, discovered, _, _ = FAMILIES[request.param]
-    model = _perturbed(build())
+    model = perturbed(build())
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(discovery, "_DISCOVERED", {})
         patch.setattr(proof, "_PROVEN", set())
@@ -152,7 +113,7 @@ def test_blip2_by_discovery_alone_keeps_every_head_as_its_registered_spec_does(m
 
     monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items()
                                                 if k != "blip_2_vision_model"})
-    model = _perturbed(_blip2())
+    model = perturbed(blip2())
     with pytest.warns(UserWarning, match=r"keeps every attention head.*with fewer heads, slicing with it failed"):
         ranking = hs.rank(model, method="magnitude", show_progress=False)
     assert discovery.is_discovered(get_spec(model)) and not get_spec(model).prune_heads
@@ -168,7 +129,7 @@ def test_blip2_by_discovery_alone_keeps_every_head_as_its_registered_spec_does(m
 def test_a_ranking_that_would_drop_blip2_heads_is_refused_before_writing(tmp_path):
     import dataclasses
 
-    model = _perturbed(_blip2())
+    model = perturbed(blip2())
     ranking = hs.rank(model, method="magnitude", show_progress=False)
     assert ranking.min_head_keep_ratio == 1.0  # rank() keeps every head of a spec that cannot prune them
     with pytest.raises(hs.ConfigError, match="keeps all of them"):
@@ -189,7 +150,7 @@ def test_grid_inputs_are_laid_out_as_the_qwen2_vl_processor_lays_out_an_image():
     from hf_snapvit.architectures.inputs import grid_patchify
     from hf_snapvit.data.views import processor_inputs
 
-    model, processor = _qwen2_vl(), _qwen2_vl_processor()
+    model, processor = qwen2_vl(), _qwen2_vl_processor()
     image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
     out = processor(images=[image], return_tensors="pt")
     mean, std = torch.tensor(processor.image_mean)[:, None, None], torch.tensor(processor.image_std)[:, None, None]
@@ -208,7 +169,7 @@ def test_snapvit_ranks_qwen2_vl_from_images_through_its_own_processor():
     from hf_snapvit.pruning.scoring import ScoreConfig
     from hf_snapvit.data.views import MultiCropConfig
 
-    model = _perturbed(_qwen2_vl())
+    model = perturbed(qwen2_vl())
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)) for _ in range(8)]
     config = hs.SnapViTConfig.preset("fast", num_gradient_images=2, num_fitness_images=4, max_generations=1,
@@ -218,29 +179,9 @@ def test_snapvit_ranks_qwen2_vl_from_images_through_its_own_processor():
     assert ranking.provenance["method"] == "snapvit" and ranking.keep_counts(0.2).sparsity > 0.15
 
 
-def blip2_whole() -> transformers.Blip2ForConditionalGeneration:
-    """BLIP-2 whole: its vision tower, Q-Former and a one-block OPT."""
-    config = transformers.Blip2Config(
-        vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                           image_size=32, patch_size=8),
-        qformer_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
-                            encoder_hidden_size=32),
-        text_config=dict(model_type="opt", hidden_size=32, num_hidden_layers=1, num_attention_heads=4, ffn_dim=37,
-                         vocab_size=128, word_embed_proj_dim=32, max_position_embeddings=64),
-        num_query_tokens=4, image_token_index=100)
-    return transformers.Blip2ForConditionalGeneration(config)
-
-
-def blip2_whole_inputs(model: transformers.PreTrainedModel) -> dict:
-    """Four image tokens (the Q-Former's queries) and four text tokens, one image."""
-    ids = torch.cat([torch.full((1, 4), 100), torch.tensor([[2, 5, 6, 7]])], 1)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-            "pixel_values": torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))}
-
-
 def test_blip2_whole_ranks_on_what_its_qformer_reads_keeps_every_head_and_generates(tmp_path):
     torch.manual_seed(0)
-    model = _perturbed(blip2_whole())
+    model = perturbed(blip2_whole())
     inputs = blip2_whole_inputs(model)
     ids = inputs["input_ids"]
     ranking = hs.rank(model, method="magnitude", show_progress=False)
@@ -266,7 +207,7 @@ def test_a_grid_tower_is_corrected_recovered_and_evaluated_on_images_of_any_shap
     from hf_snapvit.evaluation.features import extract_features
 
     torch.manual_seed(0)
-    model = _perturbed(_qwen2_vl())
+    model = perturbed(qwen2_vl())
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)) for _ in range(16)]
     processor = _qwen2_vl_processor()

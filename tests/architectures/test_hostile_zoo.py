@@ -1,6 +1,6 @@
-"""The hostile zoo (issue 63, point 6): tiny module trees that almost look like ViTs (tests/zoo_cases.py), each
+"""The hostile zoo (issue 63, point 6): tiny module trees that almost look like ViTs (tests/support/zoo_cases.py), each
 ranked, saved and loaded as a user would, and held to what is correct for it: a slice equal to a mask built from the
-case's own ground truth (tests/zoo.py, never hf_snapvit's spec) at two sparsities, sliced and switchable, with
+case's own ground truth (tests/support/zoo.py, never hf_snapvit's spec) at two sparsities, sliced and switchable, with
 parameter and GFLOP counts that match what runs; or a refusal by an hf_snapvit error of a few lines that names the
 reason, with nothing written and the caller's model untouched.
 
@@ -25,10 +25,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import hf_snapvit as hs
-import zoo
+from support import zoo
 from hf_snapvit.architectures import discovery
 from hf_snapvit.surgery import proof
-from zoo_cases import BY_NAME, CASES, DELETE, Case
+from support.zoo_cases import BY_NAME, CASES, DELETE, Case
 
 FRACTIONS = (0.35, 0.85)  # the two sparsities, as fractions of the ranking's largest
 MAX_MESSAGE = 600  # characters a refusal may take ("a few lines")

@@ -5,8 +5,6 @@ size is the stock task class."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -22,152 +20,10 @@ from hf_snapvit.elastic.ranking import ElasticRanking
 from hf_snapvit.surgery.slicing import slice_model_
 
 from helpers import FEW_CROPS, PROCESSOR, images, masked_copy
-
-IMAGE_TOKEN = 100
-
-
-def _vision(layers: int = 3, heads: int = 4, head_width: int = 8, ffn: int = 64, **extra) -> dict:
-    return dict(hidden_size=heads * head_width, num_hidden_layers=layers, num_attention_heads=heads,
-                intermediate_size=ffn, image_size=32, patch_size=8, **extra)
-
-
-def _text() -> T.LlamaConfig:
-    return dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                intermediate_size=37, vocab_size=128, head_dim=8)
-
-
-def _depth_anything(**vision):
-    backbone = T.Dinov2Config(**{**_vision(**vision), "mlp_ratio": 2}, out_indices=[1, 2, 3][:vision.get("layers", 3)],
-                              reshape_hidden_states=False)
-    return T.DepthAnythingForDepthEstimation(T.DepthAnythingConfig(
-        backbone_config=backbone, neck_hidden_sizes=[8, 16, 32], fusion_hidden_size=16, reassemble_factors=[4, 2, 1],
-        head_hidden_size=8, patch_size=8, reassemble_hidden_size=backbone.hidden_size))
-
-
-def _dpt(**vision):
-    backbone = T.Dinov2Config(**{**_vision(**vision), "mlp_ratio": 2}, out_indices=[1, 2, 3][:vision.get("layers", 3)],
-                              reshape_hidden_states=False)
-    return T.DPTForDepthEstimation(T.DPTConfig(
-        backbone_config=backbone, is_hybrid=False, neck_hidden_sizes=[8, 16, 32], fusion_hidden_size=16,
-        reassemble_factors=[4, 2, 1], head_in_index=-1, hidden_size=backbone.hidden_size))
-
-
-def _zoedepth(**vision):
-    # BEiT with per-block relative position tables (sliced with the heads); two feature maps: the neck takes one per
-    # out_index.
-    backbone = T.BeitConfig(**_vision(**vision), out_indices=[1, vision.get("layers", 3)], reshape_hidden_states=False,
-                            use_relative_position_bias=True)
-    return T.ZoeDepthForDepthEstimation(T.ZoeDepthConfig(
-        backbone_config=backbone, backbone_hidden_size=backbone.hidden_size, bottleneck_features=16,
-        fusion_hidden_size=16, neck_hidden_sizes=[16, 16], reassemble_factors=[1, 1]))
-
-
-def _llava(**vision):
-    return T.LlavaForConditionalGeneration(T.LlavaConfig(
-        vision_config=T.CLIPVisionConfig(**_vision(**vision)), text_config=T.LlamaConfig(**_text()),
-        image_token_index=IMAGE_TOKEN))
-
-
-def _llava_next(**vision):
-    return T.LlavaNextForConditionalGeneration(T.LlavaNextConfig(
-        vision_config=T.CLIPVisionConfig(**_vision(**vision)), text_config=T.LlamaConfig(**_text()),
-        image_token_index=IMAGE_TOKEN, image_grid_pinpoints=[[32, 32], [32, 64]]))
-
-
-def _paligemma(**vision):
-    return T.PaliGemmaForConditionalGeneration(T.PaliGemmaConfig(
-        vision_config=T.SiglipVisionConfig(**_vision(**vision)), text_config=T.GemmaConfig(**_text()),
-        image_token_index=IMAGE_TOKEN, projection_dim=32))
-
-
-def _llava_onevision(**vision):
-    return T.LlavaOnevisionForConditionalGeneration(T.LlavaOnevisionConfig(
-        vision_config=T.SiglipVisionConfig(**_vision(**vision)), text_config=T.Qwen2Config(**_text()),
-        image_token_index=IMAGE_TOKEN, image_grid_pinpoints=[[32, 32]]))
-
-
-def _vipllava(**vision):
-    return T.VipLlavaForConditionalGeneration(T.VipLlavaConfig(
-        vision_config=T.CLIPVisionConfig(**_vision(**vision)), text_config=T.LlamaConfig(**_text()),
-        image_token_index=IMAGE_TOKEN, vision_feature_layers=[-2, 1]))
-
-
-def _gemma3(**vision):
-    return T.Gemma3ForConditionalGeneration(T.Gemma3Config(
-        vision_config=T.SiglipVisionConfig(**_vision(**vision)), text_config=T.Gemma3TextConfig(**_text()),
-        image_token_index=IMAGE_TOKEN, mm_tokens_per_image=4))
-
-
-def _pixels(batch: int = 2, seed: int = 0) -> torch.Tensor:
-    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
-
-
-def _depth_inputs(model) -> dict:
-    return {"pixel_values": _pixels()}
-
-
-def _vlm_inputs(model, image_tokens: int | None = None) -> dict:
-    tokens = image_tokens or (32 // 8) ** 2  # one token per patch (LLaVA drops CLS; SigLIP has none)
-    text = torch.tensor([[1, 5, 9]] * 2)
-    ids = torch.cat([torch.full((2, tokens), IMAGE_TOKEN), text], 1)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": _pixels()}
-
-
-def _next_inputs(model) -> dict:
-    inputs = _vlm_inputs(model, image_tokens=52)  # 3 tiles of 4x4 patches at 32x64, packed with newline tokens
-    inputs["pixel_values"] = torch.randn(2, 3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    inputs["image_sizes"] = torch.tensor([[32, 64], [32, 64]])
-    return inputs
-
-
-def _onevision_inputs(model) -> dict:
-    inputs = _vlm_inputs(model, image_tokens=36)  # 2 tiles of 4x4 patches, pooled and packed with newline tokens
-    inputs["pixel_values"] = torch.randn(2, 2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    inputs["image_sizes"] = torch.tensor([[32, 32], [32, 32]])
-    return inputs
-
-
-@dataclass
-class TaskCase:
-    name: str
-    build: Callable[..., T.PreTrainedModel]
-    inputs: Callable[[T.PreTrainedModel], dict]
-    generates: bool = False
-
-    def __repr__(self) -> str:
-        return self.name
-
-    def model(self, seed: int = 0, **vision) -> T.PreTrainedModel:
-        torch.manual_seed(seed)
-        model = self.build(**vision)
-        with torch.no_grad():  # move every weight off its init, so that each one shows in comparisons
-            for p in model.parameters():
-                p.add_(torch.randn_like(p) * 0.02)
-        return model.eval()
-
-
-TASKS = [
-    TaskCase("depth_anything", _depth_anything, _depth_inputs),
-    TaskCase("dpt-dinov2", _dpt, _depth_inputs),
-    TaskCase("llava", _llava, _vlm_inputs, generates=True),
-    TaskCase("llava_next", _llava_next, _next_inputs, generates=True),
-    TaskCase("paligemma", _paligemma, _vlm_inputs, generates=True),
-    TaskCase("llava_onevision", _llava_onevision, _onevision_inputs, generates=True),
-    TaskCase("vipllava", _vipllava, _vlm_inputs, generates=True),
-    TaskCase("gemma3", _gemma3, lambda model: _vlm_inputs(model, image_tokens=4), generates=True),
-    TaskCase("zoedepth-beit", _zoedepth, _depth_inputs),
-]
-
-
-def task_output(model, inputs) -> torch.Tensor:
-    """What the task model gives its user: the depth map, or the language model's logits."""
-    with torch.no_grad():
-        out = model(**inputs)
-    return out.predicted_depth if hasattr(out, "predicted_depth") else out.logits
-
+from support.task_models import TASKS, next_inputs, task_output, task_pixels, vlm_inputs
 
 @pytest.fixture(scope="module", params=TASKS, ids=repr)
-def elastic(request, tmp_path_factory):
+def task_checkpoint(request, tmp_path_factory):
     case = request.param
     model = case.model()
     folder = tmp_path_factory.mktemp(case.name)
@@ -180,23 +36,23 @@ def test_supported_model_types_list_the_task_models():
     assert {"depth_anything", "dpt", "llava", "llava_next", "paligemma"} <= set(supported_model_types())
 
 
-def test_stock_from_pretrained_of_the_elastic_checkpoint_equals_dense(elastic):
-    case, model, folder = elastic
+def test_stock_from_pretrained_of_the_elastic_checkpoint_equals_dense(task_checkpoint):
+    case, model, folder = task_checkpoint
     stock = type(model).from_pretrained(folder).eval()
     inputs = case.inputs(model)
     torch.testing.assert_close(task_output(stock, inputs), task_output(model, inputs), rtol=1e-4, atol=1e-5)
 
 
-def test_sparsity_zero_equals_dense(elastic):
-    case, model, folder = elastic
+def test_sparsity_zero_equals_dense(task_checkpoint):
+    case, model, folder = task_checkpoint
     loaded = ElasticViTModel.from_pretrained(folder, sparsity=0.0)
     inputs = case.inputs(model)
     assert layer_widths(loaded) == layer_widths(model)
     torch.testing.assert_close(task_output(loaded, inputs), task_output(model, inputs), rtol=1e-4, atol=1e-5)
 
 
-def test_sparsity_030_is_the_stock_task_class_with_a_smaller_encoder(elastic):
-    case, model, folder = elastic
+def test_sparsity_030_is_the_stock_task_class_with_a_smaller_encoder(task_checkpoint):
+    case, model, folder = task_checkpoint
     sliced = ElasticViTModel.from_pretrained(folder, sparsity=0.3)
     assert isinstance(sliced, type(model)) and type(sliced).__name__ == type(model).__name__
     assert backbone_parameters(sliced) < 0.75 * backbone_parameters(model)
@@ -232,8 +88,8 @@ def test_masked_equals_sliced_on_random_encoders(case, seed):
                                rtol=1e-4, atol=1e-5)
 
 
-def test_a_switchable_task_model_equals_the_sliced_one_at_each_size(elastic):
-    case, model, folder = elastic
+def test_a_switchable_task_model_equals_the_sliced_one_at_each_size(task_checkpoint):
+    case, model, folder = task_checkpoint
     switchable = ElasticViTModel.from_pretrained(folder, switchable=True)
     assert isinstance(switchable, type(model))
     inputs = case.inputs(model)
@@ -272,7 +128,7 @@ def test_llava_unused_block_at_its_floors_gives_the_masked_models_outputs(tmp_pa
     ranking = ElasticRanking.from_dict(sliced.config.elastic_ranking)
     permuted = type(model).from_pretrained(tmp_path).eval()  # the elastic checkpoint: units in rank order
     keep = [(np.arange(h), np.arange(f)) for h, f in zip(heads, neurons)]
-    inputs = _vlm_inputs(model)
+    inputs = vlm_inputs(model)
     torch.testing.assert_close(task_output(sliced, inputs), task_output(masked_copy(permuted, keep), inputs),
                                rtol=1e-4, atol=1e-5)
     # The unused block's output never reaches the language model: zeroing it entirely changes nothing.
@@ -295,7 +151,7 @@ def test_snapvit_ranks_a_vlm_through_its_processor_and_the_features_it_reads():
 
 def test_the_embedding_is_the_token_mean_of_the_features_the_task_reads():
     model = TASKS[2].model(layers=3)
-    pixels = _pixels()
+    pixels = task_pixels()
     with torch.no_grad():
         hidden = model.model.vision_tower(pixel_values=pixels, output_hidden_states=True).hidden_states
         embedding = image_embedding(model, {"pixel_values": pixels})
@@ -369,7 +225,7 @@ def test_correction_and_recovery_fit_a_task_models_encoder_to_the_features_its_t
 
 def test_anyres_tiles_get_a_clear_error_naming_the_fix():
     model = TASKS[3].model()
-    tiles = _next_inputs(model)["pixel_values"]
+    tiles = next_inputs(model)["pixel_values"]
     with pytest.raises(hs.DataError, match=r"\[2, 3, 3, 32, 32\].*pixel_values\[:, 0\]"):
         image_embedding(model, {"pixel_values": tiles})
     assert image_embedding(model, {"pixel_values": tiles[:, 0]}).shape == (2, 32)
@@ -379,7 +235,7 @@ def test_evaluation_embeds_a_task_model_with_the_features_its_task_reads():
     from hf_snapvit.evaluation.features import extract_features, has_classifier
 
     model = TASKS[2].model()
-    pixels = _pixels(4)
+    pixels = task_pixels(4)
     assert not has_classifier(model)
     features = extract_features(model, pixels, batch_size=2, show_progress=False)
     assert features.logits is None

@@ -22,7 +22,7 @@ from hf_snapvit.architectures.embedding import dummy_inputs
 from hf_snapvit.surgery import proof
 from hf_snapvit.surgery.proof import _output
 from helpers import masked_copy
-from test_discovery import _TIMM, FAMILIES
+from support.discovered import FAMILIES, TIMM
 
 pytest.importorskip("timm", reason="timm is part of the [test] extra")
 _PRETRAINED = {"input_size": [3, 32, 32], "interpolation": "bicubic", "crop_pct": 1.0, "crop_mode": "center",
@@ -38,7 +38,7 @@ def fresh_discoveries(monkeypatch):
 
 def _classifier(architecture: str = "vit_tiny_patch16_224", **model_args) -> transformers.PreTrainedModel:
     torch.manual_seed(0)
-    config = transformers.TimmWrapperConfig(architecture=architecture, model_args={**_TIMM, **model_args},
+    config = transformers.TimmWrapperConfig(architecture=architecture, model_args={**TIMM, **model_args},
                                             pretrained_cfg=_PRETRAINED, num_labels=5)
     return transformers.TimmWrapperForImageClassification(config).eval()
 

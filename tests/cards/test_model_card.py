@@ -29,7 +29,7 @@ from helpers import CASES, PROCESSOR, SHARED, SHARED_MODEL, images, requires_sha
 
 
 @pytest.fixture(scope="module")
-def elastic(tmp_path_factory):
+def card_checkpoint(tmp_path_factory):
     torch.manual_seed(0)
     config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
                                     image_size=32, patch_size=8, num_labels=5)
@@ -53,8 +53,8 @@ def table(card: ModelCard) -> dict[str, list[str]]:
     return {cells[0]: cells for cells in ([c.strip() for c in row.strip("|").split("|")] for row in rows)}
 
 
-def test_metadata_follows_hub_conventions(elastic):
-    folder, _ = elastic
+def test_metadata_follows_hub_conventions(card_checkpoint):
+    folder, _ = card_checkpoint
     card = ModelCard(str(make_model_card(folder, base_model="google/vit-base-patch16-224", license="apache-2.0")))
     assert card.data.base_model == "google/vit-base-patch16-224"
     assert card.data.library_name == "transformers"
@@ -77,8 +77,8 @@ def test_backbone_gets_feature_extraction_tag_and_local_base_is_left_out(tmp_pat
     assert make_model_card(ranking).data.base_model == "facebook/dino-vits16"
 
 
-def test_table_matches_models_actually_loaded_at_each_sparsity(elastic):
-    folder, _ = elastic
+def test_table_matches_models_actually_loaded_at_each_sparsity(card_checkpoint):
+    folder, _ = card_checkpoint
     rows = table(make_model_card(folder, sparsities=(0.2, 0.4)))
     assert set(rows) == {"0 % (dense)", "20 %", "40 %"}
     for label, sparsity in (("20 %", 0.2), ("40 %", 0.4)):
@@ -92,8 +92,8 @@ def test_table_matches_models_actually_loaded_at_each_sparsity(elastic):
     assert rows["0 % (dense)"][1] == f"{backbone_parameters(dense) / 1e3:.1f} k"
 
 
-def test_evaluations_fill_table_and_model_index(elastic):
-    folder, _ = elastic
+def test_evaluations_fill_table_and_model_index(card_checkpoint):
+    folder, _ = card_checkpoint
     evaluations = [
         {"sparsity": 0.0, "metric": "accuracy", "value": 0.71, "dataset": "zh-plus/tiny-imagenet",
          "split": "validation", "num_samples": 500},
@@ -134,8 +134,8 @@ def test_evaluation_results_objects_expand_to_one_record_per_metric():
         parse_evaluations(results)
 
 
-def test_results_with_realised_sparsity_land_on_their_grid_row(elastic):
-    folder, ranking = elastic
+def test_results_with_realised_sparsity_land_on_their_grid_row(card_checkpoint):
+    folder, ranking = card_checkpoint
     realised = ranking.keep_counts(0.3).sparsity  # what an evaluation of the 30 % model reports
     assert realised != 0.3
     card = make_model_card(folder, evaluations=[_Result(sparsity=realised, top1=0.42, num_eval=10)],
@@ -158,8 +158,8 @@ def test_bad_evaluations_raise_clear_errors(bad, message):
     assert isinstance(error.value, (hf_snapvit.SnapViTError, ValueError))
 
 
-def test_sliced_checkpoint_card_describes_its_own_size(elastic, tmp_path):
-    folder, _ = elastic
+def test_sliced_checkpoint_card_describes_its_own_size(card_checkpoint, tmp_path):
+    folder, _ = card_checkpoint
     small = hf_snapvit.ElasticViTModel.from_pretrained(folder, sparsity=0.3)
     small.save_pretrained(tmp_path / "small")
     card = make_model_card(tmp_path / "small", sparsities=(0.1, 0.3, 0.5), repo_id="me/small")
@@ -173,8 +173,8 @@ def test_sliced_checkpoint_card_describes_its_own_size(elastic, tmp_path):
         make_model_card(tmp_path / "small", evaluations=[{"sparsity": 0.1, "metric": "a", "value": 1, "dataset": "d"}])
 
 
-def test_usage_snippet_runs_against_the_checkpoint(elastic):
-    folder, _ = elastic
+def test_usage_snippet_runs_against_the_checkpoint(card_checkpoint):
+    folder, _ = card_checkpoint
     card = make_model_card(folder, repo_id=str(folder))
     code = re.search(r"```python\n(.*?)```", card.text, re.S).group(1)
     load = [line for line in code.splitlines() if "from_pretrained" in line or " import " in line]
@@ -184,8 +184,8 @@ def test_usage_snippet_runs_against_the_checkpoint(elastic):
     assert sum(heads) < 12 and namespace["processor"] is not None
 
 
-def test_provenance_citation_and_preset(elastic):
-    folder, ranking = elastic
+def test_provenance_citation_and_preset(card_checkpoint):
+    folder, ranking = card_checkpoint
     text = make_model_card(folder).text
     assert "`random`" in text and "**Seed**: 3" in text
     assert "Elastic ViTs from Pretrained Models without Retraining" in text and "@inproceedings" in text
@@ -212,8 +212,8 @@ def test_provenance_citation_and_preset(elastic):
     assert "as the result" not in make_model_card(snap).text
 
 
-def test_search_line_says_when_the_search_stopped_early(elastic):
-    _, ranking = elastic
+def test_search_line_says_when_the_search_stopped_early(card_checkpoint):
+    _, ranking = card_checkpoint
 
     def search_line(solution=None, **search) -> str:
         provenance = {"method": "snapvit", "search": {"best_loss": 0.5, "evaluations": 45, "generations": 3, **search}}
@@ -235,8 +235,8 @@ def method_line(card: ModelCard) -> str:
     return next(line for line in card.text.splitlines() if line.startswith("- **Method**"))
 
 
-def test_preset_comes_from_the_recorded_provenance(elastic):
-    _, ranking = elastic
+def test_preset_comes_from_the_recorded_provenance(card_checkpoint):
+    _, ranking = card_checkpoint
     settings = hf_snapvit.SnapViTConfig.preset("fast").to_dict()
 
     def card_of(**provenance) -> ModelCard:
@@ -259,8 +259,8 @@ def test_gradient_baseline_cards_name_the_preset_they_ran_with():
     assert method_line(make_model_card(custom)) == "- **Method**: `snip`, custom settings"
 
 
-def test_write_model_card_writes_readme_and_heatmap(elastic, tmp_path):
-    folder, _ = elastic
+def test_write_model_card_writes_readme_and_heatmap(card_checkpoint, tmp_path):
+    folder, _ = card_checkpoint
     card = write_model_card(folder, tmp_path / "out", repo_id="me/x")
     assert (tmp_path / "out" / "README.md").read_text() == str(card) + "\n"
     assert (tmp_path / "out" / HEATMAP_FILENAME).read_bytes().startswith(b"\x89PNG")
@@ -286,8 +286,8 @@ def test_every_card_writer_takes_the_one_declared_list_of_card_settings():
     assert set(CARD_OPTIONS) == pushed - {"base_model", "evaluations"}
 
 
-def test_not_elastic_and_bad_sparsities_raise(tmp_path, elastic):
-    folder, _ = elastic
+def test_not_elastic_and_bad_sparsities_raise(tmp_path, card_checkpoint):
+    folder, _ = card_checkpoint
     with pytest.raises(ModelCardError, match="no config.json"):
         make_model_card(tmp_path)
     with pytest.raises(ModelCardError, match="neither elastic nor sliced"):
@@ -302,8 +302,8 @@ def test_template_ships_inside_the_package():
     assert TEMPLATE_PATH.is_file() and Path(hf_snapvit.__file__).parent in TEMPLATE_PATH.parents
 
 
-def test_sliced_checkpoint_without_ranking_only_describes_its_size(elastic, tmp_path):
-    folder, _ = elastic
+def test_sliced_checkpoint_without_ranking_only_describes_its_size(card_checkpoint, tmp_path):
+    folder, _ = card_checkpoint
     small = hf_snapvit.ElasticViTModel.from_pretrained(folder, sparsity=0.3)
     del small.config.elastic_ranking
     small.save_pretrained(tmp_path / "bare")
@@ -333,11 +333,11 @@ def test_example_card_describes_the_shared_vit_tiny():
         assert params == pytest.approx((1 - sparsity) * dense_params, rel=0.01)
 
 
-def test_titles_name_the_folder_or_the_family_and_blocks_count_from_zero(elastic, tmp_path):
+def test_titles_name_the_folder_or_the_family_and_blocks_count_from_zero(card_checkpoint, tmp_path):
     """Issue 64: no "Elastic vit"; every card and the heatmap number blocks from 0, as the modules do."""
     from hf_snapvit.plotting import plot_allocation
 
-    folder, ranking = elastic
+    folder, ranking = card_checkpoint
     assert "# Elastic ViT\n" in make_model_card(ranking).text  # a bare ranking: the family, as transformers names it
     assert "# elastic\n" in ModelCard.load(folder / "README.md").text  # save_elastic's card: its folder's name
     assert "# me-repo\n" in make_model_card(folder, repo_id="org/me-repo").text
@@ -354,8 +354,8 @@ def test_titles_name_the_folder_or_the_family_and_blocks_count_from_zero(elastic
     assert [t.get_text() for t in figure.axes[1].get_xticklabels()] == ["0", "1", "2"]
 
 
-def test_a_base_model_given_at_save_time_stays_in_later_cards(elastic, tmp_path):
-    folder, _ = elastic
+def test_a_base_model_given_at_save_time_stays_in_later_cards(card_checkpoint, tmp_path):
+    folder, _ = card_checkpoint
     dense = transformers.ViTForImageClassification.from_pretrained(folder)
     hf_snapvit.save_elastic(dense, hf_snapvit.rank(dense, method="magnitude"), tmp_path / "e",
                             base_model="google/vit-base-patch16-224")

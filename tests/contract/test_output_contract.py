@@ -1,5 +1,5 @@
-"""The sliced model's contract, tested as a contract: for every family hf_snapvit serves (tests/families.py: the
-registered backbones and their task variants, the task models, the families found by discovery, timm's ViTs, a user's
+"""The sliced model's contract, tested as a contract: for every family hf_snapvit serves (tests/support/families.py:
+the registered backbones and their task variants, the task models, the families found by discovery, timm's ViTs, a user's
 own model), every field of every output equals the masked dense model's (the dense model with the dropped heads'
 output-projection columns and the dropped neurons' FFN-output columns zeroed, :func:`helpers.masked_copy`), for each
 way a sliced model is loaded: sliced at a sparsity, switchable after switches up and down (and its ``to_sliced()``),
@@ -32,9 +32,9 @@ from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.errors import UnsupportedArchitectureError
 from hf_snapvit.surgery import proof
 
-from families import FAMILIES, Family
+from support.families import FAMILIES, Family
 from helpers import masked_copy
-from output_fields import (EAGER, KINDS, at_heads, eager, field_mismatches, forward_kwargs, output_fields,
+from support.output_fields import (EAGER, KINDS, at_heads, eager, field_mismatches, forward_kwargs, output_fields,
                            recorded_sources, remote_code_gap, run, stock_gaps)
 
 # The loads: sparsity 0 (= the untouched model), sliced at a sparsity, switchable, its to_sliced() copy, the sliced

@@ -15,7 +15,7 @@ from hf_snapvit.correction import CorrectionConfig, CorrectionError, correct_mod
 from hf_snapvit.correction.prefix import PrefixCorrection, output_projections
 from hf_snapvit.surgery.slicing import slice_model_
 
-from helpers import CASES, hub_cache_copy, output_of
+from helpers import CASES, corrected_checkpoint, data_of, hub_cache_copy, output_of
 
 FAST = {c.name: c for c in CASES}
 
@@ -31,11 +31,6 @@ def prefix_keep(orders, seed):
     rng = np.random.default_rng(seed)
     return [(heads[: rng.integers(1, len(heads) + 1)], neurons[: rng.integers(1, len(neurons) + 1)])
             for heads, neurons in orders]
-
-
-def data_of(case, n, seed=0):
-    inputs = case.inputs(n, seed) if seed else case.inputs(n)
-    return inputs, (inputs if len(inputs) > 1 else inputs["pixel_values"])
 
 
 @pytest.mark.parametrize("name", ["vit", "dinov2-swiglu", "clip-vision", "dinov3"])
@@ -132,18 +127,6 @@ import hf_snapvit as hs  # noqa: E402
 from hf_snapvit import ElasticViTModel  # noqa: E402
 from hf_snapvit.errors import BudgetError, CheckpointError  # noqa: E402
 from hf_snapvit.correction.prefix_file import PREFIX_FILE  # noqa: E402
-
-
-def corrected_checkpoint(tmp_path, case, n=10, guard=False):
-    """An elastic checkpoint of ``case`` (random ranking) with its prefix correction, and the calibration data;
-    without the guard, the correction applies at every size and is fitted on every image."""
-    folder = tmp_path / case.name
-    model = case.build().eval()
-    hs.save_elastic(model, hs.rank(model, method="random", seed=1), folder)
-    _, data = data_of(case, n)
-    record = hs.add_prefix_correction(folder, data, show_progress=False,
-                                      config=CorrectionConfig(num_samples=None, batch_size=4, guard=guard))
-    return folder, data, record
 
 
 def per_size_reference(folder, data, widths):

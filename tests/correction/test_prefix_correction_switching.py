@@ -14,8 +14,7 @@ from hf_snapvit.surgery.threads import one_thread
 from hf_snapvit.errors import CheckpointError
 from hf_snapvit.surgery.slicing import OUTPUT_KINDS
 
-from helpers import CASES, output_of
-from test_prefix_correction import corrected_checkpoint
+from helpers import CASES, corrected_checkpoint, output_of
 
 FAST = {c.name: c for c in CASES}
 

@@ -26,7 +26,7 @@ def stock_class(model):
 
 
 @pytest.fixture
-def elastic(tmp_path, case):
+def case_checkpoint(tmp_path, case):
     model = case.build()
     ranking = hs.rank(model, method="random", seed=7)
     # These tests load the checkpoint; the card has its own tests, and drawing its heatmap is most of a save's time
@@ -35,16 +35,16 @@ def elastic(tmp_path, case):
     return case, model, ranking, stored, tmp_path / "elastic"
 
 
-def test_stock_transformers_loads_elastic_checkpoint_as_dense(elastic):
-    case, model, _, _, path = elastic
+def test_stock_transformers_loads_elastic_checkpoint_as_dense(case_checkpoint):
+    case, model, _, _, path = case_checkpoint
     inputs = case.inputs(2)
     loaded = getattr(transformers, type(model).__name__).from_pretrained(path)
     assert type(loaded) is type(model)
     torch.testing.assert_close(output_of(loaded, inputs), output_of(model, inputs), atol=1e-5, rtol=0)
 
 
-def test_sparsity_zero_equals_untouched_base_model(elastic):
-    case, model, _, _, path = elastic
+def test_sparsity_zero_equals_untouched_base_model(case_checkpoint):
+    case, model, _, _, path = case_checkpoint
     inputs = case.inputs(2)
     loaded = hs.ElasticViTModel.from_pretrained(path, sparsity=0.0)
     assert type(loaded) is type(model)
@@ -64,9 +64,9 @@ def test_save_elastic_leaves_the_model_unchanged(case, tmp_path):
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_sliced_load_equals_masked_original(elastic, attn):
+def test_sliced_load_equals_masked_original(case_checkpoint, attn):
     """Independent reference: the original (unpermuted) model with the same units zeroed."""
-    case, model, ranking, stored, path = elastic
+    case, model, ranking, stored, path = case_checkpoint
     inputs = case.inputs(2)
     sparsity = 0.7 * stored.max_sparsity
     loaded = hs.ElasticViTModel.from_pretrained(path, sparsity=sparsity, attn_implementation=attn)
@@ -78,8 +78,8 @@ def test_sliced_load_equals_masked_original(elastic, attn):
     assert loaded.config._attn_implementation == attn
 
 
-def test_round_trip_through_save_pretrained(elastic, tmp_path):
-    case, model, _, stored, path = elastic
+def test_round_trip_through_save_pretrained(case_checkpoint, tmp_path):
+    case, model, _, stored, path = case_checkpoint
     inputs = case.inputs(2)
     sparsity = 0.5 * stored.max_sparsity
     sliced = hs.ElasticViTModel.from_pretrained(path, sparsity=sparsity)
@@ -120,8 +120,8 @@ def test_reader_reads_only_prefixes(tmp_path):
     assert reader.read(key, (5, 32)).shape == (5, 32)
 
 
-def test_dtype_and_device_pass_through(elastic):
-    _, _, _, stored, path = elastic
+def test_dtype_and_device_pass_through(case_checkpoint):
+    _, _, _, stored, path = case_checkpoint
     model = hs.ElasticViTModel.from_pretrained(path, sparsity=0.3 * stored.max_sparsity, dtype=torch.bfloat16,
                                                device_map="cpu")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
@@ -143,8 +143,8 @@ def test_hub_kwargs_resolve_through_the_hub_cache(tmp_path):
                                            revision="v9", local_files_only=True)
 
 
-def test_unknown_kwargs_are_rejected(elastic):
-    _, _, _, _, path = elastic
+def test_unknown_kwargs_are_rejected(case_checkpoint):
+    _, _, _, _, path = case_checkpoint
     with pytest.raises(TypeError, match="not_an_option"):
         hs.ElasticViTModel.from_pretrained(path, not_an_option=3)
 
@@ -260,17 +260,17 @@ def test_unsupported_architecture(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [-0.1, 0.99, 2])
-def test_out_of_range_sparsity(elastic, bad):
-    _, _, _, stored, path = elastic
+def test_out_of_range_sparsity(case_checkpoint, bad):
+    _, _, _, stored, path = case_checkpoint
     with pytest.raises(hs.BudgetError, match=rf"sparsity={bad!r} is out of range.*<= {stored.max_sparsity:.4f}"):
         hs.ElasticViTModel.from_pretrained(path, sparsity=bad)
 
 
 @pytest.mark.parametrize("bad, message", [(float("nan"), "must be a finite number"),
                                           ("0.3", r"must be a real number \(int, float or a NumPy scalar\), got str")])
-def test_sparsity_that_is_no_number(elastic, bad, message):
+def test_sparsity_that_is_no_number(case_checkpoint, bad, message):
     with pytest.raises(hs.BudgetError, match=rf"sparsity={bad!r} {message}"):
-        hs.ElasticViTModel.from_pretrained(elastic[4], sparsity=bad)
+        hs.ElasticViTModel.from_pretrained(case_checkpoint[4], sparsity=bad)
 
 
 def test_tensors_missing_from_the_checkpoint_are_initialised_with_a_warning(tmp_path):
@@ -287,8 +287,8 @@ def test_tensors_missing_from_the_checkpoint_are_initialised_with_a_warning(tmp_
     assert loaded.pooler.dense.weight.device.type == "cpu"
 
 
-def test_returned_ranking_is_what_from_pretrained_resolves(elastic):
-    _, _, _, stored, path = elastic
+def test_returned_ranking_is_what_from_pretrained_resolves(case_checkpoint):
+    _, _, _, stored, path = case_checkpoint
     for fraction in (0.2, 0.5, 0.9):
         sparsity = fraction * stored.max_sparsity
         counts = stored.keep_counts(sparsity)

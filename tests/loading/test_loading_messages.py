@@ -17,7 +17,7 @@ from hf_snapvit.cli import main as cli_main
 from hf_snapvit.errors import CheckpointError, CheckpointNotFoundError, SnapViTError
 from hf_snapvit.sources import check_source
 from helpers import CASES, PROCESSOR
-from test_task_models import TASKS
+from support.task_models import TASKS
 
 CASE = {c.name: c for c in CASES}
 TASK = {t.name: t for t in TASKS}

@@ -35,7 +35,7 @@ SPREAD = {"vit.embeddings": "cpu", "vit.layers.0": "cpu", "vit.layers.1": "disk"
 
 
 @pytest.fixture(scope="module")
-def elastic(tmp_path_factory):
+def vit_checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("big") / "vit-cls"
     model = tiny_vit_classifier()
     hs.save_elastic(model, hs.rank(model, method="magnitude"), folder, model_card=False)
@@ -46,9 +46,9 @@ def _inputs():
     return {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
 
 
-def test_a_device_map_dict_places_the_sliced_model_with_accelerate_and_computes_the_same(elastic, tmp_path):
-    plain = hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3)
-    spread = hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, device_map=SPREAD,
+def test_a_device_map_dict_places_the_sliced_model_with_accelerate_and_computes_the_same(vit_checkpoint, tmp_path):
+    plain = hs.ElasticViTModel.from_pretrained(vit_checkpoint, sparsity=0.3)
+    spread = hs.ElasticViTModel.from_pretrained(vit_checkpoint, sparsity=0.3, device_map=SPREAD,
                                                 offload_folder=tmp_path / "offload")
     assert spread.hf_device_map == SPREAD
     offloaded = [n for n, p in spread.named_parameters() if p.device.type == "meta"]
@@ -57,48 +57,48 @@ def test_a_device_map_dict_places_the_sliced_model_with_accelerate_and_computes_
     torch.testing.assert_close(output_of(spread, _inputs()), output_of(plain, _inputs()))
 
 
-def test_a_device_map_that_cannot_place_the_model_is_refused_naming_the_fix(elastic, tmp_path):
+def test_a_device_map_that_cannot_place_the_model_is_refused_naming_the_fix(vit_checkpoint, tmp_path):
     with pytest.raises(ConfigError, match=r"names \['vit.nowhere'\].*top-level modules are \['classifier', 'vit'\]"):
-        hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, device_map={**SPREAD, "vit.nowhere": "cpu"})
+        hs.ElasticViTModel.from_pretrained(vit_checkpoint, sparsity=0.3, device_map={**SPREAD, "vit.nowhere": "cpu"})
     partial = {k: v for k, v in SPREAD.items() if k != "classifier"}
     with pytest.raises(ConfigError, match="does not place every weight.*classifier"):
-        hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, device_map=partial)
+        hs.ElasticViTModel.from_pretrained(vit_checkpoint, sparsity=0.3, device_map=partial)
     with pytest.raises(ConfigError, match="'disk', which needs offload_folder="):
-        hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, device_map=SPREAD)
+        hs.ElasticViTModel.from_pretrained(vit_checkpoint, sparsity=0.3, device_map=SPREAD)
     with pytest.raises(ConfigError, match="switchable=True re-slices.*on one device"):
-        hs.ElasticViTModel.from_pretrained(elastic, switchable=True, device_map=SPREAD, offload_folder=tmp_path)
+        hs.ElasticViTModel.from_pretrained(vit_checkpoint, switchable=True, device_map=SPREAD, offload_folder=tmp_path)
     with pytest.raises(ConfigError, match="offload_folder=.*pass a device_map dict"):
-        hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, offload_folder=tmp_path)
+        hs.ElasticViTModel.from_pretrained(vit_checkpoint, sparsity=0.3, offload_folder=tmp_path)
 
 
-def test_a_strategy_with_max_memory_is_computed_by_accelerate_for_the_sliced_model(elastic, tmp_path):
-    plain = hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3)
+def test_a_strategy_with_max_memory_is_computed_by_accelerate_for_the_sliced_model(vit_checkpoint, tmp_path):
+    plain = hs.ElasticViTModel.from_pretrained(vit_checkpoint, sparsity=0.3)
     block = sum(p.numel() * p.element_size() for p in plain.vit.layers[0].parameters())
     # Room on the CPU for the embeddings: accelerate sends the rest to disk, whole blocks at a time.
-    spread = hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, device_map="sequential",
+    spread = hs.ElasticViTModel.from_pretrained(vit_checkpoint, sparsity=0.3, device_map="sequential",
                                                 max_memory={"cpu": 3 * block}, offload_folder=tmp_path)
     assert "disk" in spread.hf_device_map.values() and "cpu" in spread.hf_device_map.values()
     assert not any(name.startswith("vit.layers.0.") for name in spread.hf_device_map)  # a block is never split
     torch.testing.assert_close(output_of(spread, _inputs()), output_of(plain, _inputs()))
     with pytest.raises(ConfigError, match="sends every module to disk.*raise max_memory"):
-        hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, device_map="sequential",
+        hs.ElasticViTModel.from_pretrained(vit_checkpoint, sparsity=0.3, device_map="sequential",
                                            max_memory={"cpu": block}, offload_folder=tmp_path)
     with pytest.raises(ConfigError, match="max_memory=.*needs device_map='auto', 'balanced' or 'sequential'"):
-        hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, max_memory={"cpu": "1GB"}, device_map="cpu")
+        hs.ElasticViTModel.from_pretrained(vit_checkpoint, sparsity=0.3, max_memory={"cpu": "1GB"}, device_map="cpu")
     with pytest.raises(ConfigError, match="over devices by 'sequential'.*switchable=True"):
-        hs.ElasticViTModel.from_pretrained(elastic, switchable=True, device_map="sequential",
+        hs.ElasticViTModel.from_pretrained(vit_checkpoint, switchable=True, device_map="sequential",
                                            max_memory={"cpu": "1GB"})
 
 
-def test_dtype_is_passed_through_to_the_slices(elastic):
-    model = hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3, dtype=torch.bfloat16)
+def test_dtype_is_passed_through_to_the_slices(vit_checkpoint):
+    model = hs.ElasticViTModel.from_pretrained(vit_checkpoint, sparsity=0.3, dtype=torch.bfloat16)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    plain = hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.3)
+    plain = hs.ElasticViTModel.from_pretrained(vit_checkpoint, sparsity=0.3)
     for (name, p), q in zip(model.named_parameters(), plain.parameters()):
         assert torch.equal(p, q.to(torch.bfloat16)), name
 
 
-def test_the_loader_reads_only_the_kept_slices_of_every_block(elastic, monkeypatch):
+def test_the_loader_reads_only_the_kept_slices_of_every_block(vit_checkpoint, monkeypatch):
     reads: dict[str, tuple[int, ...]] = {}
     original = CheckpointReader.read
 
@@ -109,7 +109,7 @@ def test_the_loader_reads_only_the_kept_slices_of_every_block(elastic, monkeypat
         return tensor
 
     monkeypatch.setattr(CheckpointReader, "read", recording)
-    model = hs.ElasticViTModel.from_pretrained(elastic, sparsity=0.5, width_multiple=1)
+    model = hs.ElasticViTModel.from_pretrained(vit_checkpoint, sparsity=0.5, width_multiple=1)
     heads, neurons = layer_widths(model)
     assert heads != [4, 4] or neurons != [37, 37]  # something was sliced
     for block, (h, f) in enumerate(zip(heads, neurons)):

@@ -62,9 +62,10 @@ def imported_top_levels(path: Path) -> set[str]:
 
 
 def first_party(files: list[Path]) -> set[str]:
-    """The project's own import names: its packages under src/ and the sibling scripts tests and benchmarks import
-    from their own folders (``helpers``, ``recovery_vit_tiny``)."""
+    """The project's own import names: its packages under src/ and the sibling scripts and packages tests and
+    benchmarks import from their own folders (``helpers``, ``support``, ``recovery_vit_tiny``)."""
     names = {p.stem for p in files}
+    names.update(p.parent.name for p in files if p.name == "__init__.py" and p.parent.parent.name == "tests")
     names.update(p.name for p in (ROOT / "src").iterdir() if (p / "__init__.py").is_file())
     return names
 

@@ -13,9 +13,7 @@ from hf_snapvit.cards.sections import _settings_line
 from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
 from hf_snapvit.pruning.methods.snapvit import pruner as snapvit_module
 from hf_snapvit.pruning.xnes import XNES
-from helpers import CASES, PROCESSOR, images
-from test_resume import interrupted_in_generation
-from test_snapvit import fit, forward_precision
+from helpers import CASES, PROCESSOR, fit, forward_precision, images, interrupted_in_generation
 
 CASE = {c.name: c for c in CASES}
 ROTATING = dict(fitness_sparsities=(0.2, 0.5), rotate_fitness_sparsities=True)

@@ -15,20 +15,11 @@ from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.surgery.slicing import slice_model_
 from hf_snapvit.architectures.embedding import image_embedding
 from hf_snapvit.data.calibration import split_calibration
-from hf_snapvit.data.views import MultiCropConfig
 from hf_snapvit.pruning.methods.snapvit.fitness import EmbeddingFitness
 from hf_snapvit.pruning.xnes import XNES
-from hf_snapvit.pruning.scoring import ScoreConfig
-from helpers import CASES, PROCESSOR, images
+from helpers import CASES, PROCESSOR, TINY_SEARCH, fit, forward_precision, images
 
 CASE = {c.name: c for c in CASES}
-TINY = dict(num_gradient_images=3, num_fitness_images=6, scores=ScoreConfig(crops=MultiCropConfig(num_local=2)),
-            max_generations=2, max_evaluations=None, fitness_sparsities=(0.1, 0.3), pca_components=8)
-
-
-def fit(model, data=None, **overrides):
-    pruner = hs.SnapViTPruner(hs.SnapViTConfig(**{**TINY, **overrides}))
-    return pruner, pruner.fit(model, images(12) if data is None else data, processor=PROCESSOR, show_progress=False)
 
 
 @pytest.mark.parametrize("name", ["vit", "dinov2-swiglu", "clip-vision", "deit-cls-teacher"])
@@ -51,11 +42,6 @@ def test_same_seed_same_ranking_bit_for_bit():
     _, c = fit(model, seed=4)
     assert np.array_equal(a.head_scores, b.head_scores) and np.array_equal(a.neuron_scores, b.neuron_scores)
     assert not np.array_equal(a.neuron_scores, c.neuron_scores)
-
-
-def forward_precision(ranking) -> str:
-    """The autocast precision the search ran in ("auto" is bf16 on a CPU with bf16 matrix units)."""
-    return {"fp32": "no", "bf16": "bf16"}[ranking.provenance["precision"]]
 
 
 def test_the_returned_rankings_fitness_loss_is_recorded_for_either_solution():
@@ -165,7 +151,7 @@ def test_zero_generations_means_the_starting_factors():
 
 
 def test_ranking_from_factors_needs_a_fit_and_the_right_shape():
-    pruner = hs.SnapViTPruner(hs.SnapViTConfig(**TINY))
+    pruner = hs.SnapViTPruner(hs.SnapViTConfig(**TINY_SEARCH))
     with pytest.raises(hs.SnapViTError, match="call fit"):
         pruner.ranking_from_factors(np.ones(3))
     pruner, _ = fit(CASE["vit"].build(), max_generations=1)

@@ -15,15 +15,8 @@ from hf_snapvit.architectures import discovery
 from hf_snapvit.architectures.embedding import dummy_inputs
 from hf_snapvit.surgery import proof
 from hf_snapvit.surgery.proof import _output
-from test_discovery import FAMILIES
-from test_hub import TOKEN, FakeHub, materialise
-
-
-@pytest.fixture
-def hub(monkeypatch) -> FakeHub:
-    fake = FakeHub()
-    fake.install(monkeypatch)
-    return fake
+from support.discovered import FAMILIES
+from support.hub import TOKEN, materialise
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> None:

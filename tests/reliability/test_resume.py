@@ -25,7 +25,7 @@ from hf_snapvit.pruning.scoring import ScoreConfig
 from hf_snapvit.surgery.slicing import slice_model_
 from hf_snapvit.data.views import MultiCropConfig
 
-from helpers import CASES, PROCESSOR, images
+from helpers import CASES, PROCESSOR, images, interrupted_in_generation
 
 CASE = {c.name: c for c in CASES}
 TESTS = Path(__file__).resolve().parent
@@ -263,19 +263,6 @@ def test_a_killed_snapvit_search_resumes_to_the_uninterrupted_ranking(forker, tm
         again_pruner, again = fit(hs.SnapViTConfig(**TINY, checkpoint_every=1, output_dir=str(tmp_path)))
     assert again_pruner.resumed_from_ == 5 and evaluated == [1]
     assert_same_ranking(again, full)
-
-
-def interrupted_in_generation(n: int):
-    """``EmbeddingFitness.batch_loss`` that raises KeyboardInterrupt in the ``n``-th generation's evaluation."""
-    evaluate, calls = snapvit_module.EmbeddingFitness.batch_loss, [0]
-
-    def interrupted(self, *args, **kwargs):
-        calls[0] += 1
-        if calls[0] == n:
-            raise KeyboardInterrupt
-        return evaluate(self, *args, **kwargs)
-
-    return interrupted
 
 
 def test_a_search_interrupted_in_a_partial_generation_resumes_to_the_same_ranking(tmp_path, monkeypatch):

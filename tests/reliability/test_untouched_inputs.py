@@ -19,9 +19,7 @@ from hf_snapvit import files
 from hf_snapvit.architectures import get_layers, get_mlp, get_spec
 from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.elastic.ranking import ElasticRanking
-from hf_snapvit.pruning.scoring import ScoreConfig
-from hf_snapvit.data.views import MultiCropConfig
-from helpers import CASES, PROCESSOR, images
+from helpers import CASES, PROCESSOR, TINY_SNAPVIT, images
 
 CASE = {c.name: c for c in CASES}
 UNVERIFIED = "cannot be verified"
@@ -78,11 +76,6 @@ def _assert_grads_kept(model, grads):
         tensor, value, flag = grads[name]
         assert p.grad is tensor and (value is None or torch.equal(p.grad, value)), name
         assert p.requires_grad == flag, name
-
-
-TINY_SNAPVIT = dict(num_gradient_images=3, num_fitness_images=6, max_generations=1, max_evaluations=None,
-                    fitness_sparsities=(0.1, 0.3), pca_components=8,
-                    scores=ScoreConfig(crops=MultiCropConfig(num_global=2, num_local=2)))
 
 
 @pytest.mark.parametrize("method", ["snapvit", "snip"])

@@ -23,7 +23,7 @@ from hf_snapvit.architectures.embedding import dummy_inputs
 from hf_snapvit.surgery import proof
 from hf_snapvit.surgery.slicing import slice_model_
 from helpers import CASES, masked_copy
-from test_task_models import TASKS
+from support.task_models import TASKS
 
 
 class ProofConfig(PretrainedConfig):
@@ -300,9 +300,9 @@ def test_heads_whose_flops_are_not_the_formulas_are_kept_with_a_warning_and_the_
 
 
 def test_windowed_attention_whose_projections_see_every_token_prunes_heads():
-    from test_fused_qkv import _perturbed, _sam
+    from support.fused import perturbed, sam
 
-    model = _perturbed(_sam())  # SAM: windowed attention in block 0, global in block 1
+    model = perturbed(sam())  # SAM: windowed attention in block 0, global in block 1
     assert proof.ensure_proven(model).prune_heads
 
 
@@ -318,8 +318,7 @@ def test_when_neither_heads_nor_neurons_slice_the_one_reason_is_named_not_the_sh
 
 
 def test_snapvit_pruner_fit_proves_the_model_first(tmp_path):
-    from helpers import PROCESSOR, images
-    from test_untouched_inputs import TINY_SNAPVIT
+    from helpers import PROCESSOR, TINY_SNAPVIT, images
 
     tied = _model()
     _tie(tied)

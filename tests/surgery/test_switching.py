@@ -28,19 +28,6 @@ def storage(model: torch.nn.Module) -> list[tuple[str, int, int]]:
     return [(n, p.data_ptr(), p.nbytes) for n, p in model.named_parameters()]
 
 
-@pytest.fixture(scope="module")
-def elastic(tmp_path_factory):
-    """``case name -> folder`` of an elastic checkpoint of every tiny case (random ranking: every unit moves)."""
-    folders = {}
-    for case in CASES:
-        folder = tmp_path_factory.mktemp(case.name)
-        model = case.build()
-        # No test here reads the card, and drawing its heatmap is most of a save's time.
-        hs.save_elastic(model, hs.rank(model, method="random", seed=1), folder, model_card=False)
-        folders[case.name] = folder
-    return folders
-
-
 @pytest.mark.parametrize("case", FAMILIES, ids=repr)
 def test_switching_through_a_sequence_equals_the_separately_sliced_model(case, elastic):
     model = ElasticViTModel.from_pretrained(elastic[case.name], switchable=True)

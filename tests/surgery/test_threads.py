@@ -12,7 +12,6 @@ from typing import Any, Callable, Iterator
 import pytest
 import torch
 
-import hf_snapvit as hs
 from hf_snapvit import ElasticViTModel
 from hf_snapvit.architectures import get_layers
 from hf_snapvit.architectures.budget import layer_widths
@@ -23,18 +22,6 @@ from helpers import CASES, output_of
 NAMED = {c.name: c for c in CASES}
 WAIT = 30.0  # seconds a test waits for another thread before it gives up (the machine may be busy)
 BLOCKED = 0.5  # seconds a switch that must wait is given to (wrongly) finish
-
-
-@pytest.fixture(scope="module")
-def elastic(tmp_path_factory) -> dict[str, Any]:
-    """``name -> folder`` of elastic checkpoints of the tiny ViT and ViT classifier (random ranking: every unit
-    moves, so sizes differ in every block)."""
-    folders = {}
-    for name in ("vit", "vit-cls"):
-        model = NAMED[name].build()
-        folders[name] = tmp_path_factory.mktemp(name)
-        hs.save_elastic(model, hs.rank(model, method="random", seed=1), folders[name])
-    return folders
 
 
 def reference(folder: Any, sparsity: float, inputs: dict) -> torch.Tensor:

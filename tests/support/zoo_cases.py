@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-import zoo
+from support import zoo
 
 PROOF = r"differ|mask"  # what a refusal from a failed proof says
 TIED = r"tie|shar"

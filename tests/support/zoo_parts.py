@@ -1,6 +1,6 @@
-"""The modules zoo models are made of (tests/zoo.py): an attention, an FFN and a block with every option the hostile
-zoo needs (tests/zoo_cases.py), each read from a plain dict of options, and two blocks that are not transformer
-blocks at all."""
+"""The modules zoo models are made of (tests/support/zoo.py): an attention, an FFN and a block with every option the
+hostile zoo needs (tests/support/zoo_cases.py), each read from a plain dict of options, and two blocks that are not
+transformer blocks at all."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Every family hf_snapvit serves, as one list of tiny models and their inputs, gathered from the builders the tests
 and the supported-models page already have: the page's rows (registered and discovered backbones, timm's ViTs), the
-registered variants of :data:`helpers.CASES`, the task models of test_task_models and test_task_models_discovered,
-the discovered families of test_discovery (with a user's own model), test_discovery_wild and test_fused_qkv, and
-models with a mask token (which take ``bool_masked_pos``). tests/contract/test_output_contract.py checks the contract on
-each; utils/supported_models.py says so on the page."""
+registered variants of :data:`helpers.CASES`, the task models of support.task_models and support.vlms, the discovered
+families of support.discovered (with a user's own model) and support.fused, and models with a mask token (which take
+``bool_masked_pos``). tests/contract/test_output_contract.py checks the contract on each; utils/supported_models.py
+says so on the page."""
 
 from __future__ import annotations
 
@@ -19,12 +19,8 @@ import transformers
 
 from hf_snapvit.architectures.embedding import dummy_inputs
 
-import test_discovery
-import test_discovery_wild
-import test_fused_qkv
-import test_task_models
-import test_task_models_discovered
 from helpers import BENCHMARKS, CASES, COMMON, load_benchmark
+from support import discovered, fused, task_models, vlms
 
 PAGE = load_benchmark("supported_models", BENCHMARKS.parent / "utils")
 
@@ -87,17 +83,17 @@ def _families() -> list[Family]:
     own = (("plain", {}), ("gated", {"gated": True}), ("fused", {"fused": True}))
     families = [Family(name, _perturbed(functools.partial(PAGE.build, name))) for name in PAGE.FAMILIES]
     families += [Family(f"case {case.name}", case.build, lambda model, case=case: case.inputs(2)) for case in CASES]
-    families += [Family(f"task {case.name}", case.model, case.inputs) for case in test_task_models.TASKS]
+    families += [Family(f"task {case.name}", case.model, case.inputs) for case in task_models.TASKS]
     families += [Family(f"task {name}", _perturbed(build), inputs)
-                 for name, (build, inputs) in test_task_models_discovered.CASES.items()]
-    families += [Family("task blip-2", _perturbed(test_fused_qkv.blip2_whole), test_fused_qkv.blip2_whole_inputs)]
+                 for name, (build, inputs) in vlms.VLMS.items()]
+    families += [Family("task blip-2", _perturbed(fused.blip2_whole), fused.blip2_whole_inputs)]
     families += [Family(f"discovered {name}", _perturbed(functools.partial(build, transformers)))
-                 for name, build in test_discovery.FAMILIES.items()]
+                 for name, build in discovered.FAMILIES.items()]
     families += [Family(f"own model {name}", _perturbed(functools.partial(
-        test_discovery.CustomModel, test_discovery.CustomConfig(**options)))) for name, options in own]
-    families += [Family(f"fused {name}", _perturbed(build)) for name, (build, *_) in test_fused_qkv.FAMILIES.items()]
+        discovered.CustomModel, discovered.CustomConfig(**options)))) for name, options in own]
+    families += [Family(f"fused {name}", _perturbed(build)) for name, (build, *_) in fused.FAMILIES.items()]
     # A relative-position MLP of one output row per head, sliced with the heads (timm's own keeps every head).
-    families += [Family("own model relative-position MLP", test_discovery_wild.relpos_model)]
+    families += [Family("own model relative-position MLP", discovered.relpos_model)]
     families += [Family(name, _perturbed(build)) for name, build in _MASK_TOKEN.items()]
     unique, seen = [], set()
     for family in families:

@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedMode
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.utils.output_capturing import capture_outputs
 
-from zoo_parts import ATTENTION, BLOCK, FFN, ConvBlock, MixerBlock, ZooBlock, merge
+from support.zoo_parts import ATTENTION, BLOCK, FFN, ConvBlock, MixerBlock, ZooBlock, merge
 
 DEFAULTS = dict(width=32, depth=2, image=32, patch=8, channels=3, cls=1, registers=0, pos=True, embed="conv",
                 frames=0, stack="blocks", layout="plain", tie=None, output="model_output", classifier=0,
