@@ -98,7 +98,7 @@ HANGING = "child-hangs"
 # as a fresh process would, its threads its own.
 FORKER = """
 import json, os, sys, traceback
-import torch, hf_snapvit, hf_snapvit.recovery, helpers, test_reliability_resume  # the children's imports, once
+import torch, hf_snapvit, hf_snapvit.recovery, helpers, test_resume  # the children's imports, once
 for line in iter(sys.stdin.readline, ""):
     child, out, torn, stderr, ended = json.loads(line)
     pid = os.fork()
