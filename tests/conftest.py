@@ -47,6 +47,20 @@ def hub(monkeypatch) -> FakeHub:
     return fake
 
 
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """hf_snapvit's per-process caches emptied for the test: the discovered specs, the parsed stored specs, the stored
+    specs already held to a model, and the proven specs. The test discovers, reads and proves from scratch, as a new
+    process would (test files use it as ``pytestmark = pytest.mark.usefixtures("fresh_process")``)."""
+    from hf_snapvit.architectures import discovery
+    from hf_snapvit.surgery import proof
+
+    monkeypatch.setattr(discovery, "_DISCOVERED", {})
+    monkeypatch.setattr(discovery, "_STORED", {})
+    monkeypatch.setattr(discovery, "_CHECKED", set())
+    monkeypatch.setattr(proof, "_PROVEN", set())
+
+
 def pytest_configure(config) -> None:
     """The processes tests start (a worker module under ``accelerate launch``, ``python -c``) import the tests' shared
     modules as the tests do: pyproject's ``pythonpath`` folders go on their PYTHONPATH too."""

@@ -19,11 +19,8 @@ from helpers import masked_copy
 from support.discovered import FAMILIES, CustomConfig, CustomModel
 
 
-@pytest.fixture(autouse=True)
-def fresh_discoveries(monkeypatch):
-    """Each test discovers from scratch, as a new process would."""
-    monkeypatch.setattr(registry, "_DISCOVERED", {})
-    monkeypatch.setattr(proof, "_PROVEN", set())
+# Each test discovers, reads and proves specs from scratch, as a new process would (conftest.fresh_process).
+pytestmark = pytest.mark.usefixtures("fresh_process")
 
 
 def _custom(**options) -> CustomModel:

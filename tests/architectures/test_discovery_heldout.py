@@ -19,17 +19,14 @@ import hf_snapvit as hs
 from hf_snapvit.architectures import discovery
 from hf_snapvit.architectures.budget import model_shape
 from hf_snapvit.architectures.embedding import dummy_inputs
-from hf_snapvit.surgery import proof
 from hf_snapvit.surgery.proof import _output
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
 TIMM = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=1.5)
 
 
-@pytest.fixture(autouse=True)
-def fresh_discoveries(monkeypatch):
-    monkeypatch.setattr(discovery, "_DISCOVERED", {})
-    monkeypatch.setattr(proof, "_PROVEN", set())
+# Each test discovers, reads and proves specs from scratch, as a new process would (conftest.fresh_process).
+pytestmark = pytest.mark.usefixtures("fresh_process")
 
 
 def _perturbed(model):

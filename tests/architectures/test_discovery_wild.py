@@ -29,11 +29,8 @@ SMALL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_atte
              patch_size=8)
 
 
-@pytest.fixture(autouse=True)
-def fresh_discoveries(monkeypatch):
-    """Each test discovers from scratch, as a new process would."""
-    monkeypatch.setattr(discovery, "_DISCOVERED", {})
-    monkeypatch.setattr(proof, "_PROVEN", set())
+# Each test discovers, reads and proves specs from scratch, as a new process would (conftest.fresh_process).
+pytestmark = pytest.mark.usefixtures("fresh_process")
 
 
 def xclip() -> PreTrainedModel:

@@ -30,10 +30,8 @@ from support.zoo_cases import BY_NAME
 CASE = {c.name: c for c in CASES}
 
 
-@pytest.fixture(autouse=True)
-def fresh_discoveries(monkeypatch):
-    monkeypatch.setattr(discovery, "_DISCOVERED", {})
-    monkeypatch.setattr(proof, "_PROVEN", set())
+# Each test discovers, reads and proves specs from scratch, as a new process would (conftest.fresh_process).
+pytestmark = pytest.mark.usefixtures("fresh_process")
 
 
 def _run(model, inputs) -> int:

@@ -37,11 +37,8 @@ def saved(request, tmp_path_factory):
         yield request.param, model, ranking, stored, folder
 
 
-@pytest.fixture(autouse=True)
-def fresh_discoveries(monkeypatch):
-    """Each test loads from the spec stored in config.json, as a new process would."""
-    monkeypatch.setattr(discovery, "_DISCOVERED", {})
-    monkeypatch.setattr(proof, "_PROVEN", set())
+# Each test discovers, reads and proves specs from scratch, as a new process would (conftest.fresh_process).
+pytestmark = pytest.mark.usefixtures("fresh_process")
 
 
 def test_the_spec_names_one_fused_qkv_and_a_discovered_one_is_stored(saved):

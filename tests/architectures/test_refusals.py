@@ -21,7 +21,6 @@ import hf_snapvit as hs
 from hf_snapvit.architectures import ArchitectureSpec, MlpSpec, discovery, get_spec, registry
 from hf_snapvit.architectures.budget import model_shape
 from hf_snapvit.architectures.embedding import dummy_inputs
-from hf_snapvit.surgery import proof
 from hf_snapvit.surgery.proof import _output
 from helpers import masked_copy
 
@@ -55,10 +54,8 @@ NOT_PLAIN_VITS = {  # (model, what the refusal says)
 }
 
 
-@pytest.fixture(autouse=True)
-def fresh_discoveries(monkeypatch):
-    monkeypatch.setattr(discovery, "_DISCOVERED", {})
-    monkeypatch.setattr(proof, "_PROVEN", set())
+# Each test discovers, reads and proves specs from scratch, as a new process would (conftest.fresh_process).
+pytestmark = pytest.mark.usefixtures("fresh_process")
 
 
 def _readable(message: str, reason: str) -> None:

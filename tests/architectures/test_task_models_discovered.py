@@ -11,7 +11,6 @@ import torch
 
 import hf_snapvit as hs
 from hf_snapvit.architectures import discovery, get_spec
-from hf_snapvit.surgery import proof
 from helpers import masked_copy
 from support.vlms import VLMS
 
@@ -20,10 +19,8 @@ def _logits(model, inputs) -> torch.Tensor:
         return model(**inputs).logits
 
 
-@pytest.fixture(autouse=True)
-def fresh_discoveries(monkeypatch):
-    monkeypatch.setattr(discovery, "_DISCOVERED", {})
-    monkeypatch.setattr(proof, "_PROVEN", set())
+# Each test discovers, reads and proves specs from scratch, as a new process would (conftest.fresh_process).
+pytestmark = pytest.mark.usefixtures("fresh_process")
 
 
 @pytest.mark.parametrize("name", list(VLMS))

@@ -17,9 +17,8 @@ import transformers
 from PIL import Image
 
 import hf_snapvit as hs
-from hf_snapvit.architectures import discovery, get_spec
+from hf_snapvit.architectures import get_spec
 from hf_snapvit.architectures.embedding import dummy_inputs
-from hf_snapvit.surgery import proof
 from hf_snapvit.surgery.proof import _output
 from helpers import masked_copy
 from support.discovered import FAMILIES, TIMM
@@ -29,11 +28,8 @@ _PRETRAINED = {"input_size": [3, 32, 32], "interpolation": "bicubic", "crop_pct"
                "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
 
 
-@pytest.fixture(autouse=True)
-def fresh_discoveries(monkeypatch):
-    monkeypatch.setattr(discovery, "_DISCOVERED", {})
-    monkeypatch.setattr(discovery, "_STORED", {})
-    monkeypatch.setattr(proof, "_PROVEN", set())
+# Each test discovers, reads and proves specs from scratch, as a new process would (conftest.fresh_process).
+pytestmark = pytest.mark.usefixtures("fresh_process")
 
 
 def _classifier(architecture: str = "vit_tiny_patch16_224", **model_args) -> transformers.PreTrainedModel:

@@ -19,7 +19,6 @@ import hf_snapvit as hs
 from hf_snapvit.architectures import discovery
 from hf_snapvit.architectures.embedding import dummy_inputs
 from hf_snapvit.loading import modeling
-from hf_snapvit.surgery import proof
 from hf_snapvit.surgery.proof import _output
 from helpers import masked_copy
 
@@ -111,13 +110,8 @@ BASES = {"plain": lambda: StoredModel(StoredConfig()), "fused": lambda: StoredMo
          "timm": _timm}
 
 
-@pytest.fixture(autouse=True)
-def fresh_process(monkeypatch):
-    """Each load reads its spec from config.json, as a fresh process does."""
-    monkeypatch.setattr(discovery, "_DISCOVERED", {})
-    monkeypatch.setattr(discovery, "_STORED", {})
-    monkeypatch.setattr(discovery, "_CHECKED", set())
-    monkeypatch.setattr(proof, "_PROVEN", set())
+# Each test discovers, reads and proves specs from scratch, as a new process would (conftest.fresh_process).
+pytestmark = pytest.mark.usefixtures("fresh_process")
 
 
 @pytest.fixture(scope="module")

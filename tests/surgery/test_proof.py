@@ -149,11 +149,8 @@ for _config, _model in ((ProofConfig, ProofModel), (TiedProofConfig, TiedProofMo
     AutoModel.register(_config, _model, exist_ok=True)
 
 
-@pytest.fixture(autouse=True)
-def fresh_discoveries(monkeypatch):
-    monkeypatch.setattr(discovery, "_DISCOVERED", {})
-    monkeypatch.setattr(discovery, "_STORED", {})
-    monkeypatch.setattr(proof, "_PROVEN", set())
+# Each test discovers, reads and proves specs from scratch, as a new process would (conftest.fresh_process).
+pytestmark = pytest.mark.usefixtures("fresh_process")
 
 
 def _model(hostile: str = "", cls=ProofModel, config=ProofConfig, **options) -> ProofModel:
