@@ -192,3 +192,9 @@ def test_every_output_field_equals_the_masked_model(saved, family, path, kind):
         sparsity = saved.sparsities.get(size, size)
         model.set_budget(sparsity=sparsity)
         _check(saved, model, sparsity, kind, path, f"{family.name} switchable, switch {step + 1} to {sparsity}")
+
+
+def test_every_registered_model_type_is_in_the_contract():
+    """By construction: a model type registered without a tiny model among the contract's families fails here."""
+    missing = sorted(set(hs.supported_model_types()) - {family.model_type for family in FAMILIES})
+    assert not missing, f"registered without a family in tests/support/families.py: {missing}"
