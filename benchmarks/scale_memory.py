@@ -156,7 +156,7 @@ def compare(shape: str, preset: str, args: argparse.Namespace) -> dict[str, Any]
     phases = ("gradient", "search", "correction")
     fixed = max(free["plan"][p]["fixed"] for p in phases)
     smallest = max(free["plan"][p]["fixed"] + free["plan"][p]["per_image"] for p in phases)
-    share = getattr(args, "budget_of_peak", None)
+    share = args.budget_of_peak
     wanted = fixed + (free["peak_bytes"] - fixed) // 4 if share is None else int(share * free["peak_bytes"])
     budget = max(wanted, smallest)
     budgeted = _run_child({**spec, "max_memory": budget})

@@ -283,11 +283,12 @@ def masked_copy(model, keep):
     return masked
 
 
-def tiny_vit_classifier() -> transformers.ViTForImageClassification:
-    """A seeded 2-block ViT classifier whose FFN width (37) no multiple divides, its weights moved off the init."""
+def tiny_vit_classifier(num_hidden_layers: int = 2) -> transformers.ViTForImageClassification:
+    """A seeded ViT classifier (2 blocks by default) whose FFN width (37) no multiple divides, its weights moved off
+    the init."""
     torch.manual_seed(0)
-    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                                    image_size=32, patch_size=8, num_labels=5)
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=num_hidden_layers, num_attention_heads=4,
+                                    intermediate_size=37, image_size=32, patch_size=8, num_labels=5)
     model = transformers.ViTForImageClassification(config).eval()
     with torch.no_grad():
         for p in model.parameters():

@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 import transformers
 from huggingface_hub import ModelCard
 
@@ -25,18 +24,12 @@ from hf_snapvit.cards.elastic import (
     write_model_card,
 )
 
-from helpers import CASES, PROCESSOR, SHARED, SHARED_MODEL, images, requires_shared
+from helpers import CASES, PROCESSOR, SHARED, SHARED_MODEL, images, requires_shared, tiny_vit_classifier
 
 
 @pytest.fixture(scope="module")
 def card_checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
-                                    image_size=32, patch_size=8, num_labels=5)
-    model = transformers.ViTForImageClassification(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
+    model = tiny_vit_classifier(num_hidden_layers=3)
     ranking = hf_snapvit.rank(model, method="random", seed=3)
     folder = tmp_path_factory.mktemp("card") / "elastic"
     hf_snapvit.save_elastic(model, ranking, folder,

@@ -23,18 +23,12 @@ from hf_snapvit.errors import HubUploadError
 from hf_snapvit.publishing.hub import push_to_hub, save_and_push
 from hf_snapvit.cards.elastic import GENERATED_MARKER, HEATMAP_FILENAME
 
-from helpers import output_of
+from helpers import output_of, tiny_vit_classifier
 from support.hub import TOKEN, materialise
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(0)
-    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
-                                    image_size=32, patch_size=8, num_labels=5)
-    model = transformers.ViTForImageClassification(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
+    model = tiny_vit_classifier(num_hidden_layers=3)
     processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
     ranking = hf_snapvit.rank(model, method="magnitude")
     return model, processor, ranking
