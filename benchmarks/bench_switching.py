@@ -32,7 +32,7 @@ from _harness import RESULTS, command, parser, timed, write_json
 from hf_snapvit import ElasticViTModel
 from hf_snapvit.benchmark.environment import hardware_info, read_status, reset_peak_rss
 from hf_snapvit.loading.timing import synchronize
-from hf_snapvit.plotting import plot_latency_table
+from hf_snapvit.plots import plot_latency_table
 
 SEQUENCE = (0.3, 0.0, 0.5, 0.1, 0.5, 0.3)
 CONFIGS = {

@@ -125,7 +125,7 @@ def main() -> None:
         counts = stored.keep_counts(sparsity)
         print(f"  {sparsity:.2f}: {counts.num_params / 1e6:.2f} M params, {counts.gflops:.3f} GFLOPs, "
               f"neurons per block {counts.neurons}")
-    from hf_snapvit.plotting import plot_allocation
+    from hf_snapvit.plots import plot_allocation
 
     plot = Path(args.plot) if args.plot else output.with_name(f"{output.name}-allocation.png")
     plot_allocation(stored, plot, sparsities=args.sparsities)

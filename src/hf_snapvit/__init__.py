@@ -92,7 +92,7 @@ __all__ = [
 register_unpadded_sdpa()
 
 # Public name -> the submodule that defines it, imported on first access (PEP 562).
-_LAZY = {"evaluate": ".evaluation", "plot_allocation": ".plotting"}
+_LAZY = {"evaluate": ".evaluation", "plot_allocation": ".plots"}
 
 
 def __getattr__(name: str) -> Any:

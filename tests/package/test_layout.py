@@ -34,7 +34,8 @@ STAGES: dict[str, int] = {
     "cards": 6,
     "loading": 7,
     # Fitting a checkpoint to one size (hf_snapvit.correct), above the loader it hands its fit step to.
-    "fitting": 8, "pruning": 8, "plotting": 8,
+    "fitting": 8, "pruning": 8,
+    "plots": 8, "plotting": 8,  # every plot hf_snapvit draws; plotting is its deprecated name
     "benchmark": 9,
     "evaluation": 10,
     "cards.elastic": 11,  # the elastic checkpoint's card: plots and evaluation results
@@ -43,7 +44,7 @@ STAGES: dict[str, int] = {
 }
 LOADING = "hf_snapvit.loading.modeling"
 # The text-only cards are allowed: a sliced model's save_pretrained writes its card (see cards.sliced).
-NOT_FOR_LOADING = ("pruning", "evaluation", "benchmark", "cli", "publishing", "cards.elastic", "plotting")
+NOT_FOR_LOADING = ("pruning", "evaluation", "benchmark", "cli", "publishing", "cards.elastic", "plots", "plotting")
 # The loader only loads: fitting a model to a size is hf_snapvit.fitting's, above it (loading runs its FitStep).
 NOT_FOR_ANY_LOADING_MODULE = ("correction", "recovery", "fitting")
 MAX_MODULE_LINES = 400

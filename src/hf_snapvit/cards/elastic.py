@@ -26,7 +26,7 @@ from .results import Evaluation, parse_evaluations
 from .source import pipeline_tag_for
 from ..elastic.file_names import CARD_FILE
 from ..files import atomic_file
-from ..plotting import plot_allocation
+from ..plots import plot_allocation
 
 __all__ = [
     "CARD_TAGS",

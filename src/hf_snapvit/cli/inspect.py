@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sparsities = args.sparsities or [s for s in _DEFAULT_GRID if s <= result["ranking"]["max_sparsity"]]
     result["grid"] = _grid(ranking, sparsities, layout, args.width_multiple, explicit=bool(args.sparsities))
     if args.plot:
-        from ..plotting import plot_allocation
+        from ..plots import plot_allocation
 
         plot_allocation(ranking, args.plot, sparsities=sparsities, width_multiple=args.width_multiple)
         result["plot"] = public_name(args.plot)

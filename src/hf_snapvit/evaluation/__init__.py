@@ -19,7 +19,8 @@ which load offline.
 
 Modules: :mod:`.images` (what to evaluate on), :mod:`.features` (one forward pass per batch), :mod:`.metrics`,
 :mod:`.probe` (the linear probe), :mod:`.evaluator` (:class:`Evaluator`, :func:`evaluate`), :mod:`.sweep` (a grid of
-methods x sparsities), :mod:`.sweep_result` (its rows and files), :mod:`.sweep_plots`.
+methods x sparsities), :mod:`.sweep_result` (its rows and files). :mod:`hf_snapvit.plots` draws the sweep's
+plots; :func:`plot_accuracy` and :func:`plot_latency` here (:mod:`.sweep_plots`) are their deprecated names.
 
 May import every earlier stage, the pruner (sweeps rank) and the benchmarks included; publishing and the CLI
 import it, never the other way.

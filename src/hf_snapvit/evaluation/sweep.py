@@ -9,7 +9,9 @@ timed against the dense model in the same interleaved measurement. The output fo
 * ``sweep.csv``: one line per (method, sparsity), scalar columns only;
 * ``accuracy_vs_sparsity.png``, ``accuracy_vs_gflops.png``: one line per method, one panel per metric;
 * ``latency_vs_sparsity.png``: measured latency and realised vs theoretical (GFLOP) speedup;
-* ``allocation_<method>.png``: the per-block allocation heatmap of each ranking (:mod:`hf_snapvit.plotting`).
+* ``allocation_<method>.png``: the per-block allocation heatmap of each ranking.
+
+The plots are drawn by :func:`hf_snapvit.plots.write_sweep_plots` from the rows, as ``sweep.json`` holds them.
 """
 
 from __future__ import annotations
@@ -34,13 +36,13 @@ from ..architectures.budget import model_shape
 from ..errors import SnapViTError, SweepError
 from ..extras import require_extra
 from ..files import public_name, write_text_atomic
+from ..plots import write_sweep_plots
 from ..pruning.methods import rank, ranking_method
 from ..elastic.ranking import ElasticRanking
 from ..data.views import load_processor
 from .evaluator import Evaluator, load_model
 from .images import load_split
 from .probe import LinearProbeConfig
-from .sweep_plots import write_plots
 from .sweep_result import SweepResult, csv_text, json_text, result_row
 
 
@@ -266,7 +268,8 @@ def _write_files(result: SweepResult, rankings: Mapping[str, ElasticRanking], ou
     result.files["csv"] = "sweep.csv"  # names in the output folder: no local path in sweep.json
     write_text_atomic(output / "sweep.csv", csv_text([result.dense, *result.rows]))
     if plots:
-        result.files.update(write_plots(result, rankings, output))
+        result.files.update(write_sweep_plots(output, dense=result.dense, rows=result.rows, settings=result.settings,
+                                              rankings=rankings))
     result.files["json"] = "sweep.json"
     result.settings["wall_seconds"] = time.perf_counter() - started
     write_text_atomic(output / "sweep.json", json_text(result))

@@ -10,14 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..plots import ACCURACY_METRICS  # the metrics and their titles, which the plots of a sweep draw too
 from .evaluator import EvaluationResult
 
-ACCURACY_METRICS: tuple[tuple[str, str], ...] = (
-    ("top1", "top-1 (model's head)"),
-    ("knn_top1", "k-NN top-1"),
-    ("linear_top1", "linear-probe top-1"),
-    ("retention", "retention (cosine to dense)"),
-)
 CSV_COLUMNS: tuple[str, ...] = (
     "method", "requested_sparsity", "sparsity", "num_params", "total_params", "gflops", "top1", "knn_top1",
     "linear_top1", "retention", "linear_best_epoch", "latency_ms", "dense_latency_ms", "speedup",
