@@ -91,7 +91,7 @@ def draw_each_card_heatmap_once():
     same ranking writes the same PNG bytes through the same atomic write (a full disk still fails it).
 
     Drawing the heatmap (matplotlib) is most of a tiny save's time, and many tests save the same tiny ranking. The
-    drawing itself is tested with fresh draws: ``plot_allocation`` is left alone (test_plotting, ``inspect --plot``);
+    drawing itself is tested with fresh draws: ``plot_allocation`` is left alone (tests/plots, ``inspect --plot``);
     only the card writer's name for it is wrapped, and without matplotlib it is the real one."""
     from hf_snapvit.cards import elastic
     from hf_snapvit.files import atomic_file

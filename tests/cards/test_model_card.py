@@ -328,7 +328,7 @@ def test_example_card_describes_the_shared_vit_tiny():
 
 def test_titles_name_the_folder_or_the_family_and_blocks_count_from_zero(card_checkpoint, tmp_path):
     """Issue 64: no "Elastic vit"; every card and the heatmap number blocks from 0, as the modules do."""
-    from hf_snapvit.plotting import plot_allocation
+    from hf_snapvit.plots import plot_allocation
 
     folder, ranking = card_checkpoint
     assert "# Elastic ViT\n" in make_model_card(ranking).text  # a bare ranking: the family, as transformers names it

@@ -14,6 +14,7 @@ import hf_snapvit as hs
 from hf_snapvit.surgery.slicing import slice_model_
 from hf_snapvit.errors import SweepError
 from hf_snapvit.evaluation import CSV_COLUMNS, Evaluator, LinearProbeConfig, run_sweep, sweep_from_paths
+from hf_snapvit.plots import plot_accuracy
 from helpers import CASES, PROCESSOR, images
 
 CASE = {c.name: c for c in CASES}
@@ -47,7 +48,7 @@ def _run(tmp_path_factory):
     return model, rankings, data, output, result, caught
 
 
-def test_sweep_writes_every_file_with_the_right_rows(sweep):
+def test_sweep_writes_every_file_with_the_right_rows(sweep, tmp_path):
     model, rankings, _, output, result, caught = sweep
     names = ["sweep.json", "sweep.csv", "accuracy_vs_sparsity.png", "accuracy_vs_gflops.png",
              "latency_vs_sparsity.png", "allocation_magnitude.png", "allocation_random.png", "allocation_saved.png"]
@@ -67,6 +68,10 @@ def test_sweep_writes_every_file_with_the_right_rows(sweep):
     assert len(saved["rows"]) == 6 and saved["dense"]["retention"] == pytest.approx(1.0, abs=1e-6)
     assert saved["methods"]["random"]["ranking_seconds"] == 1.5
     assert saved["hardware"]["torch_threads"] == saved["settings"]["latency"]["threads"] >= 1
+    # The rows in sweep.json are all the plots need: they redraw without the evaluation harness.
+    assert plot_accuracy(saved["rows"], tmp_path / "again.png", dense=saved["dense"]) == [
+        "top1", "knn_top1", "linear_top1", "retention"]
+    assert (tmp_path / "again.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for row in result.rows:
         assert row["sparsity"] == pytest.approx(row["requested_sparsity"], abs=0.05)
         assert row["gflops"] < result.dense["gflops"] and row["theoretical_speedup"] > 1.0

@@ -1,6 +1,8 @@
-"""The per-layer allocation heatmap."""
+"""The per-layer allocation heatmap (hf_snapvit.plots.allocation), and its deprecated module name."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import transformers
 import hf_snapvit
 from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.errors import ConfigError
-from hf_snapvit.plotting import allocation_table, plot_allocation
+from hf_snapvit.plots import allocation_table, plot_allocation
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +93,18 @@ def test_out_of_range_sparsity_names_the_range(model_and_ranking):
         plot_allocation(ranking, sparsities=(0.1, 0.99))
     with pytest.raises(hf_snapvit.BudgetError, match="empty"):
         plot_allocation(ranking, sparsities=())
+
+
+def test_the_old_module_name_warns_and_gives_the_same_functions():
+    import hf_snapvit.plotting as old
+    from hf_snapvit import plots
+
+    for name in ("allocation_table", "plot_allocation", "plot_latency_table", "DEFAULT_SPARSITIES"):
+        with pytest.warns(FutureWarning, match=rf"hf_snapvit\.plotting is deprecated.*import {name} from "
+                                               r"hf_snapvit\.plots"):
+            assert getattr(old, name) is getattr(plots, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        assert hf_snapvit.plot_allocation is plots.plot_allocation  # the documented name: no warning
+    with pytest.raises(AttributeError, match="no attribute 'plot_sweep'"):
+        old.plot_sweep  # noqa: B018
