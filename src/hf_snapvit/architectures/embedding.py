@@ -17,7 +17,8 @@ import torch
 import torch.nn as nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from . import ArchitectureSpec, get_backbone, get_layers, get_spec, vision_config
+from . import ArchitectureSpec, get_backbone, get_spec, vision_config
+from .capture import capture_block_outputs
 from .inputs import flatten_frames, grid_patchify, pixel_shape
 from ..errors import DataError
 
@@ -121,15 +122,9 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
     if spec.task is not None and spec.task.features == "feature_maps" and spec.encoder:
         # A transformers backbone returns the feature maps; the model inside it (ZoeDepth's BEiT) returns none.
         caller = model.get_submodule(spec.encoder)
-    last: list[torch.Tensor] = []
-    hook = get_layers(model, spec)[-1].register_forward_hook(
-        lambda module, args, output: last.append(output[0] if isinstance(output, tuple) else output))
-    try:
-        with inference_settings(model, spec):
-            out = caller(**kwargs)
-    finally:
-        hook.remove()
-    return output_embedding(out, last[-1], spec, model.config, kwargs.get("grid_thw"))
+    with capture_block_outputs(model, spec, blocks="last") as captured, inference_settings(model, spec):
+        out = caller(**kwargs)
+    return output_embedding(out, captured.calls[-1], spec, model.config, kwargs.get("grid_thw"))
 
 
 def output_embedding(out: Any, last_tokens: torch.Tensor, spec: ArchitectureSpec,

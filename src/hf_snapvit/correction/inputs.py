@@ -13,6 +13,7 @@ import torch.nn as nn
 from huggingface_hub.utils import tqdm
 
 from ..architectures import get_attention, get_layers, head_dim
+from ..architectures.capture import block_hidden_states
 from ..architectures.embedding import image_embedding
 from ..errors import CorrectionError
 from ..surgery.slicing import output_projections
@@ -37,7 +38,7 @@ class BlockInputs:
             out = layer(*self.args, **{**self.kwargs, "hidden_states": hidden})
         else:
             out = layer(hidden, *self.args, **self.kwargs)
-        return out[0] if isinstance(out, (tuple, list)) else out
+        return block_hidden_states(out)
 
 
 class HessianHook:

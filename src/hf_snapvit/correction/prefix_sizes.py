@@ -23,7 +23,8 @@ import torch
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..architectures import get_backbone, get_spec
+from ..architectures import get_spec
+from ..architectures.capture import capture_block_outputs
 from ..errors import CorrectionError
 from ..surgery.slicing import prefixes, slice_model_
 from ..architectures.embedding import image_embedding, pooled_embedding, returns_embedding
@@ -47,18 +48,16 @@ def default_grid(max_sparsity: float) -> list[float]:
 def outputs_of(model: PreTrainedModel, spec: Any, batches: Sequence[dict]) -> dict[str, list[torch.Tensor]]:
     """Per measure, the model's outputs on ``batches``: ``"embedding_mse"`` (the image embeddings) and, for a model
     with a classifier, ``"logits_kl"`` (class log-probabilities)."""
-    captured: list[torch.Tensor] = []
+    def embedded(out: Any, kwargs: dict[str, Any]) -> torch.Tensor | None:  # outputs with none are embedded below
+        return pooled_embedding(out, spec, model.config, kwargs.get("grid_thw")) if returns_embedding(out, spec) \
+            else None
+
     # A classifier's forward runs its backbone: read the embedding there rather than in a second forward pass.
-    hook = get_backbone(model, spec).register_forward_hook(  # outputs with no embedding are embedded below
-        lambda module, args, kwargs, out: captured.append(pooled_embedding(
-            out, spec, model.config, kwargs.get("grid_thw"))) if returns_embedding(out, spec) else None,
-        with_kwargs=True)
-    try:
+    with capture_block_outputs(model, spec, blocks=None, on_backbone=embedded) as hooked:
         outputs, measure = final_outputs(model, spec, batches, None)
-    finally:
-        hook.remove()
     if measure == "embedding_mse":
         return {measure: outputs}
+    captured = hooked.backbone
     if len(captured) != len(batches):  # a backbone called more or less than once per batch: embed separately
         parameter = next(model.parameters())
         captured = [image_embedding(model, model_inputs(b, None, parameter.device, parameter.dtype, as_pixels=True),

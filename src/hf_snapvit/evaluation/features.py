@@ -3,6 +3,7 @@ classifier, its logits, from one forward pass per batch."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Mapping
@@ -13,7 +14,8 @@ import torch
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
 
-from ..architectures import ArchitectureSpec, get_backbone, get_layers, get_spec
+from ..architectures import ArchitectureSpec, get_backbone, get_spec
+from ..architectures.capture import CapturedOutputs, capture_block_outputs
 from ..architectures.registry import auto_class_names
 from ..architectures.embedding import forward_inputs, image_embedding, pooled_embedding, returns_embedding
 from ..errors import EvaluationError
@@ -49,13 +51,14 @@ def has_classifier(model: PreTrainedModel) -> bool:
 
 
 def _classifier_outputs(model: PreTrainedModel, inputs: dict[str, Any], spec: ArchitectureSpec,
-                        captured: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+                        captured: CapturedOutputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(embedding, logits)`` of one batch from the full model; ``captured`` receives the backbone's output and the
     last block's (the embedding of a backbone that returns logits only, as timm's)."""
     inputs.update(forward_inputs(model, inputs, spec))  # SigLIP2 classifiers take patch sequences
     captured.clear()
     output = model(**inputs)
-    backbone_output, last = captured.get("backbone"), captured.get("last")
+    backbone_output = captured.backbone[-1] if captured.backbone else None
+    last = captured.calls[-1] if captured.calls else None
     embedding = pooled_embedding(backbone_output, spec, model.config) \
         if getattr(backbone_output, "last_hidden_state", None) is not None else None
     if embedding is None and last is not None and not returns_embedding(backbone_output, spec):
@@ -98,7 +101,6 @@ def extract_features(
     if len(images) == 0:
         raise EvaluationError("The evaluation data is empty; give at least one image.")
     spec = get_spec(model)
-    backbone = get_backbone(model, spec)
     want_logits = has_classifier(model) if logits is None else logits
     if want_logits and not has_classifier(model):
         raise EvaluationError(f"{type(model).__name__} has no classifier head, so it gives no logits; use a "
@@ -108,28 +110,25 @@ def extract_features(
     parameter = next(model.parameters())
     was_training = model.training
     model.eval()
-    captured: dict[str, Any] = {}
     # One pass gives both outputs: the hooks keep what the backbone and its last block returned while the full model
     # computes logits.
-    handles = [backbone.register_forward_hook(lambda module, args, output: captured.update(backbone=output)),
-               get_layers(model, spec)[-1].register_forward_hook(lambda module, args, output: captured.update(
-                   last=output[0] if isinstance(output, tuple) else output))] if want_logits else []
+    capture = capture_block_outputs(model, spec, blocks="last", backbone=True) if want_logits \
+        else contextlib.nullcontext()
     embeddings, all_logits = [], []
     start = time.perf_counter()
     try:
-        total = math.ceil(len(images) / batch_size)
-        for batch in tqdm(images.batches(batch_size), total=total, desc=desc, unit="batch",
-                          disable=not show_progress):
-            inputs = model_inputs(batch, processor, parameter.device, parameter.dtype)
-            if want_logits:
-                embedding, batch_logits = _classifier_outputs(model, inputs, spec, captured)
-                all_logits.append(batch_logits.float().cpu())
-            else:
-                embedding = image_embedding(model, inputs, spec)
-            embeddings.append(embedding.float().cpu())
+        with capture as captured:
+            total = math.ceil(len(images) / batch_size)
+            for batch in tqdm(images.batches(batch_size), total=total, desc=desc, unit="batch",
+                              disable=not show_progress):
+                inputs = model_inputs(batch, processor, parameter.device, parameter.dtype)
+                if want_logits:
+                    embedding, batch_logits = _classifier_outputs(model, inputs, spec, captured)
+                    all_logits.append(batch_logits.float().cpu())
+                else:
+                    embedding = image_embedding(model, inputs, spec)
+                embeddings.append(embedding.float().cpu())
     finally:
-        for handle in handles:
-            handle.remove()
         model.train(was_training)
     return Features(
         embeddings=torch.cat(embeddings),

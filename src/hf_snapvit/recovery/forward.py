@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from ..architectures import (ArchitectureSpec, get_attention, get_backbone, get_layers, get_mlp, get_projection,
                              head_dim)
+from ..architectures.capture import capture_block_outputs
 from ..architectures.embedding import forward_inputs, inference_settings, output_embedding
 
 
@@ -37,26 +38,13 @@ class Outputs:
 
 def forward_outputs(model: nn.Module, spec: ArchitectureSpec, pixels: torch.Tensor) -> Outputs:
     """Run ``model`` (task head included) on ``[B, C, H, W]`` pixels and collect what recovery distils."""
-    hidden: list[torch.Tensor] = []
-    backbone_out: list[Any] = []
-
-    def keep_block(module, args, out):
-        hidden.append(out[0] if isinstance(out, (tuple, list)) else out)
-
-    def keep_backbone(module, args, out):
-        backbone_out.append(out)
-
-    handles = [layer.register_forward_hook(keep_block) for layer in get_layers(model, spec)]
-    handles.append(get_backbone(model, spec).register_forward_hook(keep_backbone))
     inputs = forward_inputs(model, {"pixel_values": pixels}, spec)
     # A task model's encoder runs alone: its neck, head or language model reads only the features distilled here.
     runner = model if spec.task is None else get_backbone(model, spec)
-    try:
-        with inference_settings(model, spec):
-            out = runner(**inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
+    # The block outputs are kept as computed (not detached): the student's loss backpropagates through them.
+    with capture_block_outputs(model, spec, backbone=True) as captured, inference_settings(model, spec):
+        out = runner(**inputs)
+    hidden, backbone_out = captured.calls, captured.backbone
     grid = inputs.get("grid_thw")
     if grid is not None:  # a grid tower's blocks see every image's tokens (equal grids here) in one sequence
         hidden = [h.reshape(len(grid), -1, h.shape[-1]) for h in hidden]

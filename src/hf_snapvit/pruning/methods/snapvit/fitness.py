@@ -41,6 +41,7 @@ from transformers import PreTrainedModel
 
 from ....architectures import get_layers, get_spec, vision_config
 from .cka import linear_cka
+from ....architectures.capture import capture_block_outputs
 from ....architectures.embedding import image_embedding
 from ....distributed import autocast, map_across_processes, mixed_precision, process_state
 from ....errors import ConfigError
@@ -177,17 +178,19 @@ class EmbeddingFitness:
             model = slice_model_(self.work, self._on_device(keep), source=self.model)
         chunks = []
         cast = contextlib.nullcontext() if self._bf16_copy else autocast(self.device, precision=self.precision)
-        blocks = _BlockOutputs(get_layers(model, self.spec)) if self.measure == "blocks" else None
+        # Every block's output, averaged over its tokens (float32): what the "blocks" measure compares.
+        blocks = capture_block_outputs(model, self.spec, on_block=lambda hidden: hidden.float().mean(1)) \
+            if self.measure == "blocks" else contextlib.nullcontext()
         inputs, images = self._inputs[rows], range(len(self._inputs))[rows]
         tokens = self._tokens
         subset = contextlib.nullcontext() if tokens is None else tokens.on(get_layers(model, self.spec)[0])
-        with self._clock, cast, mask, blocks or contextlib.nullcontext(), subset:
+        with self._clock, cast, mask, blocks as captured, subset:
             for i in range(0, len(inputs), self.batch_size):
                 batch = {"pixel_values": inputs[i:i + self.batch_size]}
                 if tokens is not None:
                     tokens.images = images[i:i + self.batch_size]
                 chunks.append(image_embedding(model, batch, self.spec).float())
-        return torch.cat(chunks), (None if blocks is None else blocks.outputs())
+        return torch.cat(chunks), (None if captured is None else torch.stack([torch.cat(c) for c in captured.blocks]))
 
     def _on_device(self, keep) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``keep``'s index arrays on the device, copied in one transfer that does not wait for queued work."""
@@ -287,32 +290,6 @@ def _resized(pixels: torch.Tensor, size: int | None, model: PreTrainedModel) -> 
 def _loss(similarities: np.ndarray) -> float:
     # float64 mean of the float32 similarities, as when they were read one by one.
     return 1.0 - float(np.mean([float(s) for s in similarities]))
-
-
-class _BlockOutputs:
-    """Inside ``with``: every block's output, averaged over its tokens, for each forward pass (float32)."""
-
-    def __init__(self, layers: Sequence[torch.nn.Module]) -> None:
-        self.layers = layers
-        self._outputs: list[list[torch.Tensor]] = [[] for _ in layers]
-
-    def __enter__(self) -> "_BlockOutputs":
-        def keep(l: int) -> Callable:
-            def hook(module, args, output) -> None:
-                hidden = output[0] if isinstance(output, tuple) else output
-                self._outputs[l].append(hidden.float().mean(1))
-            return hook
-
-        self._handles = [layer.register_forward_hook(keep(l)) for l, layer in enumerate(self.layers)]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-    def outputs(self) -> torch.Tensor:
-        """``[L, N, D]``: each block's token-mean output for every image forwarded inside ``with``."""
-        return torch.stack([torch.cat(chunks) for chunks in self._outputs])
 
 
 class _ForwardClock:
