@@ -240,3 +240,19 @@ def test_evaluation_embeds_a_task_model_with_the_features_its_task_reads():
     features = extract_features(model, pixels, batch_size=2, show_progress=False)
     assert features.logits is None
     torch.testing.assert_close(features.embeddings, image_embedding(model, {"pixel_values": pixels}))
+
+
+@pytest.mark.parametrize("case", TASKS, ids=repr)
+def test_recovery_and_the_correction_check_read_the_embedding_the_task_reads(case):
+    # Both capture the encoder's output with hooks; ZoeDepth's features come from its BeitBackbone, not the BeitModel
+    # inside it (get_backbone), so a hook on the wrong module finds no feature maps.
+    from hf_snapvit.correction.prefix_sizes import outputs_of
+    from hf_snapvit.recovery.forward import forward_outputs
+
+    model = case.model()
+    spec = get_spec(model)
+    pixels = task_pixels()
+    expected = image_embedding(model, {"pixel_values": pixels})
+    with torch.no_grad():
+        torch.testing.assert_close(forward_outputs(model, spec, pixels).embedding, expected)
+    torch.testing.assert_close(outputs_of(model, spec, [{"pixel_values": pixels}])["embedding_mse"][0], expected)

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
-from .parts import get_backbone, get_layers
+from .parts import feature_module, get_layers
 from .registry import ArchitectureSpec, get_spec
 
 #: Which blocks :func:`capture_block_outputs` hooks: every block, the last one only, or none.
@@ -74,7 +74,8 @@ def capture_block_outputs(
         spec: Its architecture spec (default: ``get_spec(model)``).
         blocks: ``"all"``: every block of ``get_layers(model, spec)``; ``"last"``: the last block only; ``None``: no
             block.
-        backbone: Also keep what ``get_backbone(model, spec)`` returns (implied by ``on_backbone``).
+        backbone: Also keep what the backbone returns (:func:`~.parts.feature_module`: the module whose output
+            holds the features read; implied by ``on_backbone``).
         on_block: What to keep of a block's hidden states (:func:`block_hidden_states`), e.g. their token mean, so
             that the full tensors need not be held; default: the hidden states themselves. A ``None`` from it keeps
             nothing.
@@ -96,7 +97,7 @@ def capture_block_outputs(
         for kept, layer in zip(captured.blocks, layers):
             handles.append(layer.register_forward_hook(_block_hook(kept, captured.calls, on_block)))
         if backbone or on_backbone is not None:
-            handles.append(get_backbone(model, spec).register_forward_hook(
+            handles.append(feature_module(model, spec).register_forward_hook(
                 _backbone_hook(captured.backbone, on_backbone), with_kwargs=True))
         yield captured
     finally:

@@ -17,8 +17,9 @@ import torch
 import torch.nn as nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from . import ArchitectureSpec, get_backbone, get_spec, vision_config
+from . import ArchitectureSpec, get_spec, vision_config
 from .capture import capture_block_outputs
+from .parts import feature_module
 from .inputs import flatten_frames, grid_patchify, pixel_shape
 from ..errors import DataError
 
@@ -107,7 +108,7 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
     Backbones that take patch sequences (SigLIP2) accept ``[B, C, H, W]`` images too: they are patchified here.
     """
     spec = spec or get_spec(model)
-    backbone = get_backbone(model, spec)
+    caller = feature_module(model, spec)
     kwargs = forward_inputs(model, inputs, spec)
     pixels = inputs.get("pixel_values")
     if pixels is not None and pixels.ndim == 5 and len(pixel_shape(model.config, 1)) != 5:  # not a video model's
@@ -116,12 +117,8 @@ def image_embedding(model: nn.Module, inputs: dict, spec: ArchitectureSpec | Non
                         "pixel_values[:, 0] (the resized whole image).")
     size = getattr(vision_config(model.config), "image_size", None)
     if pixels is not None and pixels.ndim == 4 and size is not None and pixels.shape[-1] != size:
-        if "interpolate_pos_encoding" in inspect.signature(backbone.forward).parameters:
+        if "interpolate_pos_encoding" in inspect.signature(caller.forward).parameters:
             kwargs["interpolate_pos_encoding"] = True
-    caller = backbone
-    if spec.task is not None and spec.task.features == "feature_maps" and spec.encoder:
-        # A transformers backbone returns the feature maps; the model inside it (ZoeDepth's BEiT) returns none.
-        caller = model.get_submodule(spec.encoder)
     with capture_block_outputs(model, spec, blocks="last") as captured, inference_settings(model, spec):
         out = caller(**kwargs)
     return output_embedding(out, captured.calls[-1], spec, model.config, kwargs.get("grid_thw"))

@@ -75,6 +75,16 @@ def get_backbone(model: nn.Module, spec: ArchitectureSpec | None = None) -> nn.M
     return getattr(vision, "base_model", vision)
 
 
+def feature_module(model: nn.Module, spec: ArchitectureSpec | None = None) -> nn.Module:
+    """The module whose output holds what is read of ``model``'s vision features: a task model's transformers
+    backbone where its task reads feature maps (ZoeDepth's ``BeitBackbone``, whose inner ``BeitModel`` returns
+    none), else :func:`get_backbone`."""
+    spec = spec or get_spec(model)
+    if spec.task is not None and spec.task.features == "feature_maps" and spec.encoder:
+        return _get(model, spec.encoder)
+    return get_backbone(model, spec)
+
+
 def get_layers(model: nn.Module, spec: ArchitectureSpec | None = None) -> nn.ModuleList:
     """The transformer blocks of ``model``, in depth order."""
     spec = spec or get_spec(model)

@@ -16,9 +16,10 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.nn as nn
 
-from ..architectures import (ArchitectureSpec, get_attention, get_backbone, get_layers, get_mlp, get_projection,
+from ..architectures import (ArchitectureSpec, get_attention, get_layers, get_mlp, get_projection,
                              head_dim)
 from ..architectures.capture import capture_block_outputs
+from ..architectures.parts import feature_module
 from ..architectures.embedding import forward_inputs, inference_settings, output_embedding
 
 
@@ -40,7 +41,7 @@ def forward_outputs(model: nn.Module, spec: ArchitectureSpec, pixels: torch.Tens
     """Run ``model`` (task head included) on ``[B, C, H, W]`` pixels and collect what recovery distils."""
     inputs = forward_inputs(model, {"pixel_values": pixels}, spec)
     # A task model's encoder runs alone: its neck, head or language model reads only the features distilled here.
-    runner = model if spec.task is None else get_backbone(model, spec)
+    runner = model if spec.task is None else feature_module(model, spec)
     # The block outputs are kept as computed (not detached): the student's loss backpropagates through them.
     with capture_block_outputs(model, spec, backbone=True) as captured, inference_settings(model, spec):
         out = runner(**inputs)
