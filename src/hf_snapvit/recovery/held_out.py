@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..data.held_out import hold_out_end
 from ..distributed import process_state, reduce_sum
 from .config import RecoveryConfig
 from .forward import forward_outputs, per_image_loss, prefix_view
@@ -25,17 +26,13 @@ def split_held_out(images: Any, wanted: int, config: RecoveryConfig) -> tuple[An
     """``(training images, held-out images or None, why there are none)`` of a draw of up to ``wanted`` +
     ``config.held_out_images`` images. The draw is seeded and its order is a prefix, so the training images are the
     ones a run without the check would use. When the data runs short, the held-out images come off the end, as long
-    as at least as many are left to train on."""
+    as at least as many are left to train on (:func:`~hf_snapvit.data.held_out.hold_out_end`)."""
     held = config.held_out_images
     if held == 0:
         return images[:wanted], None, "held_out_images=0"
-    count = len(images)
-    if count >= wanted + held:
-        return images[:wanted], images[wanted:wanted + held], None
-    if count >= 2 * held:
-        return images[:count - held], images[count - held:], None
-    return images[:wanted], None, (f"only {count} images, fewer than twice held_out_images={held}; give more images or a "
-                          "smaller held_out_images")
+    return hold_out_end(images, count=held, wanted=wanted, min_fitted=held, too_few=lambda count: (
+        f"only {count} images, fewer than twice held_out_images={held}; give more images or a smaller "
+        "held_out_images"))
 
 
 def check_sizes(views: list[tuple[float | None, Any]]) -> list[tuple[float | None, Any]]:
