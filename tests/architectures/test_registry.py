@@ -9,11 +9,10 @@ import pytest
 from transformers import BertConfig, ViTConfig, ViTModel
 
 import hf_snapvit as hs
-from hf_snapvit.architectures import get_spec, register_architecture
+from hf_snapvit.architectures import get_backbone, get_layers, get_spec, register_architecture
 from hf_snapvit.architectures.budget import layer_widths
-from hf_snapvit.surgery.slicing import slice_model_
-from hf_snapvit.architectures import get_backbone, get_layers
 from hf_snapvit.architectures.registry import _REGISTRY, _TASKS, register_task_model, task_model_spec
+from hf_snapvit.surgery.slicing import slice_model_
 
 from helpers import CASES
 

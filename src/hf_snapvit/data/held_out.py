@@ -9,7 +9,8 @@ a number of images, a reason when there are too few) both split through :func:`h
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def fraction_count(fraction: float, total: int) -> int:
