@@ -146,6 +146,8 @@ def _cases() -> list[Case]:
         _case("siglip-cls", T.SiglipForImageClassification,
               T.SiglipConfig(vision_config=vit, text_config=text, num_labels=5)),
         _case("siglip2-vision", T.Siglip2VisionModel, T.Siglip2VisionConfig(**siglip2), _siglip2_inputs),
+        _case("siglip2-cls", T.Siglip2ForImageClassification,
+              T.Siglip2Config(vision_config=siglip2, text_config=text, num_labels=5), _siglip2_inputs),
         _case("clip-vision", T.CLIPVisionModel, T.CLIPVisionConfig(**vit)),
         _case("clip-cls", T.CLIPForImageClassification,
               T.CLIPConfig(vision_config=vit, text_config=text, num_labels=5)),

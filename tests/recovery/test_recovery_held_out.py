@@ -12,7 +12,7 @@ import torch
 import hf_snapvit
 from hf_snapvit.errors import RecoveryError
 from hf_snapvit.recovery import RecoveryConfig, recover
-from hf_snapvit.recovery.held_out import check_sizes, split_held_out
+from hf_snapvit.recovery.held_out import held_out_sizes, split_held_out
 from hf_snapvit.surgery.slicing import slice_model_
 
 from helpers import CASES, PROCESSOR, images
@@ -56,7 +56,7 @@ def test_a_per_size_recovery_reports_its_size_before_and_after():
 def test_an_elastic_recovery_checks_both_ends_and_every_tenth_between():
     model = CASE["vit-cls"].build()
     ranking = hf_snapvit.rank(model, method="magnitude")
-    sizes = check_sizes([(0.05, ranking.sorted()), (0.4, ranking.sorted())])
+    sizes = held_out_sizes([(0.05, ranking.sorted()), (0.4, ranking.sorted())])
     assert [s for s, _ in sizes] == [0.05, 0.1, 0.2, 0.3, 0.4]
     assert [c.sparsity for _, c in sizes] == sorted(c.sparsity for _, c in sizes)
 

@@ -77,16 +77,6 @@ _MASK_TOKEN = {
 }
 
 
-# Registered task models of a family whose tiny case is its backbone (helpers.CASES): built here for the contract.
-_SIGLIP2 = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, patch_size=8,
-                num_patches=16)
-_TASK_OF_A_CASE = {
-    "siglip2-cls": (lambda: T.Siglip2ForImageClassification(T.Siglip2Config(
-        vision_config=_SIGLIP2, text_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                                 intermediate_size=37), num_labels=5)), "siglip2-vision"),
-}
-
-
 def _families() -> list[Family]:
     """The page's rows first, under the page's names; then the others. A model of a family already listed (the same
     class and config switches: :func:`_switches`) is left out: families differ in structure, not in sizes."""
@@ -105,9 +95,6 @@ def _families() -> list[Family]:
     # A relative-position MLP of one output row per head, sliced with the heads (timm's own keeps every head).
     families += [Family("own model relative-position MLP", discovered.relpos_model)]
     families += [Family(name, _perturbed(build)) for name, build in _MASK_TOKEN.items()]
-    by_name = {case.name: case for case in CASES}
-    families += [Family(f"case {name}", _perturbed(build), lambda model, case=by_name[of]: case.inputs(2))
-                 for name, (build, of) in _TASK_OF_A_CASE.items()]
     unique, seen = [], set()
     for family in families:
         model = family.build()

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from ..architectures.embedding import forward_inputs, image_embedding, inference_settings, pooled_embedding
+from ..data.held_out import fraction_count, hold_out_end
 from ..data.views import model_inputs
 from ..errors import CorrectionError
 from .config import CorrectionConfig, LayerCorrection
@@ -133,21 +134,18 @@ def held_out_count(config: CorrectionConfig, num_batches: int) -> int:
     one and at most all but one (none without the guard)."""
     if not config.guard:
         return 0
-    return min(num_batches - 1, max(1, round(config.held_out_fraction * num_batches)))
+    return fraction_count(config.held_out_fraction, num_batches)
 
 
 def split_held_out(inputs: list[BlockInputs], config: CorrectionConfig, num_images: int
                    ) -> tuple[list[BlockInputs], list[BlockInputs], list[BlockInputs]]:
-    """``(fit, held-out through the dense model, held-out through the pruned model)``; both held-out lists are empty
+    """``(fit, held-out through the dense model, held-out through the pruned model)``: the last ``held_out_fraction``
+    of the batches are held out (:func:`~hf_snapvit.data.held_out.hold_out_end`); both held-out lists are empty
     without the guard."""
     if not config.guard:
         return inputs, [], []
-    if len(inputs) < 2:
-        raise CorrectionError(
-            f"guard=True holds out part of the calibration images, so it needs at least 2; got {num_images}. Give more "
-            "images, or set CorrectionConfig(guard=False)."
-        )
-    num_held = held_out_count(config, len(inputs))
-    held = inputs[len(inputs) - num_held:]
+    fit, held, _ = hold_out_end(inputs, fraction=config.held_out_fraction, error=CorrectionError, too_few=lambda _: (
+        f"guard=True holds out part of the calibration images, so it needs at least 2; got {num_images}. Give more "
+        "images, or set CorrectionConfig(guard=False)."))
     pruned = [BlockInputs(item.hidden, item.args, item.kwargs, item.hidden_in_kwargs) for item in held]
-    return inputs[:len(inputs) - num_held], held, pruned
+    return fit, held, pruned

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 from huggingface_hub.utils import tqdm
 from transformers import PreTrainedModel
@@ -29,6 +28,7 @@ from ..errors import CorrectionError
 from ..surgery.slicing import prefixes, slice_model_
 from ..architectures.embedding import image_embedding, pooled_embedding, returns_embedding
 from ..data.views import model_inputs
+from ..elastic.size_grid import sparsity_grid
 from .guard import EVIDENCE, distances, final_outputs
 from .prefix import MIN_CHECKED_IMAGES, PrefixCorrection, first_band
 
@@ -39,9 +39,9 @@ NEIGHBOURS = 10
 
 
 def default_grid(max_sparsity: float) -> list[float]:
-    """``0.05, 0.10, …`` up to ``max_sparsity``, and ``max_sparsity`` itself."""
-    grid = [round(s, 4) for s in np.arange(GRID_STEP, max_sparsity, GRID_STEP) if s < max_sparsity - 1e-6]
-    return grid + [float(max_sparsity)]
+    """``0.05, 0.10, …`` (every :data:`GRID_STEP`) up to ``max_sparsity``, and ``max_sparsity`` itself
+    (:func:`~hf_snapvit.elastic.size_grid.sparsity_grid`)."""
+    return sparsity_grid(max_sparsity, GRID_STEP)
 
 
 @torch.no_grad()

@@ -8,6 +8,7 @@
 * :mod:`.sampling`: seeded draws that cover their source (shuffled streams, stratified map-style draws);
 * :mod:`.coverage`: whether a draw represents its source, recorded and warned about;
 * :mod:`.calibration`: the gradient, fitness and correction draws of a ranking run;
+* :mod:`.held_out`: the one held-out split (the end of a seeded draw, never fitted on);
 * :mod:`.views`: the processor's preprocessing, its normalisation and the DINO multi-crops.
 
 May import: :mod:`hf_snapvit.architectures` and the shared modules. Never imports the elastic format, loading or

@@ -2,7 +2,7 @@
 
 * :mod:`.ranking`: :class:`~hf_snapvit.elastic.ranking.ElasticRanking`, its keep counts at any budget and its JSON;
 * :mod:`.budget_path`: the order in which units leave as the budget shrinks; :mod:`.score_curves`: the compact score
-  encoding;
+  encoding; :mod:`.size_grid`: the sparsities a check measures across a range;
 * :mod:`.fingerprint`: the weight-order fingerprint that ties a ranking to its weights;
 * :mod:`.file_names`: every file of a checkpoint folder by name (and who writes it);
 * :mod:`.checkpoint`: reading only the slices a model keeps from safetensors; :mod:`.writing`: writing the elastic

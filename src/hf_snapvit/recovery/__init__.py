@@ -40,7 +40,7 @@ from ..data.views import embedder, load_processor
 from ..elastic.records import warn_if_untrained
 from .config import RecoveryConfig, RecoverySummary
 from .forward import forward_outputs, prefix_view
-from .held_out import HeldOutCheck, check_sizes, held_out_record, skipped_record, split_held_out
+from .held_out import HeldOutCheck, held_out_record, held_out_sizes, skipped_record, split_held_out
 from .parallel import Parallel, check_same_start
 from .train import AugmentedBatches, TrainingState, make_optimizer
 
@@ -104,7 +104,7 @@ def recover_(student: PreTrainedModel, teacher: PreTrainedModel | None, data: An
         processor = load_processor(teacher, purpose="preprocess the recovery images")
     size = input_size(teacher.config)
     batches = AugmentedBatches(images, config, processor, size)
-    check = HeldOutCheck(held, config, processor, size, check_sizes(views)) if held is not None else None
+    check = HeldOutCheck(held, config, processor, size, held_out_sizes(views)) if held is not None else None
     was_training = teacher.training
     teacher.eval()
     student.eval()  # dropout off: the student is fitted to the teacher's deterministic function

@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
+from ..data.held_out import hold_out_end
 from ..distributed import process_state, reduce_sum
+from ..elastic.size_grid import sparsity_grid
 from .config import RecoveryConfig
 from .forward import forward_outputs, per_image_loss, prefix_view
 from .train import AugmentedBatches
@@ -25,27 +27,27 @@ def split_held_out(images: Any, wanted: int, config: RecoveryConfig) -> tuple[An
     """``(training images, held-out images or None, why there are none)`` of a draw of up to ``wanted`` +
     ``config.held_out_images`` images. The draw is seeded and its order is a prefix, so the training images are the
     ones a run without the check would use. When the data runs short, the held-out images come off the end, as long
-    as at least as many are left to train on."""
+    as at least as many are left to train on (:func:`~hf_snapvit.data.held_out.hold_out_end`)."""
     held = config.held_out_images
     if held == 0:
         return images[:wanted], None, "held_out_images=0"
-    count = len(images)
-    if count >= wanted + held:
-        return images[:wanted], images[wanted:wanted + held], None
-    if count >= 2 * held:
-        return images[:count - held], images[count - held:], None
-    return images[:wanted], None, (f"only {count} images, fewer than twice held_out_images={held}; give more images or a "
-                          "smaller held_out_images")
+    return hold_out_end(images, count=held, wanted=wanted, min_fitted=held, too_few=lambda count: (
+        f"only {count} images, fewer than twice held_out_images={held}; give more images or a smaller "
+        "held_out_images"))
 
 
-def check_sizes(views: list[tuple[float | None, Any]]) -> list[tuple[float | None, Any]]:
-    """The sizes the check measures: the one size of a per-size run, or for elastic recovery both ends of the range
-    and every multiple of 0.1 between them, each with its keep counts."""
+#: Elastic recovery checks both ends of its range and every multiple of this between them.
+CHECK_STEP = 0.1
+
+
+def held_out_sizes(views: list[tuple[float | None, Any]]) -> list[tuple[float | None, Any]]:
+    """The sizes the held-out check measures: the one size of a per-size run, or for elastic recovery both ends of
+    the range and every multiple of :data:`CHECK_STEP` between them
+    (:func:`~hf_snapvit.elastic.size_grid.sparsity_grid`), each with its keep counts."""
     if views[0][0] is None:
         return [(None, None)]
     (low, ranking), (high, _) = views
-    inner = [round(0.1 * i, 1) for i in range(1, 10) if low + 1e-9 < 0.1 * i < high - 1e-9]
-    return [(float(s), ranking.keep_counts(float(s))) for s in (low, *inner, high)]
+    return [(s, ranking.keep_counts(s)) for s in sparsity_grid(high, CHECK_STEP, low=low)]
 
 
 class HeldOutCheck:
