@@ -1,13 +1,5 @@
-"""Post-pruning weight correction: fold the removed heads' and neurons' contribution into the kept weights.
-
-Removing an attention head deletes ``head_dim`` input columns of the attention output projection (``o_proj``);
-removing an FFN neuron deletes one input column of the FFN output projection (``fc2`` / ``down_proj``). The rows
-removed from q/k/v and ``fc1`` are simply gone, so only those two column-pruned layers can be corrected. For each of
-them, with ``X`` the layer's inputs on unlabelled calibration images and ``H = XXᵀ/n + λI``, the kept columns ``K``
-are re-fitted so that the layer reproduces its dense output ``WX`` from the kept inputs alone (optimal brain surgeon,
-as in SparseGPT). Every removed column is processed before any kept one, so each removed column's error reaches
-every kept column, and the result equals the least-squares solution ``W_K' = W H[:, K] H[K, K]⁻¹`` on the damped
-Hessian. The bias is unchanged.
+"""The per-size correction, :func:`correct_model_`: fit the kept columns of one size, then slice the removed ones
+away.
 
 Propagation decides which inputs ``X`` a block sees:
 
@@ -31,9 +23,6 @@ hidden states are kept: ``N × tokens × width``, twice while a block runs, plus
 for the guard), only the current block's two Hessians exist at once, and they are
 accumulated batch by batch in float32. The solve runs in float64 (on CPU and CUDA), which costs little at these
 sizes and keeps the Cholesky factorisation of large, badly conditioned Hessians (ViT-L ``fc2``: 4096²) stable.
-
-May import: architectures, surgery, data and the shared modules. Loading imports it (a checkpoint's stored
-correction), so it never imports loading, the pruner, evaluation or publishing.
 """
 
 from __future__ import annotations
@@ -217,12 +206,4 @@ def correct_model_(
                              extra=extra)
 
 
-__all__ = [
-    "CorrectionConfig",
-    "CorrectionSummary",
-    "LayerCorrection",
-    "compensate_removed_columns",
-    "correct_model_",
-    "damping_value",
-    "reconstruction_error",
-]
+__all__ = ["correct_model_"]
