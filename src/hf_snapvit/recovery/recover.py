@@ -1,21 +1,5 @@
-"""Label-free recovery: distil a sliced model from its dense teacher on unlabelled images.
-
-Slicing removes heads and neurons but keeps the hidden width, so the student's block outputs, its image embedding
-and (for classifiers) its logits can be matched to the teacher's on any images, without labels. Two modes:
-
-* per size (:func:`recover` with a sliced student): the sliced model is trained; its checkpoint reloads at its saved
-  size only, like a weight-corrected one;
-* elastic (``RecoveryConfig(elastic=True)`` with the dense elastic model): the dense weights, in rank order, are
-  trained so that every prefix improves. Each step distils a frozen copy of the original weights into prefix views
-  at the two ends of ``elastic_range`` and ``elastic_samples`` sparsities drawn in between (the sandwich rule); the
-  result is still an elastic checkpoint (save it with :func:`hf_snapvit.save_elastic`) that loads at any sparsity.
-
-The loop's parts are :mod:`hf_snapvit.recovery.train` (batches, optimizer, resuming) and
-:mod:`hf_snapvit.recovery.parallel` (N processes through ``Accelerator.prepare``).
-
-May import: architectures, surgery, data, the elastic format and the shared modules. Loading imports it (recovered
-weights), so it never imports loading, the pruner, evaluation or publishing.
-"""
+"""The recovery verbs, :func:`recover` (a trained copy) and :func:`recover_` (in place), and the loop of optimizer
+steps they run; the wing's overview is :mod:`hf_snapvit.recovery`."""
 
 from __future__ import annotations
 
@@ -37,7 +21,6 @@ from ..distributed import on_process_device, process_state, reduce_sum
 from ..errors import RecoveryError
 from ..elastic.ranking import ElasticRanking
 from ..data.views import embedder, load_processor
-from ..elastic.records import warn_if_untrained
 from .config import RecoveryConfig, RecoverySummary
 from .forward import forward_outputs, prefix_view
 from .held_out import HeldOutCheck, check_sizes, held_out_record, skipped_record, split_held_out
@@ -275,4 +258,4 @@ def _train(student, teacher, spec, batches: AugmentedBatches, config: RecoveryCo
     return losses, start, processes
 
 
-__all__ = ["RecoveryConfig", "RecoverySummary", "recover", "recover_", "warn_if_untrained"]
+__all__ = ["recover", "recover_"]
