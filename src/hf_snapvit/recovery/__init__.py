@@ -22,7 +22,8 @@ pruner, evaluation or publishing (``hf_snapvit.fitting`` runs it on a load; load
 from __future__ import annotations
 
 from ..elastic.records import warn_if_untrained
+from ..errors import RecoveryError  # importable here, as before the move
 from .config import RecoveryConfig, RecoverySummary
-from .recover import recover, recover_
+from .recover import LOSS_READ_EVERY, recover, recover_
 
 __all__ = ["RecoveryConfig", "RecoverySummary", "recover", "recover_", "warn_if_untrained"]
