@@ -91,6 +91,27 @@ def recovery_config(args: argparse.Namespace, *, elastic: bool) -> hf_snapvit.Re
                                      **given)
 
 
+def recovered(args: argparse.Namespace, model_dir: str, sparsity: float, calibration: Any, *, corrected: bool,
+              where: dict) -> tuple[Any, dict]:
+    """One size distilled from the dense model with ``hf_snapvit.recover`` (weight-corrected first if ``corrected``),
+    and what its row records. These are the steps ``from_pretrained(..., recovery_data=...)`` ran before it was
+    deprecated: the dense teacher as loaded, the student sliced from the stored weights (no stored prefix correction,
+    which a fitted load never applied), the checkpoint's own image processor."""
+    load = hf_snapvit.ElasticViTModel.from_pretrained
+    config = recovery_config(args, elastic=False)
+    teacher = load(model_dir, **where)
+    if corrected:
+        correction = hf_snapvit.CorrectionConfig(num_samples=args.num_correction, seed=args.seed)
+        student = hf_snapvit.correct(model_dir, sparsity=sparsity, data=calibration, config=correction, **where)
+    else:
+        student = load(model_dir, sparsity=sparsity, prefix_correction=False, **where)
+    model, _ = hf_snapvit.recover(student, teacher, calibration, config)
+    extra = {"settings": config.to_dict(), "final_loss": model.config.elastic_recovery["final_loss"]}
+    if corrected:
+        extra["correction"] = model.config.elastic_correction
+    return model, extra
+
+
 def run(args: argparse.Namespace, model_dir: str, calibration: Any, val: dict, bank: dict, device: str,
         record: Callable[[dict], None]) -> None:
     """Evaluate every variant at every sparsity; ``record`` receives each row as soon as it exists."""
@@ -117,16 +138,9 @@ def run(args: argparse.Namespace, model_dir: str, calibration: Any, val: dict, b
                 model, seconds = timed(lambda: hf_snapvit.correct(model_dir, sparsity=sparsity, data=calibration,
                                                                   config=config, **where))
                 extra = {"settings": config.to_dict()}
-            elif variant in ("recovery", "correction+recovery"):  # corrected first, then recovered, if both
-                config = recovery_config(args, elastic=False)
-                corrected = {} if variant == "recovery" else {
-                    "correction_data": calibration,
-                    "correction": hf_snapvit.CorrectionConfig(num_samples=args.num_correction, seed=args.seed)}
-                model, seconds = timed(lambda: load(model_dir, sparsity=sparsity, recovery_data=calibration,
-                                                    recovery=config, **corrected, **where))
-                extra = {"settings": config.to_dict(), "final_loss": model.config.elastic_recovery["final_loss"]}
-                if corrected:
-                    extra["correction"] = model.config.elastic_correction
+            elif variant in ("recovery", "correction+recovery"):
+                (model, extra), seconds = timed(lambda: recovered(args, model_dir, sparsity, calibration,
+                                                                  corrected=variant != "recovery", where=where))
             else:
                 model, seconds = timed(lambda: load(elastic_dir, sparsity=sparsity, **where))
                 extra = dict(elastic_cost, fit_seconds_shared_by_all_sizes=elastic_cost["fit_seconds"])

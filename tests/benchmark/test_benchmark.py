@@ -25,14 +25,6 @@ from helpers import CASES
 CASE = {c.name: c for c in CASES}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_compare_latency_interleaves_every_model():
     models = {"a": CASE["vit"].build(), "b": CASE["vit-cls"].build()}
     calls = []

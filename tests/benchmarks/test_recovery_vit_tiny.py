@@ -4,6 +4,7 @@ every variant at every sparsity, with the settings it used, and plots them."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
@@ -40,7 +41,9 @@ def test_one_run_records_every_variant_and_plots(bench, tmp_path):
                              "--elastic-steps", "3", "--batch-size", "4", "--num-correction", "8", "--k", "3",
                              "--tag", "t"])
     rows: list[dict] = []
-    bench.run(args, str(elastic), calibration, val, bank, "cpu", rows.append)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the verbs, not the deprecated from_pretrained(recovery_data=)
+        bench.run(args, str(elastic), calibration, val, bank, "cpu", rows.append)
     names = {(r["sparsity"], r["variant"]) for r in rows}
     assert names == {(0.0, "dense")} | {(s, v) for s in (0.2, 0.4)
                                          for v in ("none", "correction", "recovery-t", "correction+recovery-t",

@@ -34,14 +34,6 @@ from helpers import CASES
 CASE = {c.name: c for c in CASES}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: extra threads only add contention on a shared machine
-    yield
-    torch.set_num_threads(threads)
-
-
 def knn_reference(bank, bank_labels, queries, k):
     """Brute force, written independently: Euclidean distances of normalised float64 features, a stable sort (ties to
     the earlier bank entry), then the most frequent label (ties to the smallest, as np.argmax picks the first)."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import datasets
 import numpy as np
 import pytest
 import torch
 
 import hf_snapvit as hs
+from hf_snapvit.cards.sections import provenance_lines
 from hf_snapvit.pruning.methods.baselines import _lamp
 from hf_snapvit.pruning.scoring import ScoreConfig, gradient_scores
 from helpers import CASES, FEW_CROPS, PROCESSOR, images
@@ -79,6 +82,11 @@ def test_every_method_is_listed():
     assert set(hs.available_methods()) == {"lamp", "magnitude", "random", "snapvit", "snip", "taylor-ce"}
 
 
+def calibration_line(ranking: hs.ElasticRanking) -> str:
+    """The "Calibration data" line of the ranking's model card."""
+    return dict(provenance_lines(ranking, "a base model"))["Calibration data"]
+
+
 @pytest.fixture
 def registry(monkeypatch):
     """The method registry, restored after the test."""
@@ -100,6 +108,18 @@ def test_register_a_data_free_method(registry):
     counts = ranking.keep_counts(0.2)
     assert counts.neurons[1] < counts.neurons[0]  # the later block scores lower, so it loses neurons first
     assert ranking.provenance["method"] == "depth" and ranking.provenance["seed"] == 2
+    # The card (a stage below the registry) reads what the method reads from the ranking, not from a list of names.
+    assert ranking.provenance["needs_data"] is False and ranking.provenance["needs_labels"] is False
+    assert calibration_line(ranking) == "none (data-free method)"
+    old = {k: v for k, v in ranking.provenance.items() if not k.startswith("needs_")}  # ranked before the record
+    assert calibration_line(replace(ranking, provenance=old)) == "not recorded"
+    assert calibration_line(replace(ranking, provenance={**old, "method": "magnitude"})) == "none (data-free method)"
+    labelled_images = {"calibration_data": {"name": "pets", "label_column": "y"}}
+    assert calibration_line(replace(ranking, provenance={**ranking.provenance, **labelled_images, "needs_data": True,
+                                                         "needs_labels": True})) == "from `pets` labels from `y`"
+    assert calibration_line(replace(ranking, provenance={**old, **labelled_images})) == "from `pets`"
+    assert calibration_line(replace(ranking, provenance={**old, **labelled_images, "method": "taylor-ce"})) == (
+        "from `pets` labels from `y`")
 
 
 def test_a_method_from_outside_the_package_ranks_saves_and_loads(registry, tmp_path):
@@ -138,7 +158,7 @@ def test_a_method_from_outside_the_package_ranks_saves_and_loads(registry, tmp_p
     with pytest.raises(hs.ConfigError, match="late_weight=2"):
         hs.rank(model, "depth", images(2), late_weight=2)
     ranking = hs.rank(model, "depth", images(2), config=DepthConfig(late_weight=0.25), mode="paired", seed=4)
-    assert ranking.mode == "paired" and ranking.provenance["method"] == "depth"
+    assert ranking.mode == "paired" and ranking.provenance["method"] == "depth" and ranking.provenance["needs_data"]
     assert ranking.provenance["settings"] == {"late_weight": 0.25, "images": 2} and ranking.provenance["seed"] == 4
     stored = hs.save_elastic(model, ranking, tmp_path / "e", model_card=False)
     assert stored.provenance["method"] == "depth"

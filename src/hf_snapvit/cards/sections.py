@@ -25,7 +25,10 @@ from ..validation import is_real
 
 # datasets' packaged loaders: their name says only the file format, not where the images came from.
 _GENERIC_LOADERS = {"parquet", "imagefolder", "csv", "json", "arrow", "webdataset", "text"}
-_DATA_FREE_METHODS = ("magnitude", "random", "lamp")
+# Rankings made before rank() recorded what its method reads (provenance["needs_data"], ["needs_labels"]) were made
+# by the built-in methods of that time: these read no images, and this one read labels.
+_LEGACY_DATA_FREE = ("magnitude", "random", "lamp")
+_LEGACY_LABELLED = ("taylor-ce",)
 
 
 def hub_id(candidate: Any) -> str | None:
@@ -220,11 +223,21 @@ def _settings_line(settings: Mapping[str, Any]) -> str:
             + (", one per generation in turn" if sparsities and settings.get("rotate_fitness_sparsities") else ""))
 
 
-def _calibration_line(calibration: Any, method: str) -> str:
+def _reads(provenance: Mapping[str, Any], what: str) -> bool:
+    """Whether the ranking's method reads ``what`` (``"data"``: images, or ``"labels"``), as the registry told
+    :func:`~hf_snapvit.rank`; for a ranking made before that was recorded, what the built-in of that name reads."""
+    recorded, method = provenance.get(f"needs_{what}"), provenance.get("method")
+    if isinstance(recorded, bool):
+        return recorded
+    return method not in _LEGACY_DATA_FREE if what == "data" else method in _LEGACY_LABELLED
+
+
+def _calibration_line(provenance: Mapping[str, Any]) -> str:
+    calibration = provenance.get("calibration_data")
     if not isinstance(calibration, Mapping):
         if calibration:
             return str(calibration)
-        return "none (data-free method)" if method in _DATA_FREE_METHODS else "not recorded"
+        return "not recorded" if _reads(provenance, "data") else "none (data-free method)"
     parts = []
     if calibration.get("num_gradient") is not None:
         parts.append(f"{calibration['num_gradient']} gradient + {calibration.get('num_fitness')} fitness images")
@@ -235,7 +248,7 @@ def _calibration_line(calibration: Any, method: str) -> str:
         parts.append(f"from `{name or source}`")
     if calibration.get("image_column"):
         parts.append(f"(column `{calibration['image_column']}`)")
-    if calibration.get("label_column") and method == "taylor-ce":
+    if calibration.get("label_column") and _reads(provenance, "labels"):
         parts.append(f"labels from `{calibration['label_column']}`")
     draw = calibration.get("source_draw") or calibration.get("draw")
     if isinstance(draw, Mapping):
@@ -290,7 +303,7 @@ def provenance_lines(ranking: ElasticRanking | None, base_text: str) -> list[tup
     search = p.get("search")
     if isinstance(search, Mapping) and search.get("evaluations") is not None:
         items.append(("Search", _search_line(search, settings)))
-    items.append(("Calibration data", _calibration_line(p.get("calibration_data"), method)))
+    items.append(("Calibration data", _calibration_line(p)))
     if "seed" in p:
         items.append(("Seed", str(p["seed"])))
     heads, neurons = ranking.floors()

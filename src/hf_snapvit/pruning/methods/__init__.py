@@ -44,7 +44,8 @@ def rank(
 ) -> ElasticRanking:
     """Rank every attention head and FFN neuron of ``model`` with a registered method.
 
-    The ranking's provenance records the method, its settings, the seed, the calibration data, the base model and
+    The ranking's provenance records the method, what it reads (``needs_data``, ``needs_labels``: the registry's
+    answer, which the model card repeats), its settings, the seed, the calibration data, the base model and
     ``timings``: ``{"wall_seconds": ..., "phases": {...}}`` (SnapViT's phases: ``data``, ``gradients``, ``search``
     and its forward passes ``search_forward``); and, where the pruned blocks are only part of the backbone (another
     stack of repeated blocks stays dense), ``prunable``: their share of its parameters and FLOPs, with a warning.
@@ -97,7 +98,9 @@ def rank(
         run["label_column"] = label_column
     ranking = note_partial(model, ranker.fit(model, data, **run))
     timings = {"wall_seconds": time.perf_counter() - start, "phases": dict(getattr(ranker, "timings_", {}))}
-    return replace(ranking, provenance={**ranking.provenance, "method": method, "timings": timings})
+    # What the method reads, from the registry, so that a card (a stage below it) can say so of any method.
+    reads = {"needs_data": entry.needs_data, "needs_labels": entry.needs_labels}
+    return replace(ranking, provenance={**ranking.provenance, "method": method, **reads, "timings": timings})
 
 
 def _check_takes_images(model: PreTrainedModel, method: str, data: Any) -> None:
