@@ -23,7 +23,7 @@ from helpers import CASES, PROCESSOR, images
 CASE = {c.name: c for c in CASES}
 # The modules that draw hf_snapvit's bars on the long phases (each imports huggingface_hub's tqdm by name).
 MODULES = ["hf_snapvit.pruning.methods.snapvit.pruner", "hf_snapvit.pruning.scoring", "hf_snapvit.correction.per_size",
-           "hf_snapvit.correction.inputs", "hf_snapvit.correction.prefix_sizes", "hf_snapvit.recovery.recover"]
+           "hf_snapvit.correction.inputs", "hf_snapvit.correction.prefix_sizes", "hf_snapvit.recovery.distillation"]
 
 
 @pytest.fixture

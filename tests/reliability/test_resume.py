@@ -69,7 +69,7 @@ import hf_snapvit.recovery as recovery
 from helpers import CASES, images
 from test_resume import RECOVERY, hang, student_of, recovery_pixels
 
-forward, calls = recovery.forward_outputs, [0]
+forward, calls = recovery.distillation.forward_outputs, [0]
 def hang_in_step_5(*args, **kwargs):
     calls[0] += 1
     if calls[0] == 2 * 4 + 2:  # a teacher and a student forward per step
@@ -84,7 +84,7 @@ if sys.argv[2] == "True":
     torch.save = hang_in_writing_step_3
 else:
     # The teacher's forward is the loop's, the student's runs inside recovery.parallel.Distilled.
-    recovery.forward_outputs = recovery.parallel.forward_outputs = hang_in_step_5
+    recovery.distillation.forward_outputs = recovery.parallel.forward_outputs = hang_in_step_5
 teacher = CASES[1].build()
 config = recovery.RecoveryConfig(**RECOVERY, checkpoint_every=1, output_dir=sys.argv[1])
 recovery.recover(student_of(teacher), teacher, recovery_pixels(), config, show_progress=False)

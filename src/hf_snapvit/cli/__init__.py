@@ -20,6 +20,6 @@ The last stage: may import every other package.
 
 from __future__ import annotations
 
-from .main import COMMANDS, Command, build_parser, main
+from .app import COMMANDS, Command, build_parser, main
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]

@@ -20,7 +20,7 @@ wing).
 
 from __future__ import annotations
 
-from ..errors import CorrectionError  # importable here, as before the move
+from ..errors import CorrectionError as CorrectionError  # importable here, as before the move
 from .config import CorrectionConfig, CorrectionSummary, LayerCorrection
 from .per_size import correct_model_
 from .solve import compensate_removed_columns, damping_value, reconstruction_error

@@ -45,7 +45,7 @@ from ..surgery.slicing import OUTPUT_KINDS, slice_model_
 from .config import CorrectionConfig, CorrectionSummary, LayerCorrection
 from .guard import final_outputs, guard_block, guard_model, split_held_out
 from .inputs import BlockInputs, HessianHook, capture_first_block_inputs, halve, output_columns, output_projections
-from .solve import compensate_removed_columns, damping_value, reconstruction_error, reconstruction_errors
+from .solve import compensate_removed_columns, reconstruction_errors
 
 
 def _solve_linear(linear: nn.Linear, hook: HessianHook, columns: np.ndarray, config: CorrectionConfig,

@@ -10,7 +10,7 @@ and (for classifiers) its logits can be matched to the teacher's on any images, 
   at the two ends of ``elastic_range`` and ``elastic_samples`` sparsities drawn in between (the sandwich rule); the
   result is still an elastic checkpoint (save it with :func:`hf_snapvit.save_elastic`) that loads at any sparsity.
 
-The verbs and their loop are :mod:`hf_snapvit.recovery.recover`; the loop's parts are
+The verbs and their loop are :mod:`hf_snapvit.recovery.distillation`; the loop's parts are
 :mod:`hf_snapvit.recovery.train` (batches, optimizer, resuming) and :mod:`hf_snapvit.recovery.parallel` (N processes
 through ``Accelerator.prepare``).
 
@@ -22,8 +22,8 @@ pruner, evaluation or publishing (``hf_snapvit.fitting`` runs it on a load; load
 from __future__ import annotations
 
 from ..elastic.records import warn_if_untrained
-from ..errors import RecoveryError  # importable here, as before the move
+from ..errors import RecoveryError as RecoveryError  # importable here, as before the move
 from .config import RecoveryConfig, RecoverySummary
-from .recover import LOSS_READ_EVERY, recover, recover_
+from .distillation import LOSS_READ_EVERY as LOSS_READ_EVERY, recover, recover_
 
 __all__ = ["RecoveryConfig", "RecoverySummary", "recover", "recover_", "warn_if_untrained"]

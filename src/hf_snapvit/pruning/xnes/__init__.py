@@ -22,6 +22,6 @@ from __future__ import annotations
 from ...errors import XNESError
 from .optimizer import XNES
 from .rules import XNESResult, default_learning_rate_cov, default_population_size
-from .state import STATE_VERSION
+from .state import STATE_VERSION as STATE_VERSION
 
 __all__ = ["XNES", "XNESError", "XNESResult", "default_learning_rate_cov", "default_population_size"]
