@@ -25,7 +25,7 @@ from hf_snapvit.architectures.budget import model_shape
 from hf_snapvit.benchmark import device_slug, hardware_info
 from hf_snapvit.data.images import to_rgb
 from hf_snapvit.evaluation import Evaluator, load_split
-from hf_snapvit.files import write_text_atomic
+from hf_snapvit.utils.files import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -39,7 +39,7 @@ import transformers  # noqa: E402
 import hf_snapvit  # noqa: E402
 from _harness import RESULTS, timed, write_json  # noqa: E402
 from hf_snapvit.benchmark import MIB, hardware_info, measure_loading  # noqa: E402
-from hf_snapvit.files import public_name  # noqa: E402
+from hf_snapvit.utils.files import public_name  # noqa: E402
 
 POLL_MS = 2.0
 #: The model shapes to build (``ViTConfig`` overrides): ViT-B/16 (346 MB in float32) and ViT-L/16 (1.2 GB).

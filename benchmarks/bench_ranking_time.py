@@ -40,7 +40,7 @@ from PIL import Image  # noqa: E402
 import hf_snapvit  # noqa: E402
 from _harness import SHAPES as STANDARD, build, device_report, parser, write_json  # noqa: E402
 from hf_snapvit.architectures.embedding import image_embedding  # noqa: E402
-from hf_snapvit.distributed import autocast, resolve_precision, tf32_matmuls  # noqa: E402
+from hf_snapvit.utils.precision import autocast, resolve_precision, tf32_matmuls  # noqa: E402
 from hf_snapvit.loading.timing import synchronize  # noqa: E402
 
 # The standard ViT shapes (vit-ti16 is the shared ViT-Tiny's: a CPU's ranking times without the shared checkpoint),

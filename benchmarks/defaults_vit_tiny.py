@@ -27,7 +27,7 @@ import numpy as np
 import hf_snapvit
 from hf_snapvit.benchmark import hardware_info
 from hf_snapvit.evaluation import load_split, run_sweep
-from hf_snapvit.files import write_text_atomic
+from hf_snapvit.utils.files import write_text_atomic
 from hf_snapvit.pruning.xnes.rules import generations_without_improvement
 
 from _harness import RESULTS, load_classifier, parser, ranking_from_stored, timed, write_json  # noqa: E402

@@ -17,7 +17,7 @@ import datasets
 import numpy as np
 
 from _harness import parser
-from hf_snapvit.files import atomic_file
+from hf_snapvit.utils.files import atomic_file
 
 
 def draw_rows(table: datasets.Dataset, rows: int, seed: int) -> datasets.Dataset:

@@ -40,7 +40,7 @@ from hf_snapvit.benchmark import compare_latency, hardware_info
 from hf_snapvit.elastic.ranking import ElasticRanking, Floors
 from hf_snapvit.errors import BudgetError
 from hf_snapvit.evaluation import Evaluator, load_split
-from hf_snapvit.files import public_name
+from hf_snapvit.utils.files import public_name
 from hf_snapvit.loading.modeling import ElasticViTModel
 
 HEAD_RULES = ("proportional", "paired")

@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None = None):
 
 def worker(args) -> None:
     """One process of a launch: recover the half-width student and record this process's seconds and memory."""
-    from hf_snapvit.distributed import finish_processes, process_state
+    from hf_snapvit.utils.distributed import finish_processes, process_state
 
     state = process_state()
     torch.set_num_threads(1 if args.device == "cpu" else torch.get_num_threads())  # the same sums in every launch

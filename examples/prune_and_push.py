@@ -27,7 +27,7 @@ from transformers import AutoImageProcessor, AutoModelForImageClassification
 import hf_snapvit
 from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.data.images import load_image_dataset
-from hf_snapvit.distributed import process_state
+from hf_snapvit.utils.distributed import process_state
 from hf_snapvit.pruning.methods import ranking_method
 from hf_snapvit.pruning.methods.config import PRESETS
 

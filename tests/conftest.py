@@ -94,7 +94,7 @@ def draw_each_card_heatmap_once():
     drawing itself is tested with fresh draws: ``plot_allocation`` is left alone (tests/plots, ``inspect --plot``);
     only the card writer's name for it is wrapped, and without matplotlib it is the real one."""
     from hf_snapvit.cards import elastic
-    from hf_snapvit.files import atomic_file
+    from hf_snapvit.utils.files import atomic_file
 
     real, drawn = elastic.plot_allocation, {}
 

@@ -38,7 +38,7 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit import distributed
+from hf_snapvit.utils import distributed
 from hf_snapvit.data.calibration import sample_images
 from hf_snapvit.data.views import MultiCropConfig
 from hf_snapvit.errors import RecoveryError
@@ -220,7 +220,7 @@ def prunes_that_log(inputs: Path, out: Path, rank: int) -> None:
     """Two prunes that log lines about their inputs (corrupt images skipped, a data-free method given data), then a
     line of this process's own."""
     from hf_snapvit.cli import main
-    from hf_snapvit.logs import get_logger
+    from hf_snapvit.utils.logs import get_logger
 
     for method in ("snip", "magnitude"):
         code = main(["prune", "--model", str(inputs / "model"), "--data", str(inputs / "corrupt.parquet"),

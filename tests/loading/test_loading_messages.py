@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 import hf_snapvit as hs
 from hf_snapvit.cli import main as cli_main
 from hf_snapvit.errors import CheckpointError, CheckpointNotFoundError, SnapViTError
-from hf_snapvit.sources import check_source
+from hf_snapvit.utils.sources import check_source
 from helpers import CASES, PROCESSOR
 from support.task_models import TASKS
 

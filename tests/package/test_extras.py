@@ -12,7 +12,7 @@ import torch
 from helpers import run_at_once
 
 from hf_snapvit.errors import MissingExtraError, SnapViTError
-from hf_snapvit.extras import EXTRAS, install_hint, require_extra
+from hf_snapvit.utils.extras import EXTRAS, install_hint, require_extra
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONAL = ("matplotlib", "evaluate", "datasets")

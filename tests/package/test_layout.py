@@ -20,10 +20,9 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "hf_snapvit"
 
 # Stage of each top-level module or package (or of a package's module of another stage), in data-flow order.
 STAGES: dict[str, int] = {
-    # Shared by every stage: the version, exceptions, argument checks, extras, atomic files, checkpoint sources,
-    # accelerate's processes, the loggers.
-    "_version": 0, "errors": 0, "validation": 0, "extras": 0, "files": 0, "sources": 0, "distributed": 0,
-    "logs": 0,
+    # Shared by every stage: the version, exceptions, and utils/ (argument checks, extras, atomic files, checkpoint
+    # sources, accelerate's processes, precision, the loggers).
+    "_version": 0, "errors": 0, "utils": 0,
     "elastic.file_names": 0,  # the checkpoint folder's file names, which the atomic folder write reads
     "architectures": 1,
     "surgery": 2,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_snapvit.logs import get_logger
+from hf_snapvit.utils.logs import get_logger
 
 from launched import PER_PROCESS
 

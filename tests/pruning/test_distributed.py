@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit import distributed
+from hf_snapvit.utils import distributed
 from hf_snapvit.data import calibration
 from hf_snapvit.pruning.methods.snapvit import fitness
 from hf_snapvit.data.calibration import sample_images

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hf_snapvit as hs
-from hf_snapvit.distributed import bf16_supported, resolve_precision, tf32_matmuls
+from hf_snapvit.utils.precision import bf16_supported, resolve_precision, tf32_matmuls
 from hf_snapvit.pruning.scoring import ScoreConfig
 from hf_snapvit.data.views import MultiCropConfig
 from helpers import CASES, PROCESSOR, images, spearman
@@ -27,10 +27,10 @@ def no_accelerator(monkeypatch):
 
 
 def test_auto_is_bf16_on_a_cpu_with_bf16_units_else_float32_and_follows_accelerate(no_accelerator):
-    import hf_snapvit.distributed as distributed
+    import hf_snapvit.utils.precision as precision
 
     for native, auto in ((False, "no"), (True, "bf16")):
-        no_accelerator.setattr(distributed, "native_bf16_cpu", lambda native=native: native)
+        no_accelerator.setattr(precision, "native_bf16_cpu", lambda native=native: native)
         assert resolve_precision("auto", CPU) == auto
         assert resolve_precision("fp32", CPU) == "no"
         assert resolve_precision("bf16", CPU) == "bf16"
@@ -39,36 +39,36 @@ def test_auto_is_bf16_on_a_cpu_with_bf16_units_else_float32_and_follows_accelera
 
 
 def test_bf16_on_a_cpu_that_emulates_it_warns_and_is_still_allowed(no_accelerator, caplog):
-    import hf_snapvit.distributed as distributed
+    import hf_snapvit.utils.precision as precision
 
     for native in (False, True):
-        no_accelerator.setattr(distributed, "native_bf16_cpu", lambda native=native: native)
+        no_accelerator.setattr(precision, "native_bf16_cpu", lambda native=native: native)
         caplog.clear()
-        with caplog.at_level("WARNING", logger="hf_snapvit.distributed"):
+        with caplog.at_level("WARNING", logger="hf_snapvit.utils.precision"):
             assert resolve_precision("bf16", CPU) == "bf16"
             assert resolve_precision("fp32", CPU) == "no" and resolve_precision("auto", CPU) == (
                 "bf16" if native else "no")
         warned = [r.getMessage() for r in caplog.records]
         # Emulated: one warning, for the explicit bf16 only, naming the way out; with bf16 units, none.
         assert (warned == []) if native else (len(warned) == 1 and "precision='fp32' or 'auto'" in warned[0])
-    no_accelerator.setattr(distributed, "native_bf16_cpu", lambda: False)
+    no_accelerator.setattr(precision, "native_bf16_cpu", lambda: False)
     no_accelerator.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # accelerate's bf16 on such a CPU warns too
     caplog.clear()
-    with caplog.at_level("WARNING", logger="hf_snapvit.distributed"):
+    with caplog.at_level("WARNING", logger="hf_snapvit.utils.precision"):
         assert resolve_precision("auto", CPU) == "bf16"
     assert len(caplog.records) == 1 and "--mixed_precision no" in caplog.records[0].getMessage()
 
 
 def test_native_bf16_cpu_reads_the_cpus_bf16_units(monkeypatch):
-    import hf_snapvit.distributed as distributed
+    import hf_snapvit.utils.precision as precision
 
     for amx, avx512 in ((False, False), (True, False), (False, True)):
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx, raising=False)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda avx512=avx512: avx512, raising=False)
-        assert distributed.native_bf16_cpu() == (amx or avx512)
+        assert precision.native_bf16_cpu() == (amx or avx512)
     monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
     monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
-    assert not distributed.native_bf16_cpu()  # a torch without the probes runs float32
+    assert not precision.native_bf16_cpu()  # a torch without the probes runs float32
 
 
 @pytest.mark.parametrize("asked, configured", [("fp32", "bf16"), ("bf16", "fp16"), ("fp32", "fp16")])

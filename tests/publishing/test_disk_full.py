@@ -16,7 +16,8 @@ from huggingface_hub import HfApi
 from safetensors import SafetensorError
 
 import hf_snapvit as hs
-from hf_snapvit import ElasticViTModel, files
+from hf_snapvit import ElasticViTModel
+from hf_snapvit.utils import files
 from hf_snapvit.publishing import hub
 from helpers import CASES
 

@@ -14,7 +14,7 @@ from huggingface_hub import ModelCard
 
 import hf_snapvit
 from hf_snapvit.errors import ModelCardError
-from hf_snapvit.files import public_name
+from hf_snapvit.utils.files import public_name
 from hf_snapvit.cards.elastic import GENERATED_MARKER, HEATMAP_FILENAME
 from hf_snapvit.cli import main
 

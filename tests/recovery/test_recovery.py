@@ -301,7 +301,7 @@ def test_gradients_are_reduced_by_accelerate_not_by_hand():
 
 
 class TwoProcesses:
-    """What :func:`hf_snapvit.distributed.process_state` says under a 2-process launch, as far as the checks read."""
+    """What :func:`hf_snapvit.utils.distributed.process_state` says under a 2-process launch, as far as the checks read."""
 
     num_processes = 2
 

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModel
 
 import hf_snapvit as hs
-from hf_snapvit import files
+from hf_snapvit.utils import files
 from hf_snapvit.architectures import get_layers, get_mlp, get_spec
 from hf_snapvit.architectures.budget import layer_widths
 from hf_snapvit.elastic.ranking import ElasticRanking

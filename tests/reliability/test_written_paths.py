@@ -21,7 +21,7 @@ from huggingface_hub.errors import EntryNotFoundError
 
 import hf_snapvit
 from hf_snapvit.cli import main
-from hf_snapvit.files import atomic_directory, final_path, public_name
+from hf_snapvit.utils.files import atomic_directory, final_path, public_name
 
 
 # Staging and backup folders of atomic_directory, and push_to_hub's and transformers' temporary folders.
@@ -97,7 +97,7 @@ def test_prune_with_correction_and_export_write_no_path(model_dir, data_file, wo
 
 def test_export_writes_the_checkpoint_in_one_atomic_write(elastic_dir, workdir, capsys, monkeypatch):
     """save_pretrained inside the CLI's atomic folder writes into it: one staging folder, named as its target."""
-    from hf_snapvit import files
+    from hf_snapvit.utils import files
 
     made = []
     real = files.tempfile.mkdtemp

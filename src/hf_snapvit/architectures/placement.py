@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ..distributed import on_process_device
+from ..utils.distributed import on_process_device
 from ..errors import ConfigError
 
 
@@ -87,7 +87,7 @@ def onloaded(model: nn.Module, module: nn.Module) -> Iterator[nn.Module]:
 
 @contextlib.contextmanager
 def on_device(model: nn.Module, state: Any = None) -> Iterator[torch.device]:
-    """:func:`hf_snapvit.distributed.on_process_device` (the model on this process's device for the block), for a
+    """:func:`hf_snapvit.utils.distributed.on_process_device` (the model on this process's device for the block), for a
     model accelerate placed too: that one stays as its hooks place it, and the device its inputs go to is yielded.
 
     Raises:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..errors import BenchmarkError
-from ..files import public_name, write_text_atomic
+from ..utils.files import public_name, write_text_atomic
 from ..loading.modeling import ElasticViTModel
 from ..elastic.ranking import ElasticRanking
 from .environment import hardware_info

@@ -25,7 +25,7 @@ from .render import (CARD_TAGS, CITATION, GENERATED_MARKER, HEATMAP_FILENAME, TE
 from .results import Evaluation, parse_evaluations
 from .source import pipeline_tag_for
 from ..elastic.file_names import CARD_FILE
-from ..files import atomic_file
+from ..utils.files import atomic_file
 from ..plots import plot_allocation
 
 __all__ = [

@@ -8,7 +8,7 @@ and ``push_to_hub`` (:mod:`.elastic`, which also draws the allocation heatmap th
 locally and the one uploaded say the same things in the same words. Text only: no plots, uploads or evaluation.
 
 The card names the checkpoint as its repository id, else by its folder's name (the folder an atomic write is staging
-becomes: :func:`hf_snapvit.files.final_path`), never by a path.
+becomes: :func:`hf_snapvit.utils.files.final_path`), never by a path.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from ..elastic.prefix_file import find_prefix_file
 from ..elastic.ranking import ElasticRanking
 from ..errors import ModelCardError
 from ..elastic.file_names import HEATMAP_FILE
-from ..extras import has_extra, install_hint
-from ..files import public_name
+from ..utils.extras import has_extra, install_hint
+from ..utils.files import public_name
 from .results import MetricColumns, check_measured_sparsities, file_under_grid, measurement_notes, model_index, \
     parse_evaluations, percent
 from .sections import (block_rows, correction_section, family_name, heatmap_caption, hub_id, provenance_lines,
                        recovery_section, remote_code_usage, size_table, summary, table_intro, usage)
 from .source import CheckpointDescription, describe_checkpoint, pipeline_tag_for
-from ..logs import get_logger
+from ..utils.logs import get_logger
 
 logger = get_logger(__name__)
 

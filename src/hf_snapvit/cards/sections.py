@@ -21,7 +21,7 @@ from .source import CheckpointDescription
 from ..errors import BudgetError, ModelCardError
 from ..elastic.ranking import ElasticRanking
 from ..elastic.file_names import REMOTE_FILE
-from ..validation import is_real
+from ..utils.validation import is_real
 
 # datasets' packaged loaders: their name says only the file format, not where the images came from.
 _GENERIC_LOADERS = {"parquet", "imagefolder", "csv", "json", "arrow", "webdataset", "text"}

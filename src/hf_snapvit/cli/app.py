@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..distributed import finish_processes
+from ..utils.distributed import finish_processes
 from ..errors import SnapViTError
 from . import bench as bench_command
 from . import eval as eval_command

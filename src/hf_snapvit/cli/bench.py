@@ -94,7 +94,7 @@ def run_latency_tables(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch
 
-    from ..files import public_name, write_text_atomic
+    from ..utils.files import public_name, write_text_atomic
     from ..elastic.file_names import LATENCY_FILE
     from ..elastic.latency_file import FORMAT_VERSION, write_latency_file
     from ..loading.latency_table import measure_latency

@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     atomic write: the one ``save_pretrained`` makes, which writes the card and the loading module too."""
     from ..architectures.budget import backbone_parameters, layer_widths
     from ..architectures.flops import estimate_gflops
-    from ..distributed import process_state
-    from ..files import atomic_directory
+    from ..utils.distributed import process_state
+    from ..utils.files import atomic_directory
     from ..loading.modeling import load_elastic
 
     output = output_folder(args.output)

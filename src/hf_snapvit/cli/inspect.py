@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ..errors import RankingFormatError
-from ..files import public_name
+from ..utils.files import public_name
 from .formatting import gflops, millions, widths
 from .models import add_model_argument, model_config
 from .options import add_width_multiple, fraction

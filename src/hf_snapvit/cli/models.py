@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, CheckpointNotFoundError, ConfigError, RankingFormatError
-from ..logs import get_logger
+from ..utils.logs import get_logger
 
 logger = get_logger("hf_snapvit.cli")
 
@@ -61,7 +61,7 @@ def resolve_model(args: argparse.Namespace) -> None:
 def hub_lookup_explained(name: str, what: str) -> Iterator[None]:
     """A name that is no folder here is a Hub id to transformers: when that lookup fails (no network, no such repo),
     say so, and that a local folder of that name does not exist."""
-    from ..sources import looks_local
+    from ..utils.sources import looks_local
 
     try:
         yield
@@ -86,7 +86,7 @@ def model_config(name: str, what: str, *, elastic: bool) -> Any:
     from transformers import AutoConfig
 
     from ..data.folders import looks_like_path
-    from ..sources import check_source
+    from ..utils.sources import check_source
 
     fix = _ELASTIC_FIX if elastic else _DENSE_FIX
     if not Path(name).expanduser().exists() and looks_like_path(name):

@@ -9,7 +9,7 @@ from ..errors import ConfigError, HubUploadError
 from .formatting import gflops, millions
 from .models import add_model_argument, check_base_model, load_dense_model
 from .options import add_data_arguments, load_data, load_processor, output_folder
-from ..logs import get_logger
+from ..utils.logs import get_logger
 
 logger = get_logger("hf_snapvit.cli")
 
@@ -147,7 +147,7 @@ def _correction_config(ranking: Any) -> Any:
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
     """Rank ``--model`` with ``--method`` and save the elastic checkpoint; ``None`` on non-main processes."""
     from ..publishing.saving import save_elastic
-    from ..distributed import process_state
+    from ..utils.distributed import process_state
     from ..pruning.methods import rank
 
     check_base_model(args.base_model)

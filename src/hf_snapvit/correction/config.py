@@ -8,7 +8,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import CorrectionError
-from ..validation import Settings
+from ..utils.validation import Settings
 
 DampingStrategy = Literal["mean", "max", "percentile"]
 Propagation = Literal["dense", "sequential"]

@@ -13,11 +13,11 @@ import numpy as np
 from PIL import Image
 
 from ..errors import DataError
-from ..files import public_name
+from ..utils.files import public_name
 from .splits import open_split
 from .sampling import DEFAULT_STREAM_PREFIX
 from .streams import MAX_CORRUPT_FRACTION
-from ..logs import get_logger
+from ..utils.logs import get_logger
 
 logger = get_logger(__name__)
 

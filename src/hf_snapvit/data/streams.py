@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from PIL import UnidentifiedImageError
 
 from ..errors import DataError
-from ..logs import get_logger
+from ..utils.logs import get_logger
 
 logger = get_logger(__name__)
 

@@ -23,7 +23,7 @@ from ..architectures import vision_config
 from ..architectures.embedding import unpatchify
 from ..architectures.inputs import DEFAULT_SIDE, ungrid
 from .images import to_rgb
-from ..validation import Settings
+from ..utils.validation import Settings
 from ..errors import DataError
 
 

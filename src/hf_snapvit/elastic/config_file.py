@@ -13,7 +13,7 @@ from ..architectures import model_class
 from ..architectures.limits import CONFIG_ERRORS
 from ..architectures.registry import auto_class_table
 from ..errors import CheckpointError
-from ..sources import check_source
+from ..utils.sources import check_source
 
 
 def read_config(source: str | os.PathLike, hub_kwargs: dict[str, Any],

@@ -3,7 +3,7 @@
 One place for the names, as peft keeps its in ``utils/constants.py``: a new file of the folder is declared here, its
 format written and read beside :mod:`hf_snapvit.elastic.checkpoint`, and listed in :data:`FOLDER_FILES`.
 
-This module imports nothing of hf_snapvit: the atomic folder write (:mod:`hf_snapvit.files`, shared by every stage)
+This module imports nothing of hf_snapvit: the atomic folder write (:mod:`hf_snapvit.utils.files`, shared by every stage)
 reads :data:`WEIGHT_BOUND_FILES` from it (``tests/package/test_layout.py`` gives it stage 0).
 """
 

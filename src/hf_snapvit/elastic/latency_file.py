@@ -17,7 +17,7 @@ import torch
 
 from ..architectures.budget import budget_number
 from ..errors import BudgetError, CheckpointError
-from ..files import write_text_atomic
+from ..utils.files import write_text_atomic
 from .file_names import LATENCY_FILE
 
 __all__ = ["FORMAT_VERSION", "LATENCY_FILE", "LatencyTable", "load_latency_tables", "read_latency_file",

@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 
 from ..architectures import get_layers, get_spec
 from ..errors import CheckpointError, CorrectionError
-from ..files import atomic_file
+from ..utils.files import atomic_file
 from ..surgery.slicing import OUTPUT_KINDS, output_projections
 from ..surgery.threads import one_thread
 from .file_names import PREFIX_FILE

@@ -23,7 +23,7 @@ from ..surgery import slicing
 from .._version import __version__
 from ..architectures import ArchitectureSpec, get_spec
 from ..architectures.registry import auto_class_names
-from ..files import write_text_atomic
+from ..utils.files import write_text_atomic
 from .file_names import CONFIG_FILE, REMOTE_FILE, REMOTE_MODULE
 
 

@@ -23,7 +23,7 @@ from ..architectures.discovery import is_discovered, spec_to_dict
 from ..architectures.placement import offloaded_values, strip_hooks_
 from ..architectures.prunable import note_partial
 from ..errors import CheckpointError, ConfigError
-from ..files import public_name
+from ..utils.files import public_name
 from ..surgery.proof import ensure_proven
 from ..surgery.slicing import slice_model_
 from .fingerprint import fingerprint_of
@@ -58,7 +58,7 @@ def elastic_checkpoint(model: PreTrainedModel, ranking: ElasticRanking, *,
         model: The dense model ``ranking`` was computed on.
         ranking: From :func:`hf_snapvit.rank`.
         base_model: Hub id stored as ``provenance["base_model"]`` (default: the recorded one); a local path is stored
-            by its folder name only (:func:`hf_snapvit.files.public_name`).
+            by its folder name only (:func:`hf_snapvit.utils.files.public_name`).
 
     Raises:
         ConfigError: ``ranking`` is no :class:`ElasticRanking`, does not match ``model``, or removes heads from a

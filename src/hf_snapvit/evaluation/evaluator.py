@@ -18,7 +18,7 @@ from ..architectures import model_class
 from ..architectures.budget import backbone_parameters, layer_widths
 from ..architectures.flops import estimate_gflops
 from ..errors import EvaluationError
-from ..files import public_name, write_text_atomic
+from ..utils.files import public_name, write_text_atomic
 from ..elastic.ranking import ElasticRanking
 from ..data.views import load_processor
 from .features import Features, extract_features, has_classifier

@@ -12,7 +12,7 @@ import torch.nn as nn
 from huggingface_hub.utils import tqdm
 
 from ..errors import EvaluationError
-from ..validation import Settings
+from ..utils.validation import Settings
 from .images import as_labels
 from .metrics import feature_matrix, top1_accuracy
 

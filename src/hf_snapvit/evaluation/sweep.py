@@ -34,8 +34,8 @@ from transformers import PreTrainedModel
 from ..benchmark import compare_latency, hardware_info, sliced_copy
 from ..architectures.budget import model_shape
 from ..errors import SnapViTError, SweepError
-from ..extras import require_extra
-from ..files import public_name, write_text_atomic
+from ..utils.extras import require_extra
+from ..utils.files import public_name, write_text_atomic
 from ..plots import write_sweep_plots
 from ..pruning.methods import rank, ranking_method
 from ..elastic.ranking import ElasticRanking

@@ -25,7 +25,7 @@ import transformers
 from huggingface_hub import ModelCard
 from transformers import PreTrainedModel
 
-from ..files import atomic_directory, final_path, write_text_atomic
+from ..utils.files import atomic_directory, final_path, write_text_atomic
 from ..elastic.file_names import CARD_FILE, CONFIG_FILE
 from ..elastic.remote_code import write_remote_code
 from ..cards.sliced import base_model_id, sliced_card

@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 from ..architectures import get_layers, get_spec
 from ..architectures.budget import KeepCounts, ModelShape, budget_number, resolve_width_multiple
 from ..errors import BudgetError, ConfigError
-from ..files import atomic_directory
+from ..utils.files import atomic_directory
 from ..elastic.latency_file import LatencyTable, write_latency_file
 from .latency_table import choose_table, device_name, dtype_name
 from ..elastic.ranking import ElasticRanking

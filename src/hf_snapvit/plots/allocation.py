@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..errors import BudgetError, ConfigError
-from ..extras import require_extra
+from ..utils.extras import require_extra
 from .figure import new_figure, save_png
 
 if TYPE_CHECKING:  # matplotlib is optional (hf-snapvit[plots]) and imported only to draw

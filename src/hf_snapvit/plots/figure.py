@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..extras import require_extra
-from ..files import atomic_file
+from ..utils.extras import require_extra
+from ..utils.files import atomic_file
 
 if TYPE_CHECKING:  # matplotlib is optional (hf-snapvit[plots]) and imported only to draw
     from matplotlib.figure import Figure

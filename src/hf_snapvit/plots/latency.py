@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import ConfigError
-from ..extras import require_extra
+from ..utils.extras import require_extra
 from .figure import new_figure, save_png
 
 if TYPE_CHECKING:  # matplotlib is optional (hf-snapvit[plots]) and imported only to draw

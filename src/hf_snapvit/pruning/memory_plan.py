@@ -36,7 +36,7 @@ from ..architectures.budget import layer_widths
 from ..architectures.embedding import input_size as architecture_input_size
 from ..architectures.inputs import patch_side
 from ..errors import ConfigError
-from ..logs import get_logger
+from ..utils.logs import get_logger
 
 logger = get_logger(__name__)
 

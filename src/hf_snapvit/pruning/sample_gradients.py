@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..distributed import tf32_matmuls
+from ..utils.precision import tf32_matmuls
 
 # Largest per-sample gradient block formed at once, in elements (float32 then float64): bounds the transient memory
 # of a wide layer on a large batch to about 1.5 GB.

@@ -24,7 +24,7 @@ plan's size (:mod:`hf_snapvit.pruning.memory_plan`), halved after an out-of-memo
 ``find_executable_batch_size``); per-image sums and batch-mean gradients are linear in the images, so parts add up.
 
 The crops of image ``i`` are drawn from ``numpy.random.default_rng([seed, i])``, so they do not depend on the batch
-or the process that embeds the image; on several processes (:mod:`hf_snapvit.distributed`) each takes whole gradient
+or the process that embeds the image; on several processes (:mod:`hf_snapvit.utils.distributed`) each takes whole gradient
 steps and the float64 sums are added across processes.
 """
 
@@ -47,14 +47,15 @@ from ..architectures import ffn_rows, get_attention, get_layers, get_mlp, get_sp
 from ..architectures.embedding import image_embedding
 from ..data.views import MultiCropConfig, Normalizer, processor_inputs, seeded_multi_crops
 from ..errors import ConfigError, DataError
-from ..validation import Settings
+from ..utils.validation import Settings
 from ..data.calibration import GradientSteps
-from ..distributed import autocast, local_share, process_state, raise_if_failed_anywhere, reduce_sum
+from ..utils.distributed import local_share, process_state, raise_if_failed_anywhere, reduce_sum
+from ..utils.precision import autocast
 from .checkpointing import checkpointed_blocks
 from ..architectures.placement import execution_device, offloaded_by_hooks, weights_reloaded_for_backward
 from .sample_gradients import SquaredSampleGradients
 from .unit_scores import unit_scores, weight_statistics
-from ..logs import get_logger
+from ..utils.logs import get_logger
 
 logger = get_logger(__name__)
 
@@ -247,7 +248,7 @@ def gradient_scores(
     On several processes (``accelerate launch``) each process computes the gradient steps ``rank, rank + N, ...``
     of the same sample and the per-weight float64 sums are added across processes, so every process returns the
     one-process scores (up to the order of float64 additions). Forward passes autocast to ``precision``, by default
-    the configured mixed precision (:func:`hf_snapvit.distributed.autocast`).
+    the configured mixed precision (:func:`hf_snapvit.utils.precision.autocast`).
 
     Args:
         model: A dense model of a supported architecture; its weights, gradients (``.grad``), ``requires_grad``
@@ -261,7 +262,7 @@ def gradient_scores(
         seed: Seeds the crops: image ``i`` is cropped with ``numpy.random.default_rng([seed, i])``.
         show_progress: Show a progress bar over gradient steps (on the main process).
         precision: Autocast precision of the forward passes (``"no"``, ``"bf16"``, ...; see
-            :func:`hf_snapvit.distributed.resolve_precision`); ``None`` follows accelerate's configuration.
+            :func:`hf_snapvit.utils.precision.resolve_precision`); ``None`` follows accelerate's configuration.
         micro_batch, checkpoint: Run each gradient step in parts of at most ``micro_batch`` images, and with
             ``checkpoint`` every block's activations recomputed in the backward pass (a memory plan's choices,
             :func:`~hf_snapvit.pruning.memory_plan.plan_memory`), with the same scores up to float rounding.

@@ -30,8 +30,8 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from .._version import __version__
 from ..cards.source import describe_checkpoint, pipeline_tag_for
 from ..errors import HubUploadError, ModelCardError
-from ..files import disk_full_reported
-from ..logs import get_logger
+from ..utils.files import disk_full_reported
+from ..utils.logs import get_logger
 from ..cards.elastic import CARD_TAGS, GENERATED_MARKER, write_model_card
 from ..cards.render import CARD_OPTION_NAMES
 from ..elastic.file_names import CARD_FILE, CONFIG_FILE, HEATMAP_FILE

@@ -27,7 +27,7 @@ from ..correction import CorrectionConfig
 from ..correction.prefix import PrefixCorrection
 from ..elastic.prefix_file import write_prefix_file
 from ..correction.prefix_sizes import check_sizes
-from ..files import atomic_directory
+from ..utils.files import atomic_directory
 from ..cards.elastic import GENERATED_MARKER, write_model_card
 from ..elastic.file_names import CARD_FILE, CONFIG_FILE
 from ..elastic.ranking import ElasticRanking
@@ -51,12 +51,12 @@ def save_elastic(
 ) -> ElasticRanking:
     """Write the elastic checkpoint of ``model``: its weights permuted into rank order, the ranking, a model card.
 
-    The write is atomic (:func:`hf_snapvit.files.atomic_directory`): an interrupted save leaves ``save_directory``
+    The write is atomic (:func:`hf_snapvit.utils.files.atomic_directory`): an interrupted save leaves ``save_directory``
     as it was. ``model`` is not touched: the permuted weights are new tensors of a shallow copy, so the model's
     parameter objects, values, gradients and config stay as they are (optimizers, hooks and EMA copies made before
     the save keep working). The stored ranking carries a fingerprint of the permuted weights
     (``provenance["weights_fingerprint"]``), which ``ElasticViTModel.from_pretrained`` checks. A local path the
-    base model was loaded from is stored by its folder name only (:func:`hf_snapvit.files.public_name`).
+    base model was loaded from is stored by its folder name only (:func:`hf_snapvit.utils.files.public_name`).
 
     Args:
         model: The dense model that ``ranking`` was computed on.

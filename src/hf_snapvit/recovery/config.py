@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RecoveryError
-from ..validation import Settings
+from ..utils.validation import Settings
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from ..architectures import get_attention, get_layers, get_projection, get_spec
 from ..architectures.embedding import input_size
 from ..architectures.budget import layer_widths, model_shape
 from ..data.calibration import sample_images
-from ..distributed import on_process_device, process_state, reduce_sum
+from ..utils.distributed import on_process_device, process_state, reduce_sum
 from ..errors import RecoveryError
 from ..elastic.ranking import ElasticRanking
 from ..data.views import embedder, load_processor

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..data.held_out import hold_out_end
-from ..distributed import process_state, reduce_sum
+from ..utils.distributed import process_state, reduce_sum
 from ..elastic.size_grid import sparsity_grid
 from .config import RecoveryConfig
 from .forward import forward_outputs, per_image_loss, prefix_view

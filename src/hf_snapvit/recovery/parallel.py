@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from ..architectures import ArchitectureSpec
-from ..distributed import process_state
+from ..utils.distributed import process_state
 from ..errors import RecoveryError
 from .config import RecoveryConfig
 from .forward import Outputs, forward_outputs, per_image_loss

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..distributed import process_state
+from ..utils.distributed import process_state
 from ..errors import RecoveryError
-from ..files import atomic_file, remove_torn_writes
+from ..utils.files import atomic_file, remove_torn_writes
 from ..data.views import MultiCropConfig, Normalizer, image_tensor, multi_crops
 from .config import RecoveryConfig
 

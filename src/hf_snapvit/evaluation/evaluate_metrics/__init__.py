@@ -60,7 +60,7 @@ def load_metric(name: str, **kwargs: Any):
     Raises:
         MissingExtraError: ``evaluate`` is not installed (``pip install "hf-snapvit[eval]"``).
     """
-    from ...extras import require_extra
+    from ...utils.extras import require_extra
 
     evaluate = require_extra("evaluate", f"load_metric({name!r})")
 

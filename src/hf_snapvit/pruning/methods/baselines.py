@@ -19,7 +19,8 @@ from ...architectures import (ffn_rows, get_attention, get_layers, get_mlp, get_
                               head_tables, num_heads, qkv_rows)
 from ...architectures.budget import ModelShape
 from ...data.calibration import draw_calibration
-from ...distributed import mixed_precision, process_state
+from ...utils.distributed import process_state
+from ...utils.precision import mixed_precision
 from ...errors import DataError
 from ..memory_plan import parse_memory, plan_gradient_steps
 from ...architectures.placement import on_device, onloaded

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
 
 from ...elastic.ranking import Floors, RankingMode
-from ...validation import Settings
+from ...utils.validation import Settings
 
 C = TypeVar("C", bound="RankingConfig")
 

@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 from ...architectures.budget import ModelShape
 from ...architectures.flops import measured_shape
 from ...elastic.ranking import ElasticRanking
-from ...files import public_name
+from ...utils.files import public_name
 from .config import RankingConfig
 
 Scorer = Callable[[PreTrainedModel, ModelShape, int], "tuple[np.ndarray, np.ndarray]"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from ....distributed import PRECISIONS
-from ....validation import is_real
+from ....utils.precision import PRECISIONS
+from ....utils.validation import is_real
 from ...scoring import PRESET_SCORES, ScoreConfig
 from ..config import RankingConfig
 from .block_order import UNIT_ORDERS, UnitOrder
@@ -75,7 +75,7 @@ class SnapViTConfig(RankingConfig):
         precision: Forward passes in ``"bf16"`` (autocast for the gradients, a bf16 copy of the weights for the
             search; scores, PCA and similarities stay float32/float64), ``"fp32"`` (TF32 products on CUDA) or
             ``"auto"``: accelerate's ``--mixed_precision`` when one is configured, else bf16 on CUDA and on CPUs
-            with bf16 matrix units, float32 elsewhere (:func:`hf_snapvit.distributed.resolve_precision`).
+            with bf16 matrix units, float32 elsewhere (:func:`hf_snapvit.utils.precision.resolve_precision`).
         checkpoint_every: Save the search state every this many xNES generations (and once the gradient scores are
             computed, and at the end) to ``output_dir``; ``None``: never. A run killed part-way and started again
             with the same settings, data and model resumes and returns the ranking an uninterrupted run returns

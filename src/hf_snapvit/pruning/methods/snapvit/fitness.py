@@ -14,9 +14,9 @@ candidate's kept indices travel in one asynchronous copy, slicing, the PCA proje
 there, and one generation's losses come back to the host together. Forward time is measured with device events.
 
 On several processes (``accelerate launch``) the candidates of a generation are split across processes and their
-losses gathered (:func:`hf_snapvit.distributed.map_across_processes`); each candidate is evaluated by one process
+losses gathered (:func:`hf_snapvit.utils.distributed.map_across_processes`); each candidate is evaluated by one process
 exactly as one process would, so every process holds the same loss vector. Forward passes run in the ranking's
-precision (:func:`hf_snapvit.distributed.resolve_precision`), by default accelerate's mixed precision. In bf16 the
+precision (:func:`hf_snapvit.utils.precision.resolve_precision`), by default accelerate's mixed precision. In bf16 the
 teacher and every candidate run on a bf16 copy of the weights rather than under autocast: the search only compares
 candidates with a teacher computed the same way, and on a CPU with AMX this cut the ``fast`` preset's search from 94
 to 75 s with the same ranking (``docs/results.md``). Other precisions autocast.
@@ -43,13 +43,14 @@ from ....architectures import get_layers, get_spec, vision_config
 from .cka import linear_cka
 from ....architectures.capture import capture_block_outputs
 from ....architectures.embedding import image_embedding
-from ....distributed import autocast, map_across_processes, mixed_precision, process_state
+from ....utils.distributed import map_across_processes, process_state
+from ....utils.precision import autocast, mixed_precision
 from ....errors import ConfigError
 from ....architectures.placement import execution_device, is_dispatched
 from ....surgery.masking import masked
 from ....surgery.slicing import slice_model_
 from .token_subset import TokenSubset
-from ....validation import is_real
+from ....utils.validation import is_real
 from ....elastic.ranking import ElasticRanking
 
 

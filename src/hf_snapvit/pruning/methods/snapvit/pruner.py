@@ -12,7 +12,7 @@
    picked for its noise on the fitness images), or the best candidate's (``"best"``, the paper's).
 
 Under ``accelerate launch`` the gradient steps and each generation's candidates are split across processes
-(:mod:`hf_snapvit.distributed`); every process returns the same ranking, equal to the one-process ranking.
+(:mod:`hf_snapvit.utils.distributed`); every process returns the same ranking, equal to the one-process ranking.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from ....architectures.flops import measured_shape
 from ....architectures.given import check_given
 from ....data.calibration import draw_calibration
 from ....correction.config import CorrectionConfig
-from ....distributed import process_state, resolve_precision, tf32_matmuls
+from ....utils.distributed import process_state
+from ....utils.precision import resolve_precision, tf32_matmuls
 from ....errors import ConfigError
-from ....files import public_name
+from ....utils.files import public_name
 from ....architectures.placement import on_device
 from ....surgery.proof import ensure_proven
 from .fitness import EmbeddingFitness

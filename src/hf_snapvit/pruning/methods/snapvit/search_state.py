@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ....distributed import process_state
+from ....utils.distributed import process_state
 from ....errors import ConfigError
-from ....files import atomic_file, remove_torn_writes
+from ....utils.files import atomic_file, remove_torn_writes
 from ....architectures.placement import onloaded
 from ...xnes import XNES
 

@@ -11,7 +11,7 @@ import os
 
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 
-from .errors import CheckpointNotFoundError
+from ..errors import CheckpointNotFoundError
 
 _SAVED_BY = ("Give the folder that hf_snapvit.save_elastic(model, ranking, folder) or save_pretrained wrote (it holds "
              f"{CONFIG_NAME} and {SAFE_WEIGHTS_NAME})")

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, fields
 from typing import Any, ClassVar, TypeVar
 
-from .errors import ConfigError, SnapViTError
+from ..errors import ConfigError, SnapViTError
 
 S = TypeVar("S", bound="Settings")
 

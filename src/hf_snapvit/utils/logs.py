@@ -1,7 +1,7 @@
 """hf_snapvit's loggers: transformers' ``get_logger`` with accelerate's multi-process rule, so that a program
 launched on N processes (``accelerate launch``, torchrun) prints each line once, on the main process.
 
-Every process of a launch runs the same program on the same inputs (:mod:`hf_snapvit.distributed`), so a line
+Every process of a launch runs the same program on the same inputs (:mod:`hf_snapvit.utils.distributed`), so a line
 about them (a skipped corrupt image, a data-free method given data, a bf16 warning) would otherwise appear N times.
 A line about one process's own work (its gradient step that did not fit in memory, its read that failed and was
 retried) is logged with ``main_process_only=False``: every process prints it, prefixed with its index, as

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .errors import MissingExtraError
+from ..errors import MissingExtraError
 
 # Importable module -> the extra of hf-snapvit that installs it.
 EXTRAS: dict[str, str] = {"matplotlib": "plots", "evaluate": "eval"}

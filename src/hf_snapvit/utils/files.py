@@ -18,9 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
-from .elastic.file_names import CONFIG_FILE, WEIGHT_BOUND_FILES
+from ..elastic.file_names import CONFIG_FILE, WEIGHT_BOUND_FILES
 
-from .errors import CheckpointError, DiskFullError
+from ..errors import CheckpointError, DiskFullError
 from .sources import looks_local
 
 
