@@ -16,6 +16,7 @@ from importlib import import_module
 from typing import Any
 
 from ._version import __version__
+from .utils import moved as _moved
 from .architectures import (ArchitectureSpec, MlpSpec, TaskModelSpec, register_architecture, register_task_model,
                             supported_model_types)
 from .architectures.attention import UNPADDED_SDPA, register_unpadded_sdpa
@@ -40,6 +41,8 @@ from .publishing.saving import add_prefix_correction, save_elastic
 from .pruning.scoring import ScoreConfig
 from .loading.switchable import ElasticBudget
 from .data.views import MultiCropConfig
+
+_moved.install()  # the old module paths (hf_snapvit.distributed, hf_snapvit.plotting, ...) keep importing
 
 __all__ = [
     "__version__",

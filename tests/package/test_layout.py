@@ -34,7 +34,7 @@ STAGES: dict[str, int] = {
     "loading": 7,
     # Fitting a checkpoint to one size (hf_snapvit.correct), above the loader it hands its fit step to.
     "fitting": 8, "pruning": 8,
-    "plots": 8, "plotting": 8,  # every plot hf_snapvit draws; plotting is its deprecated name
+    "plots": 8,  # every plot hf_snapvit draws
     "benchmark": 9,
     "evaluation": 10,
     "cards.elastic": 11,  # the elastic checkpoint's card: plots and evaluation results
@@ -43,7 +43,7 @@ STAGES: dict[str, int] = {
 }
 LOADING = "hf_snapvit.loading.modeling"
 # The text-only cards are allowed: a sliced model's save_pretrained writes its card (see cards.sliced).
-NOT_FOR_LOADING = ("pruning", "evaluation", "benchmark", "cli", "publishing", "cards.elastic", "plots", "plotting")
+NOT_FOR_LOADING = ("pruning", "evaluation", "benchmark", "cli", "publishing", "cards.elastic", "plots")
 # The loader only loads: fitting a model to a size is hf_snapvit.fitting's, above it (loading runs its FitStep).
 NOT_FOR_ANY_LOADING_MODULE = ("correction", "recovery", "fitting")
 MAX_MODULE_LINES = 400
@@ -246,3 +246,22 @@ def test_every_package_init_is_a_docstring_plus_re_exports():
     assert sorted(bearing) == sorted(LOGIC_IN_THE_FACE), (
         f"package __init__s with logic of their own (move it to a module of the package and re-export it): {bearing}")
     assert all(LOGIC_IN_THE_FACE[name] in found for name, found in bearing.items()), bearing
+
+
+def test_the_moved_module_paths_still_import_and_warn_per_name():
+    import warnings
+
+    import hf_snapvit.distributed as old
+    from hf_snapvit.utils import distributed, moved, precision
+
+    for name, module in (("process_state", distributed), ("autocast", precision)):  # precision left distributed
+        with pytest.warns(FutureWarning, match=rf"hf_snapvit\.distributed is deprecated.*{module.__name__}"):
+            assert getattr(old, name) is getattr(module, name)
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        old.nothing_here  # noqa: B018
+    for path, targets in moved.MOVED.items():  # each old path is gone from the tree and its new home exists
+        assert path not in MODULES and all(t in MODULES for t in targets), path
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        from hf_snapvit.validation import __doc__ as doc  # a module attribute: no warning
+    assert "moved to hf_snapvit.utils.validation" in doc
