@@ -48,6 +48,16 @@ def hub(monkeypatch) -> FakeHub:
 
 
 @pytest.fixture
+def no_accelerator(monkeypatch):
+    """As in a fresh process: no Accelerator yet and no mixed precision in the environment."""
+    from accelerate.state import AcceleratorState
+
+    monkeypatch.setattr(AcceleratorState, "_shared_state", {})  # as in a fresh process: no Accelerator yet
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
 def fresh_process(monkeypatch):
     """hf_snapvit's per-process caches emptied for the test: the discovered specs, the parsed stored specs, the stored
     specs already held to a model, and the proven specs. The test discovers, reads and proves from scratch, as a new
