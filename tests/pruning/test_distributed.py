@@ -97,10 +97,8 @@ def test_scores_of_disjoint_step_shares_add_up_to_the_whole():
                         ScoreConfig(definition="accumulated", batch_size=2), show_progress=False)
 
 
-def test_mixed_precision_comes_from_the_accelerate_configuration(monkeypatch):
-    from accelerate.state import AcceleratorState
-
-    monkeypatch.setattr(AcceleratorState, "_shared_state", {})  # as in a fresh launched process: no Accelerator yet
+def test_mixed_precision_comes_from_the_accelerate_configuration(no_accelerator):
+    monkeypatch = no_accelerator  # as in a fresh launched process: no Accelerator yet
     model = CASE["vit"].build()
     dtypes: list[torch.dtype] = []
     model.layers[0].mlp.fc1.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
